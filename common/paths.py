@@ -1,0 +1,30 @@
+"""Where the project and the shared data live.
+
+The data root is a setting: `BERTFLOW_DATA` (env) or the config's `data_root`; by default
+`../shared/data` relative to the project root.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def data_root(override: str | os.PathLike | None = None) -> Path:
+    """The folder holding wiki/, glue/, squad-v1.1/, conll2003/ (see ../shared/data/README.md)."""
+    if override:
+        return Path(override).expanduser().resolve()
+    env = os.environ.get("BERTFLOW_DATA")
+    if env:
+        return Path(env).expanduser().resolve()
+    return (PROJECT_ROOT.parent / "shared" / "data").resolve()
+
+
+def resolve_data_path(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """`data:wiki/summaries_en.txt` → <data root>/wiki/summaries_en.txt; other paths unchanged."""
+    text = str(path)
+    if text.startswith("data:"):
+        return data_root(root) / text[len("data:") :]
+    return Path(text).expanduser()

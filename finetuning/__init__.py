@@ -1,0 +1,1 @@
+"""Stage 4: fine-tune a checkpoint on GLUE, NER and SQuAD and score it."""

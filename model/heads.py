@@ -1,0 +1,188 @@
+"""Heads on top of the encoder: pretraining (MLM + NSP) and the fine-tuning task heads.
+
+The MLM head runs only on the masked positions it is given: gathering the ~15% selected
+tokens before the transform and the vocabulary projection avoids the [B*S, V] logits matrix
+that a naive implementation builds, which is where most pretraining time goes on small models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.bert import BertModel, activation, init_bert_weights
+from model.config import BertConfig
+
+IGNORE_INDEX = -100
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None
+    mlm_loss: torch.Tensor | None
+    nsp_loss: torch.Tensor | None
+    mlm_logits: torch.Tensor  # [N, V] at the N selected positions (row-major over batch, slot)
+    nsp_logits: torch.Tensor  # [B, 2]; label 0 = IsNext, 1 = NotNext (as in BERT / transformers)
+    mlm_labels: torch.Tensor | None  # [N] original token ids at those positions
+
+
+class BertForPreTraining(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        init_bert_weights(self, config.initializer_range)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_labels: torch.Tensor | None = None,
+        next_sentence_labels: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        """`masked_lm_positions` [B,P] index into the sequence; slots whose `masked_lm_labels`
+        are -100 are padding and are skipped. Without positions, MLM logits cover every token."""
+        seq, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        b, s, h = seq.shape
+        flat = seq.reshape(b * s, h)
+        if masked_lm_positions is None:
+            selected = flat
+            labels = masked_lm_labels.reshape(-1) if masked_lm_labels is not None else None
+        else:
+            offsets = torch.arange(b, device=seq.device).unsqueeze(1) * s
+            index = (masked_lm_positions + offsets).reshape(-1)
+            labels = masked_lm_labels.reshape(-1) if masked_lm_labels is not None else None
+            if labels is not None:
+                keep = labels != IGNORE_INDEX
+                index, labels = index[keep], labels[keep]
+            selected = flat.index_select(0, index)
+        mlm_logits = self.cls.predictions(selected)
+        nsp_logits = self.cls.seq_relationship(pooled)
+
+        mlm_loss = nsp_loss = loss = None
+        if labels is not None:
+            mlm_loss = F.cross_entropy(mlm_logits.float(), labels, ignore_index=IGNORE_INDEX)
+        if next_sentence_labels is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.reshape(-1))
+        if mlm_loss is not None or nsp_loss is not None:
+            loss = sum(t for t in (mlm_loss, nsp_loss) if t is not None)
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, labels)
+
+
+class BertForSequenceClassification(nn.Module):
+    """One new layer W ∈ R^{K×H} on the pooled [CLS] vector C. K = 1 means regression (MSE)."""
+
+    def __init__(self, config: BertConfig, num_labels: int) -> None:
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        init_bert_weights(self, config.initializer_range)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels)
+        return loss, logits
+
+
+class BertForTokenClassification(nn.Module):
+    """A K-way classifier on every token vector T_i (labels -100 are ignored)."""
+
+    def __init__(self, config: BertConfig, num_labels: int) -> None:
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        init_bert_weights(self, config.initializer_range)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        seq, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.dropout(seq))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits.reshape(-1, self.num_labels).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX
+            )
+        return loss, logits
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Start/end logits over the token vectors T_i."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        init_bert_weights(self, config.initializer_range)
+
+    def forward(
+        self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None, end_positions=None
+    ):
+        seq, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        start_logits, end_logits = self.qa_outputs(seq).unbind(-1)
+        if attention_mask is not None:
+            neg = torch.finfo(start_logits.dtype).min
+            start_logits = start_logits.masked_fill(~attention_mask.bool(), neg)
+            end_logits = end_logits.masked_fill(~attention_mask.bool(), neg)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = (
+                F.cross_entropy(start_logits.float(), start_positions)
+                + F.cross_entropy(end_logits.float(), end_positions)
+            ) / 2
+        return loss, start_logits, end_logits
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Unique parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())

@@ -1,0 +1,1 @@
+"""The Prefect flow, its stage entry points and the `bertflow` command line."""

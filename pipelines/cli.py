@@ -1,0 +1,75 @@
+"""`bertflow`: one console script, a subcommand per stage plus the model tools and the flow.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
+modules are imported only when their command runs (DeepSpeed, Beam and Prefect are slow to import).
+A UserError is printed as one paragraph, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from common.errors import UserError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "model-info": ("pipelines.model_commands_info", "print a preset's size and parameter count"),
+    "import-hf": ("pipelines.model_commands_import", "convert a Hugging Face BERT directory into ours"),
+    "export-hf": ("pipelines.model_commands_export", "write a checkpoint as a Hugging Face model directory"),
+    "tokenizer": ("pipelines.stage_tokenizer", "train a WordPiece vocabulary (or load vocab.txt)"),
+    "preprocess": ("pipelines.stage_preprocess", "Beam job: corpus -> sharded MLM/NSP examples"),
+    "pretrain": ("pipelines.stage_pretrain", "DeepSpeed pretraining on the shards"),
+    "finetune": ("pipelines.stage_finetune", "fine-tune and evaluate a checkpoint on tasks"),
+    "report": ("pipelines.stage_report", "scorecard and curves from a run directory"),
+    "run": ("pipelines.flow_command", "run the whole Prefect flow from a YAML config"),
+}
+
+
+def _load(name: str):
+    module_name, _ = COMMANDS[name]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None
+        raise
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertflow", description="BERT pretraining pipeline.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if command == name:  # only the chosen command's module is imported
+            module = _load(name)
+            if module is not None:
+                module.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    module = _load(args.command)
+    if module is None:
+        print(f"bertflow {args.command}: not implemented yet.", file=sys.stderr)
+        return 0 if args.command == "run" else 1
+    try:
+        return int(module.main(args) or 0)
+    except UserError as exc:
+        print(f"bertflow {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"bertflow {args.command}: interrupted.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

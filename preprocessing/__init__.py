@@ -1,0 +1,1 @@
+"""Stage 1 and 2: WordPiece tokenizer and the Beam job that writes pretraining shards."""

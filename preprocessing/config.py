@@ -1,0 +1,38 @@
+"""Settings of the tokenizer and preprocess stages (sections `tokenizer:` and `preprocess:`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TokenizerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: list[str] = Field(
+        default_factory=lambda: ["data:wiki/summaries_en.txt"],
+        description="corpus files or globs; 'data:' = the data root",
+    )
+    vocab: str | None = Field(None, description="use this vocab.txt / tokenizer.json instead of training")
+    vocab_size: int = Field(30522, gt=5)
+    lowercase: bool = True
+    min_frequency: int = Field(2, ge=1)
+
+
+class PreprocessConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: list[str] = Field(default_factory=lambda: ["data:wiki/summaries_en.txt"])
+    max_seq_length: int = Field(128, gt=8)
+    short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)
+    dupe_factor: int = Field(5, ge=1)
+    masked_lm_prob: float = Field(0.15, gt=0.0, lt=1.0)
+    max_predictions_per_seq: int = Field(20, ge=1)
+    whole_word_mask: bool = False
+    num_shards: int = Field(4, ge=1)
+    validation_fraction: float = Field(
+        0.01, ge=0.0, lt=0.5, description="documents held out for validation shards"
+    )
+    workers: int = Field(2, ge=1)
+    seed: int = 12345
+    runner: str = "DirectRunner"
+    beam_options: list[str] = Field(default_factory=list, description="extra Beam pipeline flags")

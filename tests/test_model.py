@@ -1,0 +1,80 @@
+"""Model shape properties: presets, parameter counts, padding invariance, head outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.errors import UserError
+from model import BertConfig, BertForPreTraining, BertForSequenceClassification
+from model.heads import count_parameters
+
+
+def _count(preset: str) -> int:
+    with torch.device("meta"):
+        return count_parameters(BertForPreTraining(BertConfig.from_preset(preset)))
+
+
+def test_base_and_large_parameter_counts_match_the_paper():
+    base, large = _count("base"), _count("large")
+    assert 108e6 <= base <= 112e6, base
+    assert 334e6 <= large <= 341e6, large
+
+
+def test_unknown_preset_is_a_user_error():
+    with pytest.raises(UserError, match="unknown model preset 'huge'"):
+        BertConfig.from_preset("huge")
+
+
+def test_padding_does_not_change_non_pad_outputs():
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=500)).eval()
+    ids = torch.randint(5, 500, (1, 11))
+    seg = torch.zeros_like(ids)
+    seg[:, 6:] = 1
+    seq_a, pooled_a = model.bert(ids, seg, torch.ones_like(ids))
+    pad = 7
+    ids_p = torch.cat([ids, torch.zeros(1, pad, dtype=ids.dtype)], 1)
+    seg_p = torch.cat([seg, torch.zeros(1, pad, dtype=seg.dtype)], 1)
+    mask_p = torch.cat([torch.ones_like(ids), torch.zeros(1, pad, dtype=ids.dtype)], 1)
+    seq_b, pooled_b = model.bert(ids_p, seg_p, mask_p)
+    torch.testing.assert_close(seq_b[:, :11], seq_a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pooled_b, pooled_a, atol=1e-5, rtol=1e-5)
+    # and padding does change something if the mask is ignored (the test can fail)
+    seq_c, _ = model.bert(ids_p, seg_p, None)
+    assert not torch.allclose(seq_c[:, :11], seq_a, atol=1e-4)
+
+
+def test_mlm_head_at_positions_equals_full_logits_gathered():
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=300)).eval()
+    ids = torch.randint(5, 300, (3, 16))
+    positions = torch.tensor([[1, 4, 0], [2, 3, 9], [5, 0, 0]])
+    labels = torch.tensor([[7, 8, -100], [9, 10, 11], [12, -100, -100]])
+    out = model(
+        ids,
+        masked_lm_positions=positions,
+        masked_lm_labels=labels,
+        next_sentence_labels=torch.tensor([0, 1, 0]),
+    )
+    full = model(ids)
+    full_logits = full.mlm_logits.view(3, 16, -1)
+    expect = torch.stack([full_logits[b, p] for b, p in [(0, 1), (0, 4), (1, 2), (1, 3), (1, 9), (2, 5)]])
+    torch.testing.assert_close(out.mlm_logits, expect)
+    assert out.mlm_labels.tolist() == [7, 8, 9, 10, 11, 12]
+    assert out.loss is not None and torch.isfinite(out.loss)
+    torch.testing.assert_close(out.loss, out.mlm_loss + out.nsp_loss)
+
+
+def test_decoder_is_tied_to_word_embeddings():
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=100))
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+
+
+def test_sequence_regression_uses_mse():
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig.from_preset("tiny", vocab_size=100), num_labels=1)
+    loss, logits = model(torch.randint(0, 100, (4, 8)), labels=torch.tensor([0.5, 1.0, 2.0, 3.0]))
+    assert logits.shape == (4, 1)
+    expected = torch.nn.functional.mse_loss(logits.squeeze(-1), torch.tensor([0.5, 1.0, 2.0, 3.0]))
+    torch.testing.assert_close(loss, expected)

@@ -1,0 +1,1 @@
+"""Stage 3: DeepSpeed pretraining (data loading, engine, checkpoints, monitoring)."""
