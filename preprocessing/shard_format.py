@@ -7,7 +7,16 @@ longest sequence. Bump SCHEMA_VERSION on any change; readers refuse other versio
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
+
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from common.atomic import atomic_path, sha256_file
+from common.errors import UserError
 
 SCHEMA_VERSION = 1
 
@@ -30,3 +39,89 @@ SCHEMA = pa.schema(
 SHARD_PATTERN = "shard-{index:05d}-of-{count:05d}.parquet"
 MANIFEST_NAME = "manifest.json"
 STATS_NAME = "stats.json"
+
+# manifest.json = {"schema_version": 1, "config": {...}, "tokenizer_sha256": ..., "input_fingerprint": ...,
+#                  "splits": {"train": [{"path": "shard-00000-of-00004.parquet", "num_examples": N,
+#                                        "sha256": ...}, ...], "validation": [...]}}
+# Layout: DIR/manifest.json, DIR/stats.json, DIR/train/<shards>, DIR/validation/<shards>, DIR/_COMPLETE.json
+
+SPLITS = ("train", "validation")
+
+
+def shard_name(index: int, count: int) -> str:
+    return SHARD_PATTERN.format(index=index, count=count)
+
+
+def write_shard(path: str | os.PathLike, table: pa.Table) -> dict[str, Any]:
+    """Write one shard atomically; returns its manifest entry (name, rows, sha256)."""
+    table = table.cast(SCHEMA)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return {"path": path.name, "num_examples": table.num_rows, "sha256": sha256_file(path)}
+
+
+def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """Load `manifest.json` of a shard directory, refusing missing or foreign formats."""
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise UserError(
+            f"no shards at {directory}: {path} is missing.",
+            fix="run `bertflow preprocess` (or the flow) to write them, or point to the right directory.",
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(
+            f"{path} is corrupt ({exc}).", fix=f"delete {directory} and rerun preprocess."
+        ) from None
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise UserError(
+            f"{path}: shard schema version {version!r}, this code reads {SCHEMA_VERSION}.",
+            fix="rerun preprocess with this version of bertflow.",
+        )
+    return manifest
+
+
+def shard_paths(directory: str | os.PathLike, split: str = "train", verify: bool = True) -> list[Path]:
+    """The shard files of one split, in order; with verify, each must exist with its recorded
+    size of rows and sha256 (a truncated or bit-flipped shard is named, with what to do)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    entries = manifest.get("splits", {}).get(split)
+    if entries is None:
+        raise UserError(f"{directory / MANIFEST_NAME} has no {split!r} split.")
+    paths = []
+    for entry in entries:
+        p = directory / split / entry["path"]
+        if not p.is_file():
+            raise UserError(
+                f"shard {p} listed in the manifest is missing.",
+                fix=f"delete {directory} and rerun preprocess.",
+            )
+        if verify and sha256_file(p) != entry["sha256"]:
+            raise UserError(
+                f"shard {p} is corrupt (checksum differs from {MANIFEST_NAME}).",
+                fix=f"delete {directory} and rerun preprocess.",
+            )
+        paths.append(p)
+    return paths
+
+
+def read_shard(path: str | os.PathLike) -> pa.Table:
+    """Read one shard, checking that its schema is ours."""
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise UserError(
+            f"cannot read shard {path}: {exc}", fix="delete the shard directory and rerun preprocess."
+        ) from None
+    if not table.schema.equals(SCHEMA, check_metadata=False):
+        raise UserError(f"shard {path} does not have the bertflow example schema: {table.schema}")
+    return table

@@ -1,0 +1,101 @@
+"""The one logging wrapper every stage uses: W&B (offline by default) plus a local JSONL copy.
+
+W&B's offline `.wandb` file has no Python reader, so every logged row is also appended to
+`metrics.jsonl` in the run directory; the report and the tests read that file. All W&B
+directories live under the run directory. `WANDB_MODE` in the environment wins over the config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class Tracker:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        project: str = "bertflow",
+        name: str | None = None,
+        group: str | None = None,
+        job_type: str | None = None,
+        config: dict[str, Any] | None = None,
+        mode: str = "offline",
+        enabled: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.enabled = enabled
+        self._run = None
+        if not enabled:
+            return
+        mode = os.environ.get("WANDB_MODE", mode)
+        wandb_dir = self.run_dir / "wandb_files"
+        wandb_dir.mkdir(exist_ok=True)
+        for var, sub in (
+            ("WANDB_DIR", ""),
+            ("WANDB_CACHE_DIR", "cache"),
+            ("WANDB_CONFIG_DIR", "config"),
+            ("WANDB_DATA_DIR", "data"),
+            ("WANDB_ARTIFACT_DIR", "artifacts"),
+        ):
+            os.environ[var] = str(wandb_dir / sub) if sub else str(wandb_dir)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        self._run = wandb.init(
+            project=project,
+            name=name,
+            group=group,
+            job_type=job_type,
+            config=config or {},
+            mode=mode,
+            dir=str(wandb_dir),
+            reinit="finish_previous",
+        )
+
+    @property
+    def wandb_run_dir(self) -> Path | None:
+        return Path(self._run.dir).parent if self._run is not None else None
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self._run is not None:
+            self._run.log(metrics, step=step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
+        if self._run is None:
+            return
+        import wandb
+
+        self._run.log({key: wandb.Table(columns=columns, data=rows)})
+
+    def summary(self, values: dict[str, Any]) -> None:
+        if self._run is not None:
+            self._run.summary.update(values)
+
+    def finish(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        return v.item()
+    return v
