@@ -19,7 +19,7 @@ from common.atomic import MARKER_NAME, atomic_write_json, read_marker, remove_te
 from common.errors import UserError
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels
-from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME
+from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, shard_paths
 
 log = logging.getLogger("bertflow.preprocess")
 
@@ -119,6 +119,11 @@ def run_preprocess_stage(
             fix="use 20 at 128 or 80 at 512.",
         )
     files = expand_inputs(cfg.input, data_root)
+    if all(p.stat().st_size == 0 for p in files):
+        raise UserError(
+            f"the corpus is empty: every input file is 0 bytes ({', '.join(map(str, files))}).",
+            fix="check --input / preprocess.input.",
+        )
     tok, _ = load_tokenizer(tokenizer_path)
     tokenizer_json = tok.to_str()
     vocab = vocab_list(tok)
@@ -134,10 +139,12 @@ def run_preprocess_stage(
         try:
             manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
             if {k: manifest.get(k) for k in identity} == identity:
+                for split in SPLITS:
+                    shard_paths(out_dir, split, verify=True)  # a damaged shard means: recompute
                 log.info("shards in %s are up to date", out_dir)
                 return json.loads((out_dir / STATS_NAME).read_text())
-        except (OSError, json.JSONDecodeError):
-            pass
+        except (OSError, json.JSONDecodeError, UserError) as exc:
+            log.warning("%s", exc)
         log.info("%s holds other or damaged shards: recomputing", out_dir)
     _clear_outputs(out_dir)
     work_dir = out_dir / WORK_DIR

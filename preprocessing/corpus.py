@@ -79,8 +79,9 @@ def _open_binary(path: Path) -> BinaryIO:
     return open(path, "rb")
 
 
-def _lines(path: Path, counts: Counter) -> Iterator[str]:
+def _lines(path: Path, counts: Counter, quiet: bool = False) -> Iterator[str]:
     """Decoded lines (without newline) of one file; handles binary, long lines, bad bytes."""
+    warn = (lambda *a: None) if quiet else log.warning
     try:
         fh = _open_binary(path)
     except OSError as exc:
@@ -90,7 +91,7 @@ def _lines(path: Path, counts: Counter) -> Iterator[str]:
             head = fh.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(fh, "peek") else b""
             if b"\x00" in head:
                 counts["files_skipped_binary"] += 1
-                log.warning("skipping %s: binary file (NUL bytes)", path)
+                warn("skipping %s: binary file (NUL bytes)", path)
                 return
             any_content = False
             while True:
@@ -101,7 +102,7 @@ def _lines(path: Path, counts: Counter) -> Iterator[str]:
                     while raw and not raw.endswith(b"\n"):  # skip the rest of the long line
                         raw = fh.readline(MAX_LINE_BYTES)
                     counts["lines_skipped_over_1mb"] += 1
-                    log.warning("%s: skipped a line longer than 1 MB", path)
+                    warn("%s: skipped a line longer than 1 MB", path)
                     continue
                 if b"\x00" in raw:
                     counts["lines_skipped_binary"] += 1
@@ -121,17 +122,23 @@ def _lines(path: Path, counts: Counter) -> Iterator[str]:
             return
     if not any_content:
         counts["files_empty"] += 1
-        log.warning("%s: empty file", path)
+        warn("%s: empty file", path)
 
 
-def detect_format(path: Path, counts: Counter | None = None) -> str:
-    """'jsonl' by suffix, else 'wiki' when the first non-blank line is a `<doc ...>` tag, else 'plain'."""
+def detect_format(path: Path) -> str:
+    """'jsonl' by suffix, else 'wiki' when one of the first 100 non-blank lines is a `<doc ...>` tag,
+    else 'plain'."""
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
-    for line in _lines(path, Counter() if counts is None else counts):
+    seen = 0
+    for line in _lines(path, Counter(), quiet=True):
         if line.strip():
-            return "wiki" if _DOC_OPEN.match(line.strip()) else "plain"
+            if _DOC_OPEN.match(line.strip()):
+                return "wiki"
+            seen += 1
+            if seen >= 100:
+                break
     return "plain"
 
 
