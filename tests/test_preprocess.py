@@ -221,3 +221,16 @@ def test_binary_only_corpus_is_a_clear_error(tmp_path, minilm_dir):
     )
     assert r.returncode == 2 and "no documents" in r.stderr and "files_skipped_binary" in r.stderr
     assert "Traceback" not in r.stderr and read_marker(tmp_path / "o") is None
+
+
+@pytest.mark.parametrize("name", ["flink", "spark", "dataflow"])
+def test_runner_option_files_parse_into_beam_options(name):
+    from pipelines.config import load_config
+    from preprocessing.beam_job import pipeline_options
+
+    cfg = load_config(PROJECT_ROOT / "infra" / "beam" / f"{name}.yaml").preprocess
+    options = pipeline_options(cfg.runner, cfg.workers, cfg.beam_options).get_all_options()
+    assert options["runner"] == cfg.runner and cfg.runner != "DirectRunner"
+    # command-line Beam flags come last and win over the defaults
+    local = pipeline_options("DirectRunner", 2, ["--direct_num_workers=3"]).get_all_options()
+    assert local["direct_num_workers"] == 3 and local["direct_running_mode"] == "multi_processing"
