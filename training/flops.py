@@ -30,7 +30,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 
 def step_flops(cfg: BertConfig, batch: int, seq_len: int, masked_tokens: int) -> float:
-    L, H, I, V = cfg.num_hidden_layers  # noqa: E741, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    L, H, I, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size  # noqa: E741
     n_enc = L * (4 * H * H + 2 * H * I)
     tokens = batch * seq_len
     return float(
