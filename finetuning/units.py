@@ -7,11 +7,14 @@ result file. A unit whose completion marker exists is never recomputed.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from finetuning.trainer import predict, train
 from model.config import BertConfig
 
 RESULT_FILE = "result.json"
+LOCK_FILE = ".lock"
 GROUP_ENV = "BERTFLOW_WANDB_GROUP"
 GENERIC_DIR_NAMES = {"model", "hf", "final", "export", "checkpoint", "hf_model"}
 
@@ -66,9 +70,34 @@ def find_unit(cfg: FinetuneConfig, name: str) -> FinetuneUnit:
     return units[name]
 
 
+def normalize_checkpoint(checkpoint: str) -> str:
+    """`random:PRESET`, `random:DIR` (random weights, DIR's architecture) or a model directory,
+    with directories made absolute so a result names exactly what was scored."""
+    from model.config import PRESETS
+
+    checkpoint = str(checkpoint)
+    if checkpoint.startswith("random:"):
+        target = checkpoint.split(":", 1)[1]
+        if target in PRESETS:
+            return checkpoint
+        if not Path(target).expanduser().is_dir():
+            raise UserError(
+                f"checkpoint {checkpoint!r}: {target!r} is neither a preset nor a directory.",
+                fix=f"use random:PRESET ({', '.join(PRESETS)}) or random:MODEL_DIR.",
+            )
+        return "random:" + str(Path(target).expanduser().resolve())
+    if not Path(checkpoint).expanduser().is_dir():
+        raise UserError(
+            f"checkpoint directory {checkpoint} does not exist.",
+            fix="pass a model directory or random:PRESET.",
+        )
+    return str(Path(checkpoint).expanduser().resolve())
+
+
 def checkpoint_label(checkpoint: str) -> str:
     if checkpoint.startswith("random:"):
-        return checkpoint
+        target = checkpoint.split(":", 1)[1]
+        return "random:" + (checkpoint_label(target) if "/" in target else target)
     path = Path(checkpoint).expanduser().resolve()
     return f"{path.parent.name}/{path.name}" if path.name in GENERIC_DIR_NAMES else path.name
 
@@ -90,6 +119,8 @@ def _task_class(spec: TaskSpec):
 def _resolve_tokenizer_dir(checkpoint: str, tokenizer_dir: Path | None) -> Path:
     if tokenizer_dir is not None:
         return Path(tokenizer_dir)
+    if checkpoint.startswith("random:") and "/" in checkpoint:
+        return Path(checkpoint.split(":", 1)[1])
     if checkpoint.startswith("random:"):
         raise UserError(
             f"checkpoint {checkpoint} has no vocabulary.",
@@ -101,7 +132,13 @@ def _resolve_tokenizer_dir(checkpoint: str, tokenizer_dir: Path | None) -> Path:
 def build_model(task: Any, checkpoint: str, vocab_size: int, dropout: float, seed: int) -> torch.nn.Module:
     """The task model with a fresh head (seeded) and, unless `random:PRESET`, the checkpoint's encoder."""
     if checkpoint.startswith("random:"):
-        config = BertConfig.from_preset(checkpoint.split(":", 1)[1], vocab_size=vocab_size)
+        target = checkpoint.split(":", 1)[1]
+        if "/" in target:  # the architecture of a model directory, fresh weights
+            from model.hf_io import read_config
+
+            config = read_config(Path(target))
+        else:
+            config = BertConfig.from_preset(target, vocab_size=vocab_size)
         encoder_state = None
     else:
         from model.hf_io import load_pretraining_model
@@ -160,9 +197,7 @@ def run_finetune_unit(
     `out_dir/result.json` plus a completion marker. A finished unit returns its stored result."""
     out_dir = Path(out_dir)
     spec = get_task(unit.task, cfg.task_config)
-    checkpoint = str(checkpoint)
-    if not checkpoint.startswith("random:"):
-        checkpoint = str(Path(checkpoint).expanduser().resolve())
+    checkpoint = normalize_checkpoint(checkpoint)
     fingerprint = _fingerprint(cfg, unit, checkpoint, spec)
     marker = read_marker(out_dir)
     if marker is not None and (out_dir / RESULT_FILE).is_file():
@@ -173,6 +208,55 @@ def run_finetune_unit(
             )
         return json.loads((out_dir / RESULT_FILE).read_text())
 
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _unit_lock(out_dir, unit):
+        return _run_locked(
+            cfg,
+            unit,
+            spec,
+            checkpoint,
+            out_dir,
+            tokenizer_dir,
+            data_root,
+            fingerprint,
+            group,
+            wandb_project,
+            wandb_mode,
+        )
+
+
+@contextmanager
+def _unit_lock(out_dir: Path, unit: FinetuneUnit) -> Iterator[None]:
+    """One process per unit directory at a time (the lock dies with its process)."""
+    fh = open(out_dir / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"unit {unit.name} in {out_dir} is being run by another process.",
+                fix="wait for it to finish, or use another --output directory.",
+            ) from None
+        yield
+    finally:
+        fh.close()
+
+
+def _run_locked(
+    cfg: FinetuneConfig,
+    unit: FinetuneUnit,
+    spec: TaskSpec,
+    checkpoint: str,
+    out_dir: Path,
+    tokenizer_dir: Path | None,
+    data_root: str | None,
+    fingerprint: str,
+    group: str | None,
+    wandb_project: str,
+    wandb_mode: str,
+) -> dict[str, Any]:
+    if read_marker(out_dir) is not None and (out_dir / RESULT_FILE).is_file():  # finished meanwhile
+        return json.loads((out_dir / RESULT_FILE).read_text())
     # An interrupted earlier attempt: its partial curve and W&B files are stale.
     if out_dir.is_dir():
         remove_temp_files(out_dir)
