@@ -93,7 +93,7 @@ def train(
     steps_per_epoch = math.ceil(len(features) / batch_size)
     total = max(1, math.ceil(epochs * steps_per_epoch))
     optimizer = make_optimizer(model, lr, weight_decay)
-    scheduler = linear_schedule(optimizer, int(warmup_proportion * total), total)
+    scheduler = linear_schedule(optimizer, math.ceil(warmup_proportion * total), total)
     model.train()
     step = examples = 0
     loss_value = math.nan
