@@ -66,7 +66,9 @@ def test_entity_f1_seqeval_readme_example():
     assert entity_f1(y_pred, y_true) == pytest.approx(50.0)
     assert entity_f1(y_true, y_true) == pytest.approx(100.0)
     # a partially found entity earns nothing: exact span match only
-    assert entity_f1([["B-PER", "O", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "B-LOC"]]) == pytest.approx(50.0)
+    assert entity_f1([["B-PER", "O", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "B-LOC"]]) == pytest.approx(
+        50.0
+    )
 
 
 def test_squad_normalization_and_scores():
