@@ -85,7 +85,7 @@ def peak_tree_rss(proc: subprocess.Popen, out: dict) -> None:
     out["peak_rss_gb"] = peak / 2**30
 
 
-def run_preprocess(files: list[Path], vocab: Path, workers: int, out_dir: Path) -> dict:
+def run_preprocess(inputs: list[str], vocab: Path, workers: int, out_dir: Path) -> dict:
     cmd = [
         sys.executable,
         "-m",
@@ -96,8 +96,8 @@ def run_preprocess(files: list[Path], vocab: Path, workers: int, out_dir: Path) 
         "--output",
         str(out_dir),
     ]
-    for f in files:
-        cmd += ["--input", str(f)]
+    for pattern in inputs:
+        cmd += ["--input", pattern]
     cmd += ["--max-seq-length", "128", "--dupe-factor", "1", "--workers", str(workers), "--num-shards", "8"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
@@ -129,7 +129,13 @@ def main() -> None:
         mb = raw_mb(files)
         ceiling = ceiling_mb_per_s(files, vocab, args.ceiling_sample_mb)
         with tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
-            r = run_preprocess(files, vocab, args.workers, Path(tmp) / "shards")
+            # whole folders as globs (what a user types), single files only for a reduced run
+            inputs = (
+                [str(f) for f in files]
+                if max_files
+                else [f"data:wiki/enwiki-2015/{d}/wiki_*.gz" for d in folders]
+            )
+            r = run_preprocess(inputs, vocab, args.workers, Path(tmp) / "shards")
         rate = mb / r["seconds"]
         rows.append((folders, len(files), mb, rate, ceiling, r))
         print(
