@@ -109,14 +109,17 @@ class MakeExamples(beam.DoFn):
         stats: Counter = Counter()
         split = group.split("/")[0]
         n_shards = self.num_shards if split == "train" else 1
-        by_shard: dict[int, list[Example]] = {}
-        for ex in create_examples([unpack(p) for _, p in docs], self.params, self.spec, group, stats):
-            by_shard.setdefault(ex.key % n_shards, []).append(ex)
-        for shard, examples in sorted(by_shard.items()):
-            path = Path(self.parts_dir) / split / f"{shard:05d}" / f"{group.replace('/', '-')}.parquet"
-            with atomic_path(path) as tmp:
-                pq.write_table(examples_to_table(examples), tmp, compression="zstd")
-            yield (split, shard), str(path)
+        documents = [unpack(p) for _, p in docs]
+        for dupe in range(self.params.dupe_factor):  # one pass at a time: memory ~ one bucket's text
+            by_shard: dict[int, list[Example]] = {}
+            for ex in create_examples(documents, self.params, self.spec, group, stats, passes=[dupe]):
+                by_shard.setdefault(ex.key % n_shards, []).append(ex)
+            for shard, examples in sorted(by_shard.items()):
+                name = f"{group.replace('/', '-')}-{dupe:03d}.parquet"
+                path = Path(self.parts_dir) / split / f"{shard:05d}" / name
+                with atomic_path(path) as tmp:
+                    pq.write_table(examples_to_table(examples), tmp, compression="zstd")
+                yield (split, shard), str(path)
         yield beam.pvalue.TaggedOutput("stats", dict(stats))
 
 
