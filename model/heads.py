@@ -81,20 +81,19 @@ class BertForPreTraining(nn.Module):
     ) -> PreTrainingOutput:
         """`masked_lm_positions` [B,P] index into the sequence; slots whose `masked_lm_labels`
         are -100 are padding and are skipped. Without positions, MLM logits cover every token."""
-        seq, pooled = self.bert(input_ids, token_type_ids, attention_mask)
-        b, s, h = seq.shape
-        flat = seq.reshape(b * s, h)
+        labels = masked_lm_labels.reshape(-1) if masked_lm_labels is not None else None
         if masked_lm_positions is None:
-            selected = flat
-            labels = masked_lm_labels.reshape(-1) if masked_lm_labels is not None else None
+            seq, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+            selected = seq.reshape(-1, seq.shape[-1])
         else:
-            offsets = torch.arange(b, device=seq.device).unsqueeze(1) * s
-            index = (masked_lm_positions + offsets).reshape(-1)
-            labels = masked_lm_labels.reshape(-1) if masked_lm_labels is not None else None
+            # The encoder's last layer runs only at the masked positions (and [CLS]).
+            seq, pooled = self.bert(
+                input_ids, token_type_ids, attention_mask, output_rows=masked_lm_positions
+            )
+            selected = seq.reshape(-1, seq.shape[-1])
             if labels is not None:
                 keep = labels != IGNORE_INDEX
-                index, labels = index[keep], labels[keep]
-            selected = flat.index_select(0, index)
+                selected, labels = selected[keep], labels[keep]
         mlm_logits = self.cls.predictions(selected)
         nsp_logits = self.cls.seq_relationship(pooled)
 
