@@ -81,6 +81,24 @@ def step_ours(model, opt, b) -> float:
     return out.loss.item()
 
 
+def step_ours_full_last_layer(model, opt, b) -> float:
+    """Ablation: our model with the MLM head at the masked positions, but the last encoder layer
+    run on every token (i.e. without the `output_rows` shortcut)."""
+    import torch.nn.functional as F
+
+    from model.bert import gather_rows
+
+    seq, pooled = model.bert(b["input_ids"], b["token_type_ids"], b["attention_mask"])
+    selected = gather_rows(seq, b["positions"]).reshape(-1, seq.shape[-1])
+    loss = F.cross_entropy(model.cls.predictions(selected), b["labels"].reshape(-1)) + F.cross_entropy(
+        model.cls.seq_relationship(pooled), b["nsp"]
+    )
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def step_hf(model, opt, b) -> float:
     out = model(
         input_ids=b["input_ids"],
@@ -104,7 +122,9 @@ def timed(fn) -> float:
     return CLOCK() - t0
 
 
-def run_case(preset: str, batch: int, reps: int, warmup: int, optimizer: str) -> dict[str, float]:
+def run_case(
+    preset: str, batch: int, reps: int, warmup: int, optimizer: str, ablation: bool = False
+) -> dict[str, float]:
     import transformers
     from transformers import BertForPreTraining as HFBertForPreTraining
 
@@ -118,6 +138,12 @@ def run_case(preset: str, batch: int, reps: int, warmup: int, optimizer: str) ->
         ref = HFBertForPreTraining.from_pretrained(tmp, attn_implementation="sdpa").train()
     b = make_batch(cfg, batch)
     opt_ours, opt_ref = adamw(ours, optimizer), adamw(ref, optimizer)
+    if ablation:
+        import copy
+
+        ours_full = copy.deepcopy(ours)
+        ours_full.tie_weights()
+        opt_full = adamw(ours_full, optimizer)
 
     # Same weights and same batch: the first losses agree up to dropout noise, checked in eval mode.
     ours.eval(), ref.eval()
@@ -137,15 +163,23 @@ def run_case(preset: str, batch: int, reps: int, warmup: int, optimizer: str) ->
 
     t_ours: list[float] = []
     t_ref: list[float] = []
+    t_full: list[float] = []
     for i in range(warmup + reps):
         a = timed(lambda: step_ours(ours, opt_ours, b))
         r = timed(lambda: step_hf(ref, opt_ref, b))
+        f = timed(lambda: step_ours_full_last_layer(ours_full, opt_full, b)) if ablation else 0.0
         if i >= warmup:
             t_ours.append(a)
             t_ref.append(r)
+            t_full.append(f)
     tokens = batch * SEQ
     med_ours, med_ref = statistics.median(t_ours), statistics.median(t_ref)
+    extra = {}
+    if ablation:
+        med_full = statistics.median(t_full)
+        extra = {"tok_s_full_last_layer": tokens / med_full, "ratio_full_last_layer": med_ref / med_full}
     return {
+        **extra,
         "tok_s_ours": tokens / med_ours,
         "tok_s_ref": tokens / med_ref,
         "ratio": med_ref / med_ours,
@@ -166,6 +200,11 @@ def main() -> int:
         help="AdamW implementation, the same on both sides (default: torch's CPU default)",
     )
     p.add_argument("--case", action="append", help="PRESET:BATCH, repeatable (default mini:32 base:8)")
+    p.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also time ours without the sparse last layer (3-way alternation)",
+    )
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument(
         "--clock",
@@ -188,12 +227,18 @@ def main() -> int:
     )
     print(f"{'case':<12}{'ours tok/s':>12}{'hf tok/s':>12}{'ours ms':>10}{'hf ms':>10}{'ratio':>8}")
     for preset, batch in cases:
-        r = run_case(preset, batch, reps, args.warmup, args.optimizer)
+        r = run_case(preset, batch, reps, args.warmup, args.optimizer, args.ablation)
         print(
             f"{preset + '@' + str(batch):<12}{r['tok_s_ours']:>12.0f}{r['tok_s_ref']:>12.0f}"
             f"{r['ms_ours']:>10.0f}{r['ms_ref']:>10.0f}{r['ratio']:>7.2f}x",
             flush=True,
         )
+        if args.ablation:
+            print(
+                f"{'  ablation':<12}{r['tok_s_full_last_layer']:>12.0f}  ours with the last layer on every token: "
+                f"{r['ratio_full_last_layer']:.2f}x",
+                flush=True,
+            )
     return 0
 
 

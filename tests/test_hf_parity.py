@@ -186,8 +186,48 @@ def test_import_cli_reports_fresh_heads_and_keeps_outputs(minilm_dir, tmp_path, 
     assert fresh == []  # our directory now carries the (fresh) heads
     for key, value in source.bert.state_dict().items():
         assert torch.equal(imported.bert.state_dict()[key], value), key
-    # a rerun (e.g. after a kill) replaces the finished directory with byte-identical weights:
-    # even the fresh heads are initialized from a fixed seed
+
+
+def test_import_rerun_writes_byte_identical_weights(tmp_path):
+    """A rerun (e.g. after a kill) replaces the finished directory with the same bytes: even the
+    freshly initialized heads come from a fixed seed."""
+    source = _layouts(tmp_path, random_tiny(vocab_size=120, seed=4))["no-prefix-no-heads"]
+    out = tmp_path / "ours"
+    assert cli(["import-hf", str(source), str(out)]) == 0
+    digest = json.loads((out / "_COMPLETE.json").read_text())["model.safetensors"]
+    assert sha256_file(out / "model.safetensors") == digest
     (out / "model.safetensors").write_bytes(b"stale")
-    assert cli(["import-hf", str(minilm_dir), str(out)]) == 0
-    assert sha256_file(out / "model.safetensors") == marker["model.safetensors"]
+    assert cli(["import-hf", str(source), str(out)]) == 0
+    assert sha256_file(out / "model.safetensors") == digest
+
+
+def test_pretraining_loss_and_gradients_equal_transformers(tmp_path):
+    """Our fast path (last layer and MLM head only at the masked positions) trains on exactly the
+    objective of transformers' full-sequence BertForPreTraining: same loss, same gradients."""
+    ours = random_tiny(vocab_size=200, seed=5)
+    write_hf_dir(ours, tmp_path / "m")
+    ref = transformers.BertForPreTraining.from_pretrained(tmp_path / "m").eval()
+    torch.manual_seed(2)
+    ids = torch.randint(5, 200, (2, 16))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    positions = torch.tensor([[2, 5, 9], [1, 4, 0]])
+    labels = torch.tensor([[11, 12, 13], [14, 15, -100]])
+    nsp = torch.tensor([0, 1])
+    hf_labels = torch.full_like(ids, -100)
+    for b in range(2):
+        for p, lab in zip(positions[b], labels[b]):
+            if lab != -100:
+                hf_labels[b, p] = lab
+
+    got = ours(ids, None, mask, positions, labels, nsp)
+    want = ref(input_ids=ids, attention_mask=mask, labels=hf_labels, next_sentence_label=nsp)
+    got.loss.backward()
+    want.loss.backward()
+    torch.testing.assert_close(got.loss, want.loss, atol=1e-5, rtol=0)
+    ref_params = dict(ref.named_parameters())
+    for name, p in ours.named_parameters():
+        g, w = p.grad, ref_params[name].grad
+        assert g is not None and w is not None, name
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
+    assert ours.bert.encoder.layer[-1].output.dense.weight.grad.abs().sum() > 0
