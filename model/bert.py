@@ -143,8 +143,6 @@ class BertEncoder(nn.Module):
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
             x = layer(x, attn_mask, output_rows if i == last else None)
-        if output_rows is not None and last < 0:
-            x = gather_rows(x, output_rows)
         return x
 
 

@@ -78,3 +78,20 @@ def test_sequence_regression_uses_mse():
     assert logits.shape == (4, 1)
     expected = torch.nn.functional.mse_loss(logits.squeeze(-1), torch.tensor([0.5, 1.0, 2.0, 3.0]))
     torch.testing.assert_close(loss, expected)
+
+
+def test_output_rows_equal_the_full_output_gathered_with_padding():
+    """The pretraining shortcut (last layer only at the needed rows) is exact, padding included."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=300)).eval()
+    ids = torch.randint(5, 300, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    rows = torch.tensor([[3, 3, 11, 0], [6, 1, 0, 2]])
+    full, pooled_full = model.bert(ids, None, mask)
+    part, pooled_part = model.bert(ids, None, mask, output_rows=rows)
+    assert part.shape == (2, 4, 128)
+    torch.testing.assert_close(part, torch.stack([full[b, rows[b]] for b in range(2)]))
+    torch.testing.assert_close(pooled_part, pooled_full)
+    # the rows really are selected: another choice of rows gives other values
+    assert not torch.allclose(model.bert(ids, None, mask, output_rows=rows + 1)[0], part)
