@@ -1,7 +1,8 @@
 """The BERT encoder: embeddings (token + segment + position), post-LN Transformer layers, pooler.
 
 Attention goes through `scaled_dot_product_attention`, so PyTorch picks flash / memory-efficient
-kernels on GPU and its fused CPU kernel here. Module and parameter names equal Hugging Face's
+kernels on GPU and its fused CPU kernel here. `output_rows` lets pretraining run the last layer
+only at the rows it reads (masked positions + [CLS]); the result equals the full output gathered. Module and parameter names equal Hugging Face's
 (`embeddings.word_embeddings`, `encoder.layer.N.attention.self.query`, ...) so a state dict
 moves between the two without renaming.
 """
@@ -37,7 +38,8 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         seq_len = input_ids.shape[1]
         positions = torch.arange(seq_len, device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        # .long(): the shard format stores int32 ids and int8 segments (no-op for int64 input)
+        x = self.word_embeddings(input_ids.long()) + self.token_type_embeddings(token_type_ids.long())
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
 
@@ -52,9 +54,12 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, x_query: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, x_query: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Keys/values from every token of `x` [B,S,H]; queries from `x_query` [B,R,H], which is `x`
         itself or only the R rows whose outputs are needed (see BertEncoder)."""
+        x_query = x if x_query is None else x_query
         b, s, h = x.shape
         r = x_query.shape[1]
 
@@ -148,7 +153,7 @@ class BertEncoder(nn.Module):
 
 def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """x [B,S,H], rows [B,R] -> [B,R,H]."""
-    return torch.take_along_dim(x, rows.unsqueeze(-1), dim=1)
+    return torch.take_along_dim(x, rows.long().unsqueeze(-1), dim=1)
 
 
 class BertPooler(nn.Module):
