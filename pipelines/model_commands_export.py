@@ -1,8 +1,9 @@
 """`bertflow export-hf CKPT OUT_DIR`: a checkpoint -> a clean Hugging Face BERT directory.
 
 OUT_DIR gets config.json, model.safetensors (no tied duplicates), vocab.txt, tokenizer.json and
-tokenizer_config.json, which `transformers.BertForPreTraining` / `AutoModel` / `AutoTokenizer`
-load with no missing or unexpected keys. `resolve_model` turns CKPT into a model; it reads our
+tokenizer_config.json. `transformers.BertForPreTraining` and `AutoTokenizer` load it with no missing
+or unexpected keys; `AutoModel` (BertModel) with no missing keys, and it lists the `cls.*` heads as
+unexpected unless `--encoder-only` drops them. `resolve_model` turns CKPT into a model; it reads our
 model directories and any HF BERT directory, and is the one place to teach new checkpoint kinds
 (e.g. a DeepSpeed checkpoint directory whose ZeRO partitions are consolidated first).
 """
@@ -28,7 +29,8 @@ class ResolvedModel:
 
 
 def resolve_model(ckpt: Path) -> ResolvedModel:
-    """Load whatever CKPT is into our BertForPreTraining."""
+    """Load whatever CKPT is into our BertForPreTraining. New checkpoint kinds add a branch here,
+    e.g. `if is_deepspeed_checkpoint(ckpt): return ResolvedModel(consolidate(ckpt), ...)`."""
     if (ckpt / "config.json").is_file() or not ckpt.is_dir():
         loaded = load_checkpoint(ckpt)  # our model dir or any HF BERT dir; errors name the file
         has_tok = any((ckpt / n).is_file() for n in TOKENIZER_FILES)
