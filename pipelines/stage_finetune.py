@@ -50,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", help="seed, or comma-separated seeds")
     p.add_argument("--unit", help="run only this unit (e.g. sst2-lr5e-05-s42)")
     p.add_argument("--workers", type=int, help="concurrent units (default: finetune.concurrency)")
+    p.add_argument("--threads", type=int, help="torch threads per CPU worker (default: cores // workers)")
     p.add_argument("--group", help="W&B group for the unit runs (default: the output directory name)")
     p.add_argument("--output", help="output directory (default: <run_dir>/finetune)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override")
@@ -68,6 +69,7 @@ def _flag_values(args: argparse.Namespace) -> dict:
             "lrs": args.lr and [float(x) for x in _csv(args.lr)],
             "seeds": args.seed and [int(x) for x in _csv(args.seed)],
             "concurrency": args.workers,
+            "threads": args.threads,
         }
     except ValueError as exc:
         raise UserError(f"--lr / --seed: {exc}", fix="e.g. --lr 5e-5,3e-5 --seed 42,43.") from None
