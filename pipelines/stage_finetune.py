@@ -95,6 +95,19 @@ def resolve_checkpoints(main: list[str], baselines: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def finished_results(jobs: list) -> list[dict]:
+    import json
+
+    from common.atomic import read_marker
+    from finetuning.units import RESULT_FILE
+
+    return [
+        json.loads((j.out_dir / RESULT_FILE).read_text())
+        for j in jobs
+        if read_marker(j.out_dir) is not None and (j.out_dir / RESULT_FILE).is_file()
+    ]
+
+
 def main(args: argparse.Namespace) -> int:
     from finetuning.fanout import plan_jobs, run_jobs
     from finetuning.scorecard import build_scorecard
@@ -138,6 +151,10 @@ def main(args: argparse.Namespace) -> int:
         wandb_mode=cfg_all.wandb.mode,
         on_result=report,
     )
+    if args.unit:  # the scorecard also shows the plan's other units that finished earlier
+        results += finished_results(
+            [j for j in plan_jobs(checkpoints, finetune_units(cfg), output) if j not in jobs]
+        )
     from common.tracking import Tracker
 
     tracker = Tracker(

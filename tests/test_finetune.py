@@ -88,9 +88,13 @@ def test_sequence_model_equals_transformers(minilm_dir, data_dir):
     hf = HFModel.from_pretrained(str(minilm_dir), num_labels=2).eval()
     hf.classifier.load_state_dict(ours.classifier.state_dict())
     batch = collate(task.eval_features)
-    hf_tok = AutoTokenizer.from_pretrained(str(minilm_dir))
-    rows = [(e.text_a, e.text_b) for e in task.eval_examples] if hasattr(task, "eval_examples") else None
-    assert rows is None or hf_tok  # (tokenization equality is tested in test_tasks.py)
+    hf_ids = AutoTokenizer.from_pretrained(str(minilm_dir))(
+        [f"{e.text_a}" for e in task.dev_examples],
+        [f"{e.text_b}" for e in task.dev_examples],
+        truncation=True,
+        max_length=128,
+    )["input_ids"]
+    assert [f["input_ids"] for f in task.eval_features] == hf_ids
     with torch.no_grad():
         want = hf(**{k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}).logits
         got = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])[1]
@@ -204,6 +208,14 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir):
     result = json.loads((out / "units/movies-lr5e-05-s42/result.json").read_text())
     assert result["n_train"] == 80 and result["task"] == "movies"
     assert "| random:tiny (random init) |" in proc.stdout  # the scorecard is printed
+
+    mtime = (out / "units/movies-lr5e-05-s42/result.json").stat().st_mtime_ns
+    proc = _cli(
+        *common, "--tasks", "movies,broken,lost", "--unit", "movies-lr5e-05-s42", "--output", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr  # one unit alone: reused, scorecard rebuilt without failures
+    assert (out / "units/movies-lr5e-05-s42/result.json").stat().st_mtime_ns == mtime
+    assert json.loads((out / "scorecard.json").read_text())["failed"] == []
 
     proc = _cli(*common, "--tasks", "sst2,nope", "--output", str(out))
     assert (
