@@ -208,6 +208,8 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir):
     result = json.loads((out / "units/movies-lr5e-05-s42/result.json").read_text())
     assert result["n_train"] == 80 and result["task"] == "movies"
     assert "| random:tiny (random init) |" in proc.stdout  # the scorecard is printed
+    assert list((out / "scorecard_run").rglob("*.wandb"))  # the W&B table's run
+    assert list((out / "units/movies-lr5e-05-s42/wandb_files").rglob("*.wandb"))
 
     mtime = (out / "units/movies-lr5e-05-s42/result.json").stat().st_mtime_ns
     proc = _cli(
