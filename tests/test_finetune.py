@@ -227,13 +227,19 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir):
 
 @pytest.mark.slow
 def test_pretrained_beats_random_init_on_sst2(tmp_path, minilm_dir):
-    """all-MiniLM-L6-v2 fine-tuned briefly on SST-2 is clearly above chance; random init of the
-    same shape with the same budget is not."""
+    """all-MiniLM-L6-v2 fine-tuned briefly on SST-2 (80 steps) is clearly above chance; random init
+    of the same shape with the same budget is not. (Seen: 78.0 vs 51.5 on the first 200 dev rows.)"""
     cfg = FinetuneConfig(
-        tasks=["sst2"], max_train_examples=320, max_eval_examples=200, epochs=1.0, max_seq_length=64
+        tasks=["sst2"],
+        max_train_examples=640,
+        max_eval_examples=200,
+        epochs=2.0,
+        max_seq_length=64,
+        batch_size=16,
     )
-    unit = FinetuneUnit("sst2", 5e-5, 42)
+    unit = FinetuneUnit("sst2", 1e-4, 42)
     pre = run_finetune_unit(cfg, unit, str(minilm_dir), tmp_path / "pre", wandb_mode="disabled")
     rnd = run_finetune_unit(cfg, unit, f"random:{minilm_dir}", tmp_path / "rnd", wandb_mode="disabled")
-    assert pre["metrics"]["accuracy"] >= 75.0, pre["metrics"]
-    assert rnd["metrics"]["accuracy"] <= 65.0, rnd["metrics"]
+    assert pre["train_steps"] == rnd["train_steps"] == 80
+    assert pre["metrics"]["accuracy"] >= 72.0, pre["metrics"]
+    assert rnd["metrics"]["accuracy"] <= 62.0, rnd["metrics"]
