@@ -94,6 +94,19 @@ def normalize_checkpoint(checkpoint: str) -> str:
     return str(Path(checkpoint).expanduser().resolve())
 
 
+def with_baselines(checkpoints: list[str], baselines: list[str]) -> list[str]:
+    """The checkpoints to score: the given ones plus baselines (`random` = random init of the first
+    checkpoint's shape, `none` = nothing, anything else = another checkpoint), without duplicates."""
+    out = list(checkpoints)
+    for b in baselines:
+        if b == "random":
+            first = checkpoints[0]
+            out.append(first if first.startswith("random:") else "random:" + first)
+        elif b != "none":
+            out.append(b)
+    return list(dict.fromkeys(out))
+
+
 def checkpoint_label(checkpoint: str) -> str:
     if checkpoint.startswith("random:"):
         target = checkpoint.split(":", 1)[1]

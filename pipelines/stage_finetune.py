@@ -85,16 +85,6 @@ def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig
         raise UserError(f"bad flag value: {msgs}") from None
 
 
-def resolve_checkpoints(main: list[str], baselines: list[str]) -> list[str]:
-    out = list(main)
-    for b in baselines:
-        if b == "random":
-            out.append("random:" + main[0] if not main[0].startswith("random:") else main[0])
-        elif b != "none":
-            out.append(b)
-    return list(dict.fromkeys(out))
-
-
 def finished_results(jobs: list) -> list[dict]:
     import json
 
@@ -111,7 +101,7 @@ def finished_results(jobs: list) -> list[dict]:
 def main(args: argparse.Namespace) -> int:
     from finetuning.fanout import plan_jobs, run_jobs
     from finetuning.scorecard import build_scorecard
-    from finetuning.units import find_unit, finetune_units, normalize_checkpoint
+    from finetuning.units import find_unit, finetune_units, normalize_checkpoint, with_baselines
     from pipelines.config import load_config
 
     cfg_all = load_config(args.config, args.set)
@@ -121,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
             "no checkpoint given.", fix="pass --checkpoint DIR (or random:PRESET with --tokenizer)."
         )
     baselines = _csv(args.baselines) if args.baselines is not None else cfg.baselines
-    checkpoints = [normalize_checkpoint(c) for c in resolve_checkpoints(args.checkpoint, baselines)]
+    checkpoints = [normalize_checkpoint(c) for c in with_baselines(args.checkpoint, baselines)]
     units = [find_unit(cfg, args.unit)] if args.unit else finetune_units(cfg)
     output = Path(args.output) if args.output else Path(cfg_all.run_dir) / "finetune"
     tokenizer_dir = Path(args.tokenizer) if args.tokenizer else None

@@ -19,7 +19,14 @@ from finetuning.batching import collate, train_batches
 from finetuning.config import FinetuneConfig
 from finetuning.scorecard import build_scorecard
 from finetuning.trainer import linear_schedule, param_groups
-from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
+from finetuning.units import (
+    FinetuneUnit,
+    build_model,
+    checkpoint_label,
+    finetune_units,
+    run_finetune_unit,
+    with_baselines,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +50,12 @@ def test_units_one_per_task_lr_seed():
     assert FinetuneUnit("sst2", 5e-5, 42).name == "sst2-lr5e-05-s42"
     with pytest.raises(UserError, match="unknown task"):
         finetune_units(FinetuneConfig(tasks=["sst2", "glue9"]))
+    assert with_baselines(["/m"], ["random"]) == ["/m", "random:/m"]
+    assert with_baselines(["random:tiny"], ["random", "none"]) == ["random:tiny"]
+    assert (
+        checkpoint_label("/a/run7/model") == "run7/model"
+        and checkpoint_label("random:/a/ckpt") == "random:ckpt"
+    )
 
 
 def test_recipe_schedule_and_weight_decay_groups():
