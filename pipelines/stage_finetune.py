@@ -118,7 +118,10 @@ def main(args: argparse.Namespace) -> int:
     data_root = cfg_all.data_root
     group = args.group or output.resolve().name
     jobs = plan_jobs(checkpoints, units, output)
-    print(f"bertflow finetune: {len(jobs)} unit(s), {cfg.concurrency} worker(s) -> {output}", flush=True)
+    print(
+        f"bertflow finetune: {len(jobs)} unit(s), {min(cfg.concurrency, len(jobs))} worker(s) -> {output}",
+        flush=True,
+    )
 
     def report(job, result) -> None:
         if "error" in result:
