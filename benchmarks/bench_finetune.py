@@ -163,6 +163,7 @@ def main() -> int:
                 return 2
             n, epochs, seq = budgets[task]
             ours = run_ours(task, n, epochs, seq, n_eval, Path(tmp) / f"ours-{task}")
+            print(f"{task} ours: {ours['metrics']}, train ex/s {ours['examples_per_s']:.1f}", flush=True)
             ref = run_trainer(
                 task, n, epochs, seq, n_eval, Path(tmp) / f"trainer-{task}", args.trainer_dynamic_padding
             )
