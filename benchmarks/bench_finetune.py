@@ -3,7 +3,8 @@
 Same data (first N train rows, full dev set), seed and hyperparameters (batch 32, lr 3e-5, warmup
 10%, weight decay 0.01, dropout 0.1, linear decay, grad clip 1.0) for both:
   SST-2 2,000 rows, 1 epoch, seq 64; MRPC and STS-B 1,000 rows, 2 epochs, seq 128.
-The Trainer gets its run_glue.py defaults (inputs padded to max_seq_length). Both are scored
+The Trainer gets its run_glue.py defaults (inputs padded to max_seq_length; `--trainer-dynamic-padding`
+gives it DataCollatorWithPadding instead). Both are scored
 with the same metric code. Goal: dev scores within ±2 points, our train examples/s ≥ 1.2× the
 Trainer's. `--quick` shrinks the budgets (for a smoke run on a busy machine).
 
@@ -62,10 +63,18 @@ def run_ours(task: str, n_train: int, epochs: float, seq: int, n_eval: int | Non
     }
 
 
-def run_trainer(task: str, n_train: int, epochs: float, seq: int, n_eval: int | None, out: Path) -> dict:
+def run_trainer(
+    task: str, n_train: int, epochs: float, seq: int, n_eval: int | None, out: Path, dynamic: bool = False
+) -> dict:
     import numpy as np
     import torch
-    from transformers import AutoTokenizer, BertForSequenceClassification, Trainer, TrainingArguments
+    from transformers import (
+        AutoTokenizer,
+        BertForSequenceClassification,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
 
     from finetuning.metrics import classification_metrics, regression_metrics
     from finetuning.tasks import get_task, read_tsv_examples
@@ -78,7 +87,7 @@ def run_trainer(task: str, n_train: int, epochs: float, seq: int, n_eval: int | 
     def encode(examples):
         a = [e.text_a for e in examples]
         b = [e.text_b for e in examples] if examples[0].text_b is not None else None
-        enc = tok(a, b, truncation=True, max_length=seq, padding="max_length")
+        enc = tok(a, b, truncation=True, max_length=seq, padding=False if dynamic else "max_length")
         dtype = torch.float32 if spec.kind == "regression" else torch.long
         return [
             {
@@ -115,7 +124,8 @@ def run_trainer(task: str, n_train: int, epochs: float, seq: int, n_eval: int | 
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=train_ds)
+    collator = DataCollatorWithPadding(tok) if dynamic else None
+    trainer = Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collator)
     start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - start
@@ -134,6 +144,11 @@ def main() -> int:
     p.add_argument("--tasks", default="sst2,mrpc,stsb")
     p.add_argument("--quick", action="store_true", help="small budgets and 200 dev rows (smoke run)")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument(
+        "--trainer-dynamic-padding",
+        action="store_true",
+        help="give the Trainer DataCollatorWithPadding instead of run_glue.py's pad-to-max-length default",
+    )
     args = p.parse_args()
     import torch
 
@@ -148,7 +163,10 @@ def main() -> int:
                 return 2
             n, epochs, seq = budgets[task]
             ours = run_ours(task, n, epochs, seq, n_eval, Path(tmp) / f"ours-{task}")
-            ref = run_trainer(task, n, epochs, seq, n_eval, Path(tmp) / f"trainer-{task}")
+            print(f"{task} ours: {ours['metrics']}, train ex/s {ours['examples_per_s']:.1f}", flush=True)
+            ref = run_trainer(
+                task, n, epochs, seq, n_eval, Path(tmp) / f"trainer-{task}", args.trainer_dynamic_padding
+            )
             diffs = {m: ours["metrics"][m] - ref["metrics"][m] for m in ours["metrics"]}
             ratio = ours["examples_per_s"] / ref["examples_per_s"]
             rows.append(

@@ -24,4 +24,7 @@ class FinetuneConfig(BaseModel):
     weight_decay: float = Field(0.01, ge=0)
     concurrency: int = Field(2, ge=1)
     dropout: float = Field(0.1, ge=0, lt=1, description="hidden and attention dropout while fine-tuning")
+    threads: int | None = Field(
+        None, ge=1, description="torch threads per CPU worker (default: CPU cores // concurrency)"
+    )
     group_by_length: bool = Field(True, description="batch examples of similar length together")

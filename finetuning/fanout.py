@@ -114,7 +114,7 @@ def run_jobs(
         max_workers=workers,
         mp_context=ctx,
         initializer=_init_worker,
-        initargs=(os.getpid(), threads_per_worker(workers), devices),
+        initargs=(os.getpid(), cfg.threads or threads_per_worker(workers), devices),
     )
     try:
         pending = {

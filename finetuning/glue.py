@@ -42,6 +42,7 @@ class SequenceTask:
         self.train_features = encode_pairs(tok, train, max_seq_length)
         self.eval_features = encode_pairs(tok, dev, max_seq_length)
         self.n_train, self.n_eval = len(train), len(dev)
+        self.dev_examples = dev
         self.notes: dict[str, Any] = {}
 
     def make_model(self, config: BertConfig) -> torch.nn.Module:

@@ -94,6 +94,15 @@ def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
             raise UserError(
                 f"task config {path}: task {name!r} must be a mapping.", fix="see finetuning/tasks.yaml."
             )
+        body = dict(body)
+        for key in ("train", "dev"):  # relative paths in a user file are relative to that file
+            value = body.get(key)
+            if (
+                isinstance(value, str)
+                and not value.startswith("data:")
+                and not Path(value).expanduser().is_absolute()
+            ):
+                body[key] = str(path.parent / value)
         try:
             specs[str(name)] = TaskSpec.model_validate({**body, "name": str(name), "source": source})
         except ValidationError as exc:

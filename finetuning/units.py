@@ -94,6 +94,19 @@ def normalize_checkpoint(checkpoint: str) -> str:
     return str(Path(checkpoint).expanduser().resolve())
 
 
+def with_baselines(checkpoints: list[str], baselines: list[str]) -> list[str]:
+    """The checkpoints to score: the given ones plus baselines (`random` = random init of the first
+    checkpoint's shape, `none` = nothing, anything else = another checkpoint), without duplicates."""
+    out = list(checkpoints)
+    for b in baselines:
+        if b == "random":
+            first = checkpoints[0]
+            out.append(first if first.startswith("random:") else "random:" + first)
+        elif b != "none":
+            out.append(b)
+    return list(dict.fromkeys(out))
+
+
 def checkpoint_label(checkpoint: str) -> str:
     if checkpoint.startswith("random:"):
         target = checkpoint.split(":", 1)[1]
@@ -170,9 +183,20 @@ def _fingerprint(cfg: FinetuneConfig, unit: FinetuneUnit, checkpoint: str, spec:
         "cfg": {k: getattr(cfg, k) for k in keys},
         "unit": dataclasses.asdict(unit),
         "checkpoint": checkpoint,
+        "weights": _weights_stamp(checkpoint),
         "task": spec.model_dump(exclude={"source"}),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _weights_stamp(checkpoint: str) -> list[Any]:
+    """Size and mtime of the checkpoint's weight files: a re-trained model at the same path is new."""
+    if checkpoint.startswith("random:"):
+        return []
+    from model.hf_io import WEIGHT_FILES
+
+    files = [Path(checkpoint) / n for n in WEIGHT_FILES]
+    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
 
 
 def pick_device() -> torch.device:

@@ -50,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", help="seed, or comma-separated seeds")
     p.add_argument("--unit", help="run only this unit (e.g. sst2-lr5e-05-s42)")
     p.add_argument("--workers", type=int, help="concurrent units (default: finetune.concurrency)")
+    p.add_argument("--threads", type=int, help="torch threads per CPU worker (default: cores // workers)")
     p.add_argument("--group", help="W&B group for the unit runs (default: the output directory name)")
     p.add_argument("--output", help="output directory (default: <run_dir>/finetune)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override")
@@ -68,6 +69,7 @@ def _flag_values(args: argparse.Namespace) -> dict:
             "lrs": args.lr and [float(x) for x in _csv(args.lr)],
             "seeds": args.seed and [int(x) for x in _csv(args.seed)],
             "concurrency": args.workers,
+            "threads": args.threads,
         }
     except ValueError as exc:
         raise UserError(f"--lr / --seed: {exc}", fix="e.g. --lr 5e-5,3e-5 --seed 42,43.") from None
@@ -83,20 +85,23 @@ def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig
         raise UserError(f"bad flag value: {msgs}") from None
 
 
-def resolve_checkpoints(main: list[str], baselines: list[str]) -> list[str]:
-    out = list(main)
-    for b in baselines:
-        if b == "random":
-            out.append("random:" + main[0] if not main[0].startswith("random:") else main[0])
-        elif b != "none":
-            out.append(b)
-    return list(dict.fromkeys(out))
+def finished_results(jobs: list) -> list[dict]:
+    import json
+
+    from common.atomic import read_marker
+    from finetuning.units import RESULT_FILE
+
+    return [
+        json.loads((j.out_dir / RESULT_FILE).read_text())
+        for j in jobs
+        if read_marker(j.out_dir) is not None and (j.out_dir / RESULT_FILE).is_file()
+    ]
 
 
 def main(args: argparse.Namespace) -> int:
     from finetuning.fanout import plan_jobs, run_jobs
     from finetuning.scorecard import build_scorecard
-    from finetuning.units import find_unit, finetune_units, normalize_checkpoint
+    from finetuning.units import find_unit, finetune_units, normalize_checkpoint, with_baselines
     from pipelines.config import load_config
 
     cfg_all = load_config(args.config, args.set)
@@ -106,14 +111,17 @@ def main(args: argparse.Namespace) -> int:
             "no checkpoint given.", fix="pass --checkpoint DIR (or random:PRESET with --tokenizer)."
         )
     baselines = _csv(args.baselines) if args.baselines is not None else cfg.baselines
-    checkpoints = [normalize_checkpoint(c) for c in resolve_checkpoints(args.checkpoint, baselines)]
+    checkpoints = [normalize_checkpoint(c) for c in with_baselines(args.checkpoint, baselines)]
     units = [find_unit(cfg, args.unit)] if args.unit else finetune_units(cfg)
     output = Path(args.output) if args.output else Path(cfg_all.run_dir) / "finetune"
     tokenizer_dir = Path(args.tokenizer) if args.tokenizer else None
     data_root = cfg_all.data_root
     group = args.group or output.resolve().name
     jobs = plan_jobs(checkpoints, units, output)
-    print(f"bertflow finetune: {len(jobs)} unit(s), {cfg.concurrency} worker(s) -> {output}", flush=True)
+    print(
+        f"bertflow finetune: {len(jobs)} unit(s), {min(cfg.concurrency, len(jobs))} worker(s) -> {output}",
+        flush=True,
+    )
 
     def report(job, result) -> None:
         if "error" in result:
@@ -136,6 +144,10 @@ def main(args: argparse.Namespace) -> int:
         wandb_mode=cfg_all.wandb.mode,
         on_result=report,
     )
+    if args.unit:  # the scorecard also shows the plan's other units that finished earlier
+        results += finished_results(
+            [j for j in plan_jobs(checkpoints, finetune_units(cfg), output) if j not in jobs]
+        )
     from common.tracking import Tracker
 
     tracker = Tracker(

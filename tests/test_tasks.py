@@ -80,6 +80,9 @@ def test_user_task_from_config(tmp_path, data_dir):
     assert spec.source == str(cfg) and "sst2" in load_task_specs(str(cfg))
     examples = read_tsv_examples(spec, spec.path("train"))
     assert len(examples) == 40 and {e.label for e in examples} == {0, 1}
+    relative = tmp_path / "relative.yaml"  # a relative path is relative to the task config file
+    relative.write_text(USER_TASK.format(tsv="movies.tsv"))
+    assert load_task_specs(str(relative))["movies"].path("dev") == tsv
 
 
 @pytest.mark.parametrize(

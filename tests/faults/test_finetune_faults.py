@@ -1,0 +1,84 @@
+"""kill -9 of `bertflow finetune` in the middle of its second unit: the rerun reuses the finished
+unit (not recomputed), finishes the rest, and scores exactly like an uninterrupted run."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+UNITS = ["sst2-lr5e-05-s42", "mrpc-lr5e-05-s42", "rte-lr5e-05-s42"]
+
+
+def _command(minilm_dir: Path, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "pipelines.cli", "finetune", "--checkpoint", "random:tiny",
+        "--tokenizer", str(minilm_dir), "--tasks", "sst2,mrpc,rte", "--max-train-examples", "96",
+        "--max-eval-examples", "64", "--max-seq-length", "64", "--epochs", "2", "--batch-size", "16",
+        "--workers", "1", "--threads", "1", "--baselines", "none", "--output", str(out),
+    ]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
+
+
+def _lock_free(unit_dir: Path) -> bool:
+    with open(unit_dir / ".lock", "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        return True
+
+
+def _scores(out: Path) -> list[dict]:
+    card = json.loads((out / "scorecard.json").read_text())
+    return [
+        {t: (v["metrics"], v["n_train"], v["n_eval"]) for t, v in row["tasks"].items()}
+        for row in card["rows"]
+    ]
+
+
+@pytest.mark.slow
+def test_kill_during_second_unit_then_rerun(tmp_path, minilm_dir):
+    out = tmp_path / "killed"
+    first, second = out / "units" / UNITS[0], out / "units" / UNITS[1]
+    proc = subprocess.Popen(_command(minilm_dir, out), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not ((first / "_COMPLETE.json").is_file() and (second / "metrics.jsonl").is_file()):
+        assert proc.poll() is None, "the command ended before its second unit started training"
+        assert time.monotonic() < deadline, "second unit never started"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)  # mid-training of the second unit
+    proc.wait()
+    # the worker notices its parent is gone and exits: the unit's lock is released
+    deadline = time.monotonic() + 30
+    while not _lock_free(second):
+        assert time.monotonic() < deadline, "orphaned worker kept running"
+        time.sleep(0.2)
+    assert not (second / "_COMPLETE.json").exists() and not (second / "result.json").exists()
+    assert not (out / "scorecard.json").exists()
+    first_mtime = (first / "result.json").stat().st_mtime_ns
+
+    rerun = subprocess.run(_command(minilm_dir, out), env=_env(), cwd=ROOT, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert (first / "result.json").stat().st_mtime_ns == first_mtime  # reused, not recomputed
+    for unit in UNITS:
+        assert (out / "units" / unit / "_COMPLETE.json").is_file()
+    rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 10, 12]  # one clean curve, no duplicate
+
+    clean = tmp_path / "clean"
+    ref = subprocess.run(_command(minilm_dir, clean), env=_env(), cwd=ROOT, capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr
+    assert _scores(out) == _scores(clean)
