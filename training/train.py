@@ -17,6 +17,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -148,7 +149,9 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
         found = checkpoint.newest_good(ckpt_root, warn=log0)
         for tag in checkpoint.tag_dirs(ckpt_root):
             if found is not None and checkpoint.step_of(tag) > checkpoint.step_of(found[0]):
-                tag.rename(tag.with_name(tag.name + ".corrupt"))  # keep it for inspection, never reuse
+                kept = tag.with_name(tag.name + ".corrupt")  # kept for inspection, never reused
+                shutil.rmtree(kept, ignore_errors=True)
+                tag.rename(kept)
         checkpoint.remove_unverified(ckpt_root)
         choice = [None if found is None else (str(found[0]), found[1])]
     dist.broadcast_object_list(choice, src=0)
@@ -318,6 +321,7 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
                     "tflops": window[2] / elapsed / 1e12,
                     "memory_mb": memory_mb(device),
                     "data_wait_fraction": (loader.data_wait_seconds - wait_window) / elapsed,
+                    "step_time_s": elapsed / max(1, steps_window),
                     "consumed_samples": step * plan.global_batch,
                 }
                 if peak:
