@@ -228,7 +228,12 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
         )
 
     loader = PretrainLoader(
-        store, plan, start_step=start_step, masking=masking, prefetch=pcfg["prefetch_batches"]
+        store,
+        plan,
+        start_step=start_step,
+        masking=masking,
+        prefetch=pcfg["prefetch_batches"],
+        pin_memory=on_gpu,
     )
     val_batches = (
         eval_batches(val_store, pcfg["micro_batch_size"], world, rank, pcfg["eval_batches"])
