@@ -147,8 +147,9 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
     if rank == 0:
         ckpt_root.mkdir(parents=True, exist_ok=True)
         found = checkpoint.newest_good(ckpt_root, warn=log0)
+        good_step = checkpoint.step_of(found[0]) if found is not None else -1
         for tag in checkpoint.tag_dirs(ckpt_root):
-            if found is not None and checkpoint.step_of(tag) > checkpoint.step_of(found[0]):
+            if checkpoint.step_of(tag) > good_step and checkpoint.read_verification(tag) is not None:
                 kept = tag.with_name(tag.name + ".corrupt")  # kept for inspection, never reused
                 shutil.rmtree(kept, ignore_errors=True)
                 tag.rename(kept)
