@@ -37,16 +37,22 @@ CASES = {"mini": 32, "base": 8}  # preset -> micro batch size
 
 
 def reference_tokens_per_s(
-    preset: str, batch: int, shards: Path, vocab_size: int, warmup: int, steps: int
+    preset: str, batch: int, shards: Path, vocab_size: int, warmup: int, steps: int, own_model: bool = False
 ) -> float:
+    """Plain loop around transformers' BertForPreTraining, or (own_model) around our model without
+    DeepSpeed, which isolates what the engine + loader cost."""
     from transformers import BertConfig as HFConfig
     from transformers import BertForPreTraining as HFBert
 
     from model.config import BertConfig
+    from model.heads import BertForPreTraining
 
     ours = BertConfig.from_preset(preset, vocab_size=vocab_size)
     torch.manual_seed(0)
-    model = HFBert(HFConfig(**ours.to_hf_dict(), attn_implementation="sdpa"))
+    if own_model:
+        model = BertForPreTraining(ours)
+    else:
+        model = HFBert(HFConfig(**ours.to_hf_dict(), attn_implementation="sdpa"))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
     store = load_split(shards, "train")
@@ -56,17 +62,20 @@ def reference_tokens_per_s(
         if step == warmup:
             tokens, t0 = 0, time.perf_counter()
         b = collate(store, plan.micro_batch_indices(step, 0))  # loading is inside the timed loop
-        labels = torch.full_like(b["input_ids"], -100)
-        keep = b["masked_lm_labels"] != -100
-        rows = torch.arange(labels.shape[0])[:, None].expand_as(keep)
-        labels[rows[keep], b["masked_lm_positions"][keep]] = b["masked_lm_labels"][keep]
-        out = model(
-            input_ids=b["input_ids"],
-            token_type_ids=b["token_type_ids"],
-            attention_mask=b["attention_mask"],
-            labels=labels,
-            next_sentence_label=b["next_sentence_labels"],
-        )
+        if own_model:
+            out = model(**b)
+        else:
+            labels = torch.full_like(b["input_ids"], -100)
+            keep = b["masked_lm_labels"] != -100
+            rows = torch.arange(labels.shape[0])[:, None].expand_as(keep)
+            labels[rows[keep], b["masked_lm_positions"][keep]] = b["masked_lm_labels"][keep]
+            out = model(
+                input_ids=b["input_ids"],
+                token_type_ids=b["token_type_ids"],
+                attention_mask=b["attention_mask"],
+                labels=labels,
+                next_sentence_label=b["next_sentence_labels"],
+            )
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -130,13 +139,19 @@ def main() -> int:
             batch = CASES[preset]
             ours, wall = ours_tokens_per_s(preset, batch, shards, tok, tmp / f"run-{preset}", warmup, steps)
             ref = reference_tokens_per_s(preset, batch, shards, vocab, warmup, steps)
+            plain = reference_tokens_per_s(preset, batch, shards, vocab, warmup, steps, own_model=True)
             ratio = ours / ref
             goal = 2.0 if preset == "mini" else 1.3
             results[preset] = {"batch": batch, "ours_tokens_per_s": ours, "transformers_tokens_per_s": ref,
-                               "ratio": ratio, "goal": goal, "stage_wall_s": wall}  # fmt: skip
+                               "ratio": ratio, "goal": goal, "stage_wall_s": wall,
+                               "own_model_plain_loop_tokens_per_s": plain, "stage_vs_plain_loop": ours / plain}  # fmt: skip
             print(
                 f"{preset:5s} batch {batch:2d} seq<=128: ours {ours:8.0f} tok/s | transformers loop {ref:8.0f} tok/s"
                 f" | ratio {ratio:.2f}x (goal {goal}x) | whole stage wall {wall:.0f}s incl. launch"
+            )
+            print(
+                f"{'':5s} engine + loader overhead: plain loop around our model {plain:8.0f} tok/s, "
+                f"stage/plain {ours / plain:.2f}x (1.00 = free)"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
