@@ -398,6 +398,12 @@ def save(engine, ckpt_root: Path, step: int, plan: BatchPlan, spec: dict[str, An
     return tag_dir
 
 
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, help="run_spec.json written by `bertflow pretrain`")
@@ -408,10 +414,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(spec, local_rank)
     except (UserError, FloatingPointError) as exc:
-        # No barrier here: the other ranks may be inside a collective. Exiting non-zero makes the
-        # launcher stop them at once (fail fast instead of waiting for the collective timeout).
+        # No barrier and no process-group teardown: the other ranks may be inside a collective, and
+        # a gloo/NCCL group left at interpreter exit can hang until the collective timeout. Leave
+        # at once; the launcher stops the other ranks (fail fast, no 10-minute wait).
         print(f"rank {os.environ.get('RANK', local_rank)}: error: {exc}", file=sys.stderr, flush=True)
-        return 2 if isinstance(exc, UserError) else 3
+        _exit_now(2 if isinstance(exc, UserError) else 3)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        _exit_now(1)
     dist.barrier()
     dist.destroy_process_group()
     return 0
