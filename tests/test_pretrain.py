@@ -57,7 +57,7 @@ def test_zero2_two_processes_lowers_the_loss(ref_run):
     assert (6, "val_mlm_acc") in rows and (12, "val_nsp_acc") in rows
     assert rows[(12, "val_mlm_loss")] < rows[(6, "val_mlm_loss")]  # held-out MLM improves too
     assert rows[(2, "lr")] == pytest.approx(0.002)  # end of warmup
-    assert any("launch:" in ln and "deepspeed.launcher.runner" in ln for ln in lines)
+    assert any("launch:" in ln and "torch.distributed.run" in ln for ln in lines)  # launcher auto, one node
     # checkpoints: every 4 steps, each verified, W&B offline files written
     tags = [t.name for t in checkpoint.tag_dirs(out / "checkpoints")]
     assert tags == ["global_step12", "global_step8", "global_step4"]
@@ -101,7 +101,7 @@ def test_kill_9_then_rerun_reproduces_every_loss_exactly(ref_run, data, tmp_path
     ref_out, ref_model, _ = ref_run
     shards, tok = data
     out = tmp_path / "run"
-    proc = start_cli(shards, tok, out, settings(), BERTFLOW_DEBUG_STEP_DELAY_S="0.5")
+    proc = start_cli(shards, tok, out, settings(), BERTFLOW_DEBUG_STEP_DELAY_S="0.3")
     wait_for(out / "checkpoints" / "global_step8" / checkpoint.VERIFIED_NAME, proc)
     kill_tree(proc)
     assert not (out / "model").exists() and not (out / "_COMPLETE.json").exists()
@@ -113,7 +113,7 @@ def test_kill_9_then_rerun_reproduces_every_loss_exactly(ref_run, data, tmp_path
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("stage,launcher", [(1, "deepspeed"), (3, "torchrun")])
+@pytest.mark.parametrize("stage,launcher", [(1, "deepspeed"), (3, "auto")])
 def test_zero_stages_reach_the_same_weights(ref_run, data, tmp_path, stage, launcher):
     ref_out, ref_model, _ = ref_run
     out = tmp_path / f"zero{stage}"

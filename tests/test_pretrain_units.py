@@ -171,3 +171,29 @@ def test_checkpoint_fallback_prune_and_unverified(tmp_path):
         _fake_tag(root, s)
     checkpoint.prune(root, keep=2)
     assert [t.name for t in checkpoint.tag_dirs(root)] == ["global_step24", "global_step20"]
+
+
+def test_phase_2_starts_from_phase_1_weights(tmp_path, minilm_dir):
+    """init_from: the model shape comes from the phase-1 dir, weights are loaded, dropouts from the
+    config; a resume ignores init_from (the checkpoint wins)."""
+    from model.hf_io import write_hf_dir
+    from pipelines.config import load_config
+    from training.preflight import model_config
+    from training.train import build_model
+
+    phase1 = tiny_model()
+    write_hf_dir(phase1, tmp_path / "p1", minilm_dir)
+    cfg = load_config(None, [f"pretrain.init_from={tmp_path / 'p1'}", "model.hidden_dropout_prob=0.0"])
+    mcfg = model_config(cfg, 500, minilm_dir)
+    assert mcfg.hidden_size == 128 and mcfg.hidden_dropout_prob == 0.0
+    with pytest.raises(UserError, match="vocab_size 500"):
+        model_config(cfg, 30522, minilm_dir)
+    spec = {"pretrain": {"seed": 3, "init_from": str(tmp_path / "p1")}, "model_config": mcfg.to_hf_dict()}
+    model = build_model(spec, resuming=False)
+    ref = phase1.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in model.state_dict().items())
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    fresh = build_model(spec, resuming=True)
+    assert not torch.equal(
+        fresh.bert.embeddings.word_embeddings.weight, ref["bert.embeddings.word_embeddings.weight"]
+    )

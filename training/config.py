@@ -33,7 +33,9 @@ class PretrainConfig(BaseModel):
         None, description="phase 2: start from this model dir (e.g. phase 1's out/model), fresh optimizer"
     )
     eval_batches: int = Field(20, ge=1, description="validation micro batches per rank per evaluation")
-    launcher: Literal["deepspeed", "torchrun"] = "deepspeed"
+    launcher: Literal["auto", "deepspeed", "torchrun"] = Field(
+        "auto", description="auto: DeepSpeed's launcher with a hostfile, torchrun (lighter start) on one node"
+    )
     hostfile: str | None = Field(
         None, description="multi-node: DeepSpeed hostfile (see infra/hostfile.example)"
     )

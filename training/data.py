@@ -210,6 +210,7 @@ class PretrainLoader:
         start_step: int = 0,
         masking: MaskingSpec | None = None,
         prefetch: int = 4,
+        pin_memory: bool = False,
     ) -> None:
         if plan.steps_per_epoch == 0:
             raise UserError(
@@ -219,6 +220,7 @@ class PretrainLoader:
                 fix="lower pretrain.micro_batch_size / gradient_accumulation_steps or preprocess more text.",
             )
         self.store, self.plan, self.masking = store, plan, masking
+        self.pin_memory = pin_memory  # GPU: page-locked batches make the host→device copy async
         self.step = start_step
         self.data_wait_seconds = 0.0
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
@@ -228,7 +230,7 @@ class PretrainLoader:
 
     def batches_for_step(self, step: int, perm: np.ndarray | None = None) -> list[dict[str, torch.Tensor]]:
         epoch = step // self.plan.steps_per_epoch
-        return [
+        batches = [
             collate(
                 self.store,
                 self.plan.micro_batch_indices(step, m, perm),
@@ -238,6 +240,9 @@ class PretrainLoader:
             )
             for m in range(self.plan.grad_accum)
         ]
+        if self.pin_memory:
+            batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]
+        return batches
 
     def _produce(self, step: int) -> None:
         perm_epoch, perm = -1, None

@@ -1,9 +1,12 @@
 """Start the per-rank script under the DeepSpeed launcher (or torchrun) and stream its output.
 
-Local: `python -m deepspeed.launcher.runner --num_gpus N --module training.train --spec ...`
-(on a CPU-only machine DeepSpeed's CPU accelerator starts N gloo processes). Multi-node: the same
-with `--hostfile` (see infra/hostfile.example; the runner reaches the other nodes through pdsh and
-starts the same command there, so the project and data must be at the same path on every node).
+One node (default, `launcher: auto`): `python -m torch.distributed.run --nproc_per_node N -m
+training.train --spec ...` (it starts faster than DeepSpeed's launcher, which imports DeepSpeed
+twice before the ranks do); `launcher: deepspeed` gives `python -m deepspeed.launcher.runner
+--num_gpus N --module training.train ...` (on a CPU-only machine DeepSpeed's CPU accelerator starts
+N gloo processes). Multi-node: DeepSpeed's launcher with `--hostfile` (see infra/hostfile.example;
+the runner reaches the other nodes through pdsh and starts the same command there, so the project
+and data must be at the same path on every node) or torchrun under Slurm (infra/slurm/).
 Both launchers stop every local rank as soon as one exits with an error.
 """
 
@@ -54,6 +57,8 @@ def build_command(
     launcher: str, num_processes: int, spec_path: Path, port: int, hostfile: str | None = None
 ) -> list[str]:
     py = sys.executable
+    if launcher == "auto":
+        launcher = "deepspeed" if hostfile else "torchrun"
     script = ["training.train", "--spec", str(spec_path)]
     if launcher == "torchrun":
         if hostfile:
@@ -91,6 +96,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], 
         text=True,
         bufsize=1,
         start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
     errors: list[str] = []
     try:
@@ -109,6 +115,17 @@ def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], 
         if errors:
             raise UserError("pretraining stopped: " + " | ".join(errors))
         raise RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
+
+
+def _die_with_parent() -> None:
+    """Linux: the launcher gets SIGTERM when `bertflow` dies (even by kill -9), and passes it on to
+    the ranks, so a killed stage leaves no orphan training processes behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

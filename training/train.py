@@ -17,6 +17,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -146,9 +147,12 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
     if rank == 0:
         ckpt_root.mkdir(parents=True, exist_ok=True)
         found = checkpoint.newest_good(ckpt_root, warn=log0)
+        good_step = checkpoint.step_of(found[0]) if found is not None else -1
         for tag in checkpoint.tag_dirs(ckpt_root):
-            if found is not None and checkpoint.step_of(tag) > checkpoint.step_of(found[0]):
-                tag.rename(tag.with_name(tag.name + ".corrupt"))  # keep it for inspection, never reuse
+            if checkpoint.step_of(tag) > good_step and checkpoint.read_verification(tag) is not None:
+                kept = tag.with_name(tag.name + ".corrupt")  # kept for inspection, never reused
+                shutil.rmtree(kept, ignore_errors=True)
+                tag.rename(kept)
         checkpoint.remove_unverified(ckpt_root)
         choice = [None if found is None else (str(found[0]), found[1])]
     dist.broadcast_object_list(choice, src=0)
@@ -225,7 +229,12 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
         )
 
     loader = PretrainLoader(
-        store, plan, start_step=start_step, masking=masking, prefetch=pcfg["prefetch_batches"]
+        store,
+        plan,
+        start_step=start_step,
+        masking=masking,
+        prefetch=pcfg["prefetch_batches"],
+        pin_memory=on_gpu,
     )
     val_batches = (
         eval_batches(val_store, pcfg["micro_batch_size"], world, rank, pcfg["eval_batches"])
@@ -318,6 +327,7 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
                     "tflops": window[2] / elapsed / 1e12,
                     "memory_mb": memory_mb(device),
                     "data_wait_fraction": (loader.data_wait_seconds - wait_window) / elapsed,
+                    "step_time_s": elapsed / max(1, steps_window),
                     "consumed_samples": step * plan.global_batch,
                 }
                 if peak:
@@ -388,6 +398,12 @@ def save(engine, ckpt_root: Path, step: int, plan: BatchPlan, spec: dict[str, An
     return tag_dir
 
 
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, help="run_spec.json written by `bertflow pretrain`")
@@ -398,10 +414,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(spec, local_rank)
     except (UserError, FloatingPointError) as exc:
-        # No barrier here: the other ranks may be inside a collective. Exiting non-zero makes the
-        # launcher stop them at once (fail fast instead of waiting for the collective timeout).
+        # No barrier and no process-group teardown: the other ranks may be inside a collective, and
+        # a gloo/NCCL group left at interpreter exit can hang until the collective timeout. Leave
+        # at once; the launcher stops the other ranks (fail fast, no 10-minute wait).
         print(f"rank {os.environ.get('RANK', local_rank)}: error: {exc}", file=sys.stderr, flush=True)
-        return 2 if isinstance(exc, UserError) else 3
+        _exit_now(2 if isinstance(exc, UserError) else 3)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        _exit_now(1)
     dist.barrier()
     dist.destroy_process_group()
     return 0

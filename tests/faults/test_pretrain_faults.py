@@ -1,0 +1,50 @@
+"""Pretraining faults: a NaN loss stops the run before the bad update and keeps the last good
+checkpoint; a truncated newest checkpoint is detected and the previous one resumes exactly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from common.errors import UserError
+from common.tracking import read_metrics
+from pipelines.stage_pretrain import run_pretrain_stage
+from tests.pretrain_runs import config, losses
+from tests.shard_fixtures import make_shards, make_tokenizer_dir
+from training import checkpoint
+from training.train import NAN_DEBUG_ENV
+
+pytestmark = pytest.mark.slow
+
+
+def test_nan_stops_cleanly_then_truncated_checkpoint_falls_back(tmp_path, minilm_dir, data_dir, monkeypatch):
+    tok = make_tokenizer_dir(minilm_dir, tmp_path / "tok")
+    shards = make_shards(tmp_path / "shards", tok, data_dir, num_docs=600)
+    out = tmp_path / "run"
+
+    monkeypatch.setenv(NAN_DEBUG_ENV, "10")
+    lines: list[str] = []
+    with pytest.raises(UserError, match=r"loss is nan at step 10; stopping before the update.*global_step8"):
+        run_pretrain_stage(config(), shards, tok, out, log_line=lines.append)
+    monkeypatch.delenv(NAN_DEBUG_ENV)
+    tags = checkpoint.tag_dirs(out / "checkpoints")
+    assert [t.name for t in tags] == ["global_step8", "global_step4"]
+    assert all(checkpoint.verify(t) is None for t in tags)  # the last good checkpoints are intact
+    assert not (out / "model").exists() and not (out / "_COMPLETE.json").exists()
+    before = losses(out)
+    assert sorted(before) == list(range(1, 10))  # step 10 was never logged as a real step
+
+    # the newest checkpoint gets truncated (disk full, killed copy, ...): rerun falls back to step 4
+    victim = max((out / "checkpoints" / "global_step8").glob("*optim_states.pt"), key=os.path.getsize)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    lines = []
+    run_pretrain_stage(config(), shards, tok, out, log_line=lines.append)
+    assert any("global_step8 is not usable" in ln and "bytes" in ln for ln in lines)
+    assert any("resumed from" in ln and "global_step4" in ln for ln in lines)
+    after = losses(out)
+    assert sorted(after) == list(range(1, 13))
+    assert all(after[s] == before[s] for s in range(1, 10))  # steps 5..9 recomputed bit-exactly
+    assert (out / "checkpoints" / "global_step8.corrupt").is_dir()  # kept for inspection, never reused
+    assert (out / "model" / "model.safetensors").is_file() and (out / "_COMPLETE.json").is_file()
+    assert len([r for r in read_metrics(out) if "loss" in r]) == 12  # no duplicate rows after resume
