@@ -35,14 +35,37 @@ def resolve_model(ckpt: Path) -> ResolvedModel:
         loaded = load_checkpoint(ckpt)  # our model dir or any HF BERT dir; errors name the file
         has_tok = any((ckpt / n).is_file() for n in TOKENIZER_FILES)
         return ResolvedModel(loaded.model, ckpt if has_tok else None, loaded.fresh, "model directory")
+    if _looks_like_deepspeed(ckpt):
+        from training.consolidate import load_model_from_deepspeed_checkpoint
+
+        model = load_model_from_deepspeed_checkpoint(ckpt)  # ZeRO partitions merged to fp32
+        tok = next((d for d in (ckpt / "model", ckpt.parent.parent / "model") if _has_tokenizer(d)), None)
+        return ResolvedModel(model, tok, [], "DeepSpeed checkpoint")
     raise UserError(
-        f"{ckpt} is not a BERT checkpoint: it has no config.json.",
-        fix="pass a model directory (config.json + model.safetensors) written by bertflow or transformers.",
+        f"{ckpt} is not a BERT checkpoint: it has no config.json and no DeepSpeed checkpoint.",
+        fix="pass a model directory (config.json + model.safetensors) written by bertflow or transformers, "
+        "or a pretrain output / checkpoints / global_stepN directory.",
+    )
+
+
+def _has_tokenizer(directory: Path) -> bool:
+    return any((directory / n).is_file() for n in TOKENIZER_FILES)
+
+
+def _looks_like_deepspeed(path: Path) -> bool:
+    """A pretrain output dir, its checkpoints/ dir, or one checkpoints/global_stepN dir."""
+    return any(
+        p.is_dir() and (p.name.startswith("global_step") or any(p.glob("global_step*")))
+        for p in (path, path / "checkpoints")
     )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("ckpt", type=Path, help="checkpoint: our model directory or an HF BERT directory")
+    p.add_argument(
+        "ckpt",
+        type=Path,
+        help="checkpoint: our model directory, an HF BERT directory, or a DeepSpeed checkpoint (pretrain output dir)",
+    )
     p.add_argument("out_dir", type=Path, help="where to write the Hugging Face directory")
     p.add_argument(
         "--tokenizer", type=Path, help="tokenizer dir (vocab.txt or tokenizer.json) if CKPT has none"

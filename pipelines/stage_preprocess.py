@@ -133,7 +133,10 @@ def run_preprocess_stage(
     identity = {
         "schema_version": SCHEMA_VERSION,
         "config": config,
-        "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
+        # the vocabulary decides the ids: its hash equals the sha256 of a vocab.txt holding it, so
+        # pretraining can match the shards to a tokenizer dir however preprocess was given it
+        "tokenizer_sha256": hashlib.sha256(("\n".join(vocab) + "\n").encode()).hexdigest(),
+        "tokenizer_json_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
         "input_fingerprint": fingerprint,
     }
     if read_marker(out_dir) is not None and (out_dir / MANIFEST_NAME).is_file():

@@ -87,6 +87,25 @@ def test_export_loads_in_transformers_with_no_missing_keys(ref_run):
     )
 
 
+def test_export_hf_cli_consolidates_the_deepspeed_checkpoint(ref_run, tmp_path):
+    """`bertflow export-hf <pretrain output dir>` merges the ZeRO-2 partitions of the newest checkpoint
+    into the same weights the stage itself exported at the end."""
+    from safetensors.torch import load_file
+
+    from pipelines.cli import main as cli
+
+    out, model_dir, _ = ref_run
+    assert cli(["export-hf", str(out), str(tmp_path / "hf")]) == 0
+    exported, final = (
+        load_file(tmp_path / "hf" / "model.safetensors"),
+        load_file(model_dir / "model.safetensors"),
+    )
+    assert exported.keys() == final.keys()
+    for key in final:
+        torch.testing.assert_close(exported[key], final[key], rtol=0, atol=0, msg=key)
+    assert (tmp_path / "hf" / "vocab.txt").read_bytes() == (model_dir / "vocab.txt").read_bytes()
+
+
 def test_rerun_after_completion_is_a_no_op(ref_run, data):
     out, _, _ = ref_run
     before = (out / "metrics.jsonl").read_bytes()
