@@ -29,7 +29,6 @@ from common.errors import UserError
 from pipelines.config import PipelineConfig, load_config
 from pipelines.stage_keys import (
     FLOW_RECORDS,
-    STAGES,
     digest,
     finetune_checkpoints,
     finetune_unit_dir,
@@ -37,6 +36,7 @@ from pipelines.stage_keys import (
     stage_dirs,
     stage_key_inputs,
 )
+from pipelines.stage_plan import plan_stages
 
 FLOW_NAME = "bert-pipeline"
 
@@ -181,26 +181,6 @@ def report_task(stage: str, out_dir: str, cfg: PipelineConfig, record_path: str)
 
 
 # ----------------------------------------------------------------------------- the flow
-
-
-def plan_stages(
-    only: str | None, from_stage: str | None, force: list[str] | None
-) -> tuple[list[str], set[str]]:
-    """Which stages run, and which of them recompute even when complete.
-
-    default: all stages, completed ones reused · `--only S`: just S (its inputs must be complete) ·
-    `--from S`: everything, S and all later stages recomputed · `--force S`: recompute S (repeatable).
-    """
-    for name, value in (("--only", only), ("--from", from_stage), *(("--force", f) for f in force or [])):
-        if value is not None and value not in STAGES:
-            raise UserError(f"{name} {value!r}: unknown stage; stages are {', '.join(STAGES)}.")
-    if only and from_stage:
-        raise UserError("--only and --from exclude each other; use one.")
-    forced = set(force or [])
-    if from_stage:
-        forced |= set(STAGES[STAGES.index(from_stage) :])
-    selected = [only] if only else list(STAGES)
-    return selected, forced
 
 
 def _clear(directory: Path) -> None:

@@ -27,6 +27,7 @@ ENV_DEFAULTS = {
 def apply_env_defaults() -> None:
     for name, value in ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     apply_env_defaults()
     from pipelines.config import load_config
-    from pipelines.flow import plan_stages
+    from pipelines.stage_plan import plan_stages
     from pipelines.verify_data import check_data_paths
 
     cfg = load_config(args.config, args.overrides)  # fails fast, before Prefect starts

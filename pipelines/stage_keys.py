@@ -120,6 +120,8 @@ def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
         "config": cfg.verify.model_dump(mode="json"),
         "tokenizer": tok["inputs"],
         "preprocess": prep["inputs"],
+        "tasks": cfg.finetune.tasks,
+        "task_config": fin["task_config"],
         "data_root": str(cfg.resolved_data_root()),
     }
     return {
