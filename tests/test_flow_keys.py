@@ -66,9 +66,13 @@ def test_corpus_fingerprint_is_part_of_the_key(tmp_path: Path) -> None:
 def test_finetune_unit_dirs_survive_adding_a_task(tmp_path: Path) -> None:
     cfg = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte]"])
     more = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte, mrpc]", "finetune.concurrency=4"])
-    assert finetune_unit_dir(cfg, "rte-lr5e-05-s42", "ours") == finetune_unit_dir(more, "rte-lr5e-05-s42", "ours")
+    assert finetune_unit_dir(cfg, "rte-lr5e-05-s42", "ours") == finetune_unit_dir(
+        more, "rte-lr5e-05-s42", "ours"
+    )
     slower = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte]", "finetune.epochs=9"])
-    assert finetune_unit_dir(cfg, "rte-lr5e-05-s42", "ours") != finetune_unit_dir(slower, "rte-lr5e-05-s42", "ours")
+    assert finetune_unit_dir(cfg, "rte-lr5e-05-s42", "ours") != finetune_unit_dir(
+        slower, "rte-lr5e-05-s42", "ours"
+    )
     # ours and the random baseline never share a directory
     assert finetune_unit_dir(cfg, "u", "ours") != finetune_unit_dir(cfg, "u", "random-tiny")
 

@@ -4,8 +4,8 @@ the same tables as the markdown, W&B run folders are linked."""
 from __future__ import annotations
 
 import json
-import re
 import math
+import re
 from pathlib import Path
 
 from common.atomic import write_marker
@@ -33,7 +33,9 @@ def _rows(n: int = 30) -> list[dict]:
             }
         )
         if step % 100 == 0:
-            rows.append({"step": step, "eval/mlm_accuracy": 1 - math.exp(-step / 160), "eval/loss": float("nan")})
+            rows.append(
+                {"step": step, "eval/mlm_accuracy": 1 - math.exp(-step / 160), "eval/loss": float("nan")}
+            )
     return rows
 
 
