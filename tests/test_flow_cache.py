@@ -1,0 +1,66 @@
+"""Real Prefect flow runs (ephemeral API) of the cheap verify stage: the completion marker is the
+source of truth, Prefect's cache mirrors it (a rerun is `Cached`), a deleted marker or --force
+recomputes, and a stage whose inputs are missing is refused with a clear message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.atomic import MARKER_NAME
+from common.errors import UserError
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_ephemeral_prefect_server():
+    """Stop Prefect's in-process temporary API while pytest still owns stdout (at interpreter
+    exit Prefect would log to pytest's closed capture stream)."""
+    yield
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+
+    APILogWorker.drain_all()
+    EventsWorker.drain_all()
+
+    for server in list(SubprocessASGIServer._instances.values()):
+        server.stop()
+
+
+def _statuses(summary: dict) -> dict[str, str]:
+    return {r["stage"]: r["status"] for r in summary["stages"]}
+
+
+def test_verify_stage_cache_marker_and_force(tmp_path: Path, data_dir: Path) -> None:
+    from pipelines.flow import bert_pipeline
+
+    overrides = [f"run_dir={tmp_path}"]
+    first = bert_pipeline(config=None, overrides=overrides, only="verify")
+    assert _statuses(first) == {"verify": "completed"}
+    out = Path(first["stages"][0]["out_dir"])
+    marker = out / MARKER_NAME
+    assert marker.is_file() and (out / "stage_key.json").is_file()
+    stamp = marker.stat().st_mtime_ns
+
+    second = bert_pipeline(config=None, overrides=overrides, only="verify")
+    assert _statuses(second) == {"verify": "cached"}
+    assert marker.stat().st_mtime_ns == stamp  # not recomputed
+
+    marker.unlink()  # the marker is the source of truth: without it the stage recomputes
+    third = bert_pipeline(config=None, overrides=overrides, only="verify")
+    assert _statuses(third) == {"verify": "completed"} and marker.is_file()
+    stamp = marker.stat().st_mtime_ns
+
+    forced = bert_pipeline(config=None, overrides=overrides, only="verify", force=["verify"])
+    assert _statuses(forced) == {"verify": "completed"} and marker.stat().st_mtime_ns != stamp
+
+    # every flow run left a record of what it did (the report's timing / cache-hit table)
+    records = sorted((tmp_path / "flow_runs").glob("*.json"))
+    assert len(records) == 4
+    assert [json.loads(p.read_text())["stages"][0]["status"] for p in records].count("cached") == 1
+
+    # a stage whose inputs were never computed is refused, naming the missing stage
+    with pytest.raises(UserError, match="'tokenizer' has no complete output"):
+        bert_pipeline(config=None, overrides=overrides, only="preprocess")
