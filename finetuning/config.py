@@ -23,3 +23,5 @@ class FinetuneConfig(BaseModel):
     warmup_proportion: float = Field(0.1, ge=0, le=1)
     weight_decay: float = Field(0.01, ge=0)
     concurrency: int = Field(2, ge=1)
+    dropout: float = Field(0.1, ge=0, lt=1, description="hidden and attention dropout while fine-tuning")
+    group_by_length: bool = Field(True, description="batch examples of similar length together")

@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    module = _load(args.command) if args.command else None
+    if extra and not getattr(module, "PASSES_UNKNOWN_ARGS", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra_args = extra  # e.g. Beam pipeline options for `preprocess`
     if args.command is None:
         parser.print_help()
         return 0

@@ -28,9 +28,16 @@ class PreprocessConfig(BaseModel):
     masked_lm_prob: float = Field(0.15, gt=0.0, lt=1.0)
     max_predictions_per_seq: int = Field(20, ge=1)
     whole_word_mask: bool = False
+    balance_nsp: bool = Field(
+        True,
+        description="pay back forced NotNext pairs so the NotNext share stays 50% (False: Google's exact rule)",
+    )
     num_shards: int = Field(4, ge=1)
     validation_fraction: float = Field(
         0.01, ge=0.0, lt=0.5, description="documents held out for validation shards"
+    )
+    bucket_size_mb: float = Field(
+        8.0, gt=0, description="raw text per document bucket (NotNext pool; bounds worker memory)"
     )
     workers: int = Field(2, ge=1)
     seed: int = 12345

@@ -28,4 +28,16 @@ class PretrainConfig(BaseModel):
     eval_every: int = Field(50, ge=1)
     log_every: int = Field(10, ge=1)
     seed: int = 42
-    compile: bool = False
+    compile: bool = Field(False, description="torch.compile the model (GPU fast path; off on CPU)")
+    init_from: str | None = Field(
+        None, description="phase 2: start from this model dir (e.g. phase 1's out/model), fresh optimizer"
+    )
+    eval_batches: int = Field(20, ge=1, description="validation micro batches per rank per evaluation")
+    launcher: Literal["deepspeed", "torchrun"] = "deepspeed"
+    hostfile: str | None = Field(
+        None, description="multi-node: DeepSpeed hostfile (see infra/hostfile.example)"
+    )
+    master_port: int | None = Field(None, gt=0, lt=65536, description="default: a free port")
+    dist_timeout_s: int = Field(600, ge=10, description="collective timeout: a hung rank fails all ranks")
+    peak_tflops: float | None = Field(None, gt=0, description="MFU denominator override (dense TFLOP/s)")
+    prefetch_batches: int = Field(4, ge=1)

@@ -1,0 +1,60 @@
+"""Sequence-level tasks (GLUE and user TSV tasks): `[CLS] A [SEP] B [SEP]`, one new layer on C."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from finetuning.metrics import classification_metrics, regression_metrics
+from finetuning.tasks import TaskSpec, TextExample, read_tsv_examples
+from model.config import BertConfig
+from model.heads import BertForSequenceClassification
+
+
+def encode_pairs(tok: Tokenizer, examples: list[TextExample], max_seq_length: int) -> list[dict[str, Any]]:
+    """Token ids and segment ids, truncated longest-first to `max_seq_length` (as transformers does)."""
+    tok.no_padding()
+    tok.enable_truncation(max_seq_length, strategy="longest_first")
+    inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in examples]
+    encodings = tok.encode_batch(inputs)
+    return [
+        {"input_ids": enc.ids, "token_type_ids": enc.type_ids, "label": ex.label}
+        for enc, ex in zip(encodings, examples, strict=True)
+    ]
+
+
+class SequenceTask:
+    def __init__(
+        self,
+        spec: TaskSpec,
+        tok: Tokenizer,
+        max_seq_length: int,
+        max_train: int | None,
+        max_eval: int | None,
+        data_root: str | None,
+    ) -> None:
+        self.spec = spec
+        train = read_tsv_examples(spec, spec.path("train", data_root), max_train)
+        dev = read_tsv_examples(spec, spec.path("dev", data_root), max_eval)
+        self.train_features = encode_pairs(tok, train, max_seq_length)
+        self.eval_features = encode_pairs(tok, dev, max_seq_length)
+        self.n_train, self.n_eval = len(train), len(dev)
+        self.notes: dict[str, Any] = {}
+
+    def make_model(self, config: BertConfig) -> torch.nn.Module:
+        return BertForSequenceClassification(config, self.spec.num_labels)
+
+    def eval_outputs(self, outputs: tuple, batch: dict[str, torch.Tensor]) -> list[Any]:
+        logits = outputs[1].float()
+        if self.spec.kind == "regression":
+            return logits.squeeze(-1).tolist()
+        return logits.argmax(-1).tolist()
+
+    def metrics(self, per_feature: list[Any]) -> dict[str, float]:
+        labels = [f["label"] for f in self.eval_features]
+        if self.spec.kind == "regression":
+            return regression_metrics(self.spec.metrics, np.asarray(per_feature), labels)
+        return classification_metrics(self.spec.metrics, per_feature, labels)

@@ -1,0 +1,133 @@
+"""CoNLL-2003 NER: a classifier on the token vectors T_i, labelled on each word's first sub-token.
+
+Scored with entity-level F1 over words (exact span and type, IOB2), so the sub-word split never
+changes the score; words cut off by `max_seq_length` count as predicted `O`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from common.errors import UserError
+from finetuning.batching import IGNORE_INDEX
+from finetuning.metrics import entity_f1
+from finetuning.tasks import TaskSpec, check_file
+from model.config import BertConfig
+from model.heads import BertForTokenClassification
+
+
+def read_conll(spec: TaskSpec, path: Path, limit: int | None = None) -> list[tuple[list[str], list[str]]]:
+    """Sentences as (words, tags). `-DOCSTART-` lines are document separators and are skipped."""
+    check_file(path, spec)
+    column = int(spec.label if spec.label is not None else -1)
+    allowed = set(spec.labels or [])
+    sentences: list[tuple[list[str], list[str]]] = []
+    words: list[str] = []
+    tags: list[str] = []
+    width = None
+    with open(path, encoding="utf-8-sig") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            cells = line.split()
+            if not cells or cells[0] == "-DOCSTART-":
+                if words:
+                    sentences.append((words, tags))
+                    words, tags = [], []
+                    if limit is not None and len(sentences) >= limit:
+                        break
+                continue
+            width = width or len(cells)
+            if len(cells) != width or len(cells) <= column:
+                raise UserError(
+                    f"{path} line {lineno}: {len(cells)} columns, expected {width} (task {spec.name!r}).",
+                    fix="fix or remove that line.",
+                )
+            tag = cells[column]
+            if tag not in allowed:
+                raise UserError(
+                    f"{path} line {lineno}: unknown tag {tag!r} (task {spec.name!r} has {spec.labels}).",
+                    fix="fix the line or add the tag to the task's `labels`.",
+                )
+            words.append(cells[0])
+            tags.append(tag)
+    if words and (limit is None or len(sentences) < limit):
+        sentences.append((words, tags))
+    if not sentences:
+        raise UserError(
+            f"task {spec.name!r}: {path} holds no sentences.", fix="point the task at a CoNLL file."
+        )
+    return sentences
+
+
+def encode_words(
+    tok: Tokenizer,
+    sentences: list[tuple[list[str], list[str]]],
+    label_ids: dict[str, int],
+    max_seq_length: int,
+) -> list[dict[str, Any]]:
+    tok.no_padding()
+    tok.enable_truncation(max_seq_length)
+    encodings = tok.encode_batch([words for words, _ in sentences], is_pretokenized=True)
+    features = []
+    for enc, (_, tags) in zip(encodings, sentences, strict=True):
+        labels, first_token = [], {}
+        previous = None
+        for pos, word in enumerate(enc.word_ids):
+            if word is not None and word != previous:
+                labels.append(label_ids[tags[word]])
+                first_token[word] = pos
+            else:
+                labels.append(IGNORE_INDEX)
+            previous = word
+        features.append(
+            {
+                "input_ids": enc.ids,
+                "token_type_ids": enc.type_ids,
+                "labels": labels,
+                "first_token": first_token,
+            }
+        )
+    return features
+
+
+class TokenTask:
+    def __init__(
+        self,
+        spec: TaskSpec,
+        tok: Tokenizer,
+        max_seq_length: int,
+        max_train: int | None,
+        max_eval: int | None,
+        data_root: str | None,
+    ) -> None:
+        self.spec = spec
+        self.label_ids = {t: i for i, t in enumerate(spec.labels or [])}
+        train = read_conll(spec, spec.path("train", data_root), max_train)
+        self.dev = read_conll(spec, spec.path("dev", data_root), max_eval)
+        self.train_features = encode_words(tok, train, self.label_ids, max_seq_length)
+        self.eval_features = encode_words(tok, self.dev, self.label_ids, max_seq_length)
+        self.n_train, self.n_eval = len(train), len(self.dev)
+        cut = sum(
+            len(w) - len(f["first_token"]) for (w, _), f in zip(self.dev, self.eval_features, strict=True)
+        )
+        self.notes: dict[str, Any] = {"eval_words_truncated": cut}
+
+    def make_model(self, config: BertConfig) -> torch.nn.Module:
+        return BertForTokenClassification(config, self.spec.num_labels)
+
+    def eval_outputs(self, outputs: tuple, batch: dict[str, torch.Tensor]) -> list[Any]:
+        preds = outputs[1].argmax(-1)
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        return [preds[i, :n].tolist() for i, n in enumerate(lengths)]
+
+    def metrics(self, per_feature: list[Any]) -> dict[str, float]:
+        names = self.spec.labels or []
+        pred_seqs, gold_seqs = [], []
+        for (words, tags), feat, preds in zip(self.dev, self.eval_features, per_feature, strict=True):
+            first = feat["first_token"]
+            pred_seqs.append([names[preds[first[w]]] if w in first else "O" for w in range(len(words))])
+            gold_seqs.append(tags)
+        return {"entity_f1": entity_f1(pred_seqs, gold_seqs)}

@@ -1,0 +1,228 @@
+"""The fine-tuning scorecard: one row per checkpoint, one column per task metric, the GLUE-style
+average, the BERT paper's BERT-base figures as a reference row and a "pretrained − random init"
+delta row. With several lrs the best lr per (checkpoint, task) is chosen by mean dev score over
+seeds; the table shows that lr's seed-mean.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from common.atomic import atomic_write_json, atomic_write_text
+from common.tracking import Tracker
+
+METRIC_SHORT = {
+    "accuracy": "acc",
+    "f1": "F1",
+    "mcc": "MCC",
+    "pearson": "Pearson",
+    "spearman": "Spearman",
+    "entity_f1": "F1",
+    "exact_match": "EM",
+}
+# Devlin et al. 2019, BERT-base. Dev figures where the paper gives them (Table 5: SST-2 and MRPC
+# accuracy; Table 2: SQuAD v1.1; Table 7: CoNLL-2003), otherwise the GLUE test figures of Table 1
+# (marked "test" in `BERT_BASE_SOURCE`). The paper reports no STS-B Pearson.
+BERT_BASE_REFERENCE: dict[str, dict[str, float]] = {
+    "sst2": {"accuracy": 92.7},
+    "cola": {"mcc": 52.1},
+    "mrpc": {"accuracy": 86.7, "f1": 88.9},
+    "rte": {"accuracy": 66.4},
+    "stsb": {"spearman": 85.8},
+    "conll2003": {"entity_f1": 96.4},
+    "squad": {"exact_match": 80.8, "f1": 88.5},
+}
+BERT_BASE_SOURCE = {
+    ("cola", "mcc"): "test",
+    ("mrpc", "f1"): "test",
+    ("rte", "accuracy"): "test",
+    ("stsb", "spearman"): "test",
+}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """For one checkpoint's results: task -> the best lr's seed-averaged metrics."""
+    by_task: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        by_task[r["task"]][r["lr"]].append(r)
+    out = {}
+    for task, by_lr in by_task.items():
+        lr_scores = {lr: _mean([r["score"] for r in rs]) for lr, rs in by_lr.items()}
+        best_lr = max(sorted(lr_scores), key=lambda lr: lr_scores[lr])
+        rs = by_lr[best_lr]
+        first = rs[0]
+        out[task] = {
+            "lr": best_lr,
+            "seeds": sorted(r["seed"] for r in rs),
+            "metrics": {m: _mean([r["metrics"][m] for r in rs]) for m in first["metric_names"]},
+            "score": lr_scores[best_lr],
+            "lr_scores": {f"{lr:g}": s for lr, s in sorted(lr_scores.items())},
+            "glue": first.get("glue", False),
+            "n_train": first["n_train"],
+            "n_eval": first["n_eval"],
+            "epochs": first["epochs"],
+            "max_seq_length": first["max_seq_length"],
+            "train_examples_per_s": _mean([r["train_examples_per_s"] for r in rs]),
+            "notes": first.get("notes", {}),
+        }
+    return out
+
+
+def build_scorecard(
+    results: list[dict[str, Any]], out_dir: Path, tracker: Tracker | None = None
+) -> dict[str, Any]:
+    """Write `scorecard.json` and `scorecard.md` under `out_dir` (and a W&B table when a tracker is
+    given). Results carrying an `error` key are listed as failed units."""
+    out_dir = Path(out_dir)
+    ok = [r for r in results if "error" not in r]
+    failed = [r for r in results if "error" in r]
+    tasks: list[str] = []
+    metric_names: dict[str, list[str]] = {}
+    for r in ok:
+        if r["task"] not in tasks:
+            tasks.append(r["task"])
+            metric_names[r["task"]] = list(r["metric_names"])
+    columns = [(t, m) for t in tasks for m in metric_names[t]]
+
+    by_ckpt: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in ok:
+        by_ckpt[r["checkpoint_label"]].append(r)
+    rows = []
+    for label, rs in by_ckpt.items():
+        best = best_per_task(rs)
+        glue_tasks = [t for t in tasks if t in best and best[t]["glue"]]
+        rows.append(
+            {
+                "checkpoint": label,
+                "path": rs[0]["checkpoint"],
+                "kind": rs[0]["checkpoint_kind"],
+                "tasks": best,
+                "glue_average": _mean([best[t]["score"] for t in glue_tasks]) if glue_tasks else None,
+                "glue_tasks": glue_tasks,
+            }
+        )
+    rows.sort(key=lambda row: (row["kind"] == "random", row["checkpoint"]))
+
+    randoms = [row for row in rows if row["kind"] == "random"]
+    deltas = []
+    if randoms:
+        base = randoms[0]
+        for row in rows:
+            if row["kind"] == "random":
+                continue
+            values = {}
+            for t, m in columns:
+                if t in row["tasks"] and t in base["tasks"]:
+                    values[f"{t}/{m}"] = row["tasks"][t]["metrics"][m] - base["tasks"][t]["metrics"][m]
+            avg = None
+            if row["glue_average"] is not None and base["glue_average"] is not None:
+                avg = row["glue_average"] - base["glue_average"]
+            deltas.append(
+                {
+                    "checkpoint": row["checkpoint"],
+                    "versus": base["checkpoint"],
+                    "values": values,
+                    "glue_average": avg,
+                }
+            )
+
+    notes = sorted(
+        {
+            n["squad_split"]
+            for row in rows
+            for t in row["tasks"].values()
+            if (n := t["notes"]).get("squad_split")
+        }
+    )
+    card = {
+        "columns": [f"{t}/{m}" for t, m in columns],
+        "rows": rows,
+        "deltas": deltas,
+        "reference": {
+            "name": "BERT-base (Devlin et al. 2019)",
+            "values": {f"{t}/{m}": v for t, ms in BERT_BASE_REFERENCE.items() for m, v in ms.items()},
+            "test_set_figures": [f"{t}/{m}" for t, m in BERT_BASE_SOURCE],
+        },
+        "failed": [
+            {"unit": r.get("unit"), "checkpoint": r.get("checkpoint_label"), "error": r["error"]}
+            for r in failed
+        ],
+        "notes": notes,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "scorecard.json", card)
+    atomic_write_text(out_dir / "scorecard.md", render_markdown(card, columns))
+    if tracker is not None:
+        header, table = table_rows(card, columns)
+        tracker.log_table("finetune/scorecard", header, table)
+        for row in rows:
+            if row["glue_average"] is not None:
+                tracker.summary({f"finetune/{row['checkpoint']}/glue_average": row["glue_average"]})
+    return card
+
+
+def _fmt(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "—"
+    return f"{v:+.1f}" if signed else f"{v:.1f}"
+
+
+def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]]:
+    header = ["checkpoint", *[f"{t} {METRIC_SHORT.get(m, m)}" for t, m in columns], "GLUE avg"]
+    table = []
+    for row in card["rows"]:
+        name = row["checkpoint"] + (" (random init)" if row["kind"] == "random" else "")
+        cells = [_fmt(row["tasks"][t]["metrics"][m]) if t in row["tasks"] else "—" for t, m in columns]
+        table.append([name, *cells, _fmt(row["glue_average"])])
+    for d in card["deltas"]:
+        cells = [_fmt(d["values"].get(f"{t}/{m}"), signed=True) for t, m in columns]
+        table.append([f"Δ {d['checkpoint']} − random init", *cells, _fmt(d["glue_average"], signed=True)])
+    ref = card["reference"]
+    cells = []
+    for t, m in columns:
+        v = ref["values"].get(f"{t}/{m}")
+        cells.append("—" if v is None else _fmt(v) + ("†" if f"{t}/{m}" in ref["test_set_figures"] else ""))
+    table.append([f"reference: {ref['name']}", *cells, "—"])
+    return header, table
+
+
+def render_markdown(card: dict[str, Any], columns: list[tuple[str, str]]) -> str:
+    header, table = table_rows(card, columns)
+    lines = ["# Fine-tuning scorecard", ""]
+    lines.append("Dev-set scores (0-100); the best lr by dev score when several were run, mean over seeds.")
+    lines.append("")
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" * len(header))
+    lines += ["| " + " | ".join(r) + " |" for r in table]
+    lines.append("")
+    lines.append(
+        "GLUE avg: mean over this row's GLUE tasks of each task's mean metric. † = the paper gives only a "
+        "GLUE test-set figure; all other reference figures are dev-set figures of BERT-base with the full "
+        "training sets (our runs use the budgets below)."
+    )
+    lines.append("")
+    lines.append("## Runs")
+    lines.append("")
+    lines.append(
+        "| checkpoint | task | best lr | lrs tried (score) | seeds | train examples | eval examples | epochs | seq | train ex/s |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    for row in card["rows"]:
+        for t, info in row["tasks"].items():
+            tried = ", ".join(f"{lr} ({s:.1f})" for lr, s in info["lr_scores"].items())
+            lines.append(
+                f"| {row['checkpoint']} | {t} | {info['lr']:g} | {tried} | {info['seeds']} | {info['n_train']} | "
+                f"{info['n_eval']} | {info['epochs']:g} | {info['max_seq_length']} | {info['train_examples_per_s']:.1f} |"
+            )
+    if card["notes"]:
+        lines += ["", "## Notes", ""] + [f"- SQuAD: {n}" for n in card["notes"]]
+    if card["failed"]:
+        lines += ["", "## Failed units", ""]
+        lines += [f"- {f['unit']} ({f['checkpoint']}): {f['error']}" for f in card["failed"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,189 @@
+"""SQuAD v1.1 span extraction: start/end logits over T_i, doc-stride windows, n-best decoding.
+
+Only `dev-v1.1.json` is available offline, so it is split by article: the first
+`squad_train_articles` articles (default 38) train, the remaining ones (10) evaluate. The split
+is deterministic and recorded in every result.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from common.errors import UserError
+from finetuning.metrics import squad_metrics
+from finetuning.tasks import TaskSpec, check_file
+from model.config import BertConfig
+from model.heads import BertForQuestionAnswering
+
+DOC_STRIDE = 128
+MAX_QUERY_LENGTH = 64
+MAX_ANSWER_LENGTH = 30
+N_BEST = 20
+
+
+@dataclass(frozen=True)
+class QAExample:
+    qid: str
+    question: str
+    context: str
+    answers: tuple[str, ...]
+    answer_start: int  # character offset of the first answer
+
+
+def read_squad(path: Path, spec: TaskSpec) -> list[list[QAExample]]:
+    """Examples grouped by article, in file order."""
+    check_file(path, spec)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))["data"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not a SQuAD v1.1 JSON file: {exc}", fix="use dev-v1.1.json.") from None
+    articles = []
+    for a_i, article in enumerate(data):
+        examples = []
+        for paragraph in article.get("paragraphs", []):
+            context = paragraph["context"]
+            for qa in paragraph["qas"]:
+                if not qa.get("answers"):
+                    raise UserError(f"{path}: question {qa.get('id')!r} (article {a_i}) has no answers.")
+                answers = tuple(a["text"] for a in qa["answers"])
+                examples.append(
+                    QAExample(
+                        qa["id"], qa["question"].strip(), context, answers, qa["answers"][0]["answer_start"]
+                    )
+                )
+        articles.append(examples)
+    return articles
+
+
+def split_articles(articles: list[list[QAExample]], n_train: int) -> tuple[list[QAExample], list[QAExample]]:
+    if n_train >= len(articles):
+        raise UserError(
+            f"squad_train_articles={n_train} leaves no article for evaluation (the file has {len(articles)})."
+        )
+    return [e for a in articles[:n_train] for e in a], [e for a in articles[n_train:] for e in a]
+
+
+def _truncate_question(tok: Tokenizer, question: str) -> str:
+    enc = tok.encode(question, add_special_tokens=False)
+    if len(enc.ids) <= MAX_QUERY_LENGTH:
+        return question
+    return question[: enc.offsets[MAX_QUERY_LENGTH - 1][1]]
+
+
+def encode_windows(
+    tok: Tokenizer,
+    examples: list[QAExample],
+    max_seq_length: int,
+    doc_stride: int = DOC_STRIDE,
+    train: bool = True,
+) -> list[dict[str, Any]]:
+    """One feature per (question, context window). Train features carry `start`/`end` token
+    positions (0 = [CLS] when the answer is not inside the window); eval features carry the
+    context offsets needed to map a span back to text."""
+    tok.no_padding()
+    stride = min(doc_stride, max(1, max_seq_length // 4))
+    tok.enable_truncation(max_seq_length, stride=stride, strategy="only_second")
+    pairs = [(_truncate_question(tok, e.question), e.context) for e in examples]
+    features = []
+    for ex_index, (enc, ex) in enumerate(zip(tok.encode_batch(pairs), examples, strict=True)):
+        for window in [enc, *enc.overflowing]:
+            seq_ids = window.sequence_ids
+            ctx = [i for i, s in enumerate(seq_ids) if s == 1]
+            if not ctx:
+                continue
+            f: dict[str, Any] = {
+                "input_ids": window.ids,
+                "token_type_ids": window.type_ids,
+                "example": ex_index,
+            }
+            if train:
+                start_char = ex.answer_start
+                end_char = start_char + len(ex.answers[0])
+                offsets = window.offsets
+                if offsets[ctx[0]][0] <= start_char and offsets[ctx[-1]][1] >= end_char:
+                    s = next(i for i in ctx if offsets[i][1] > start_char)
+                    e = next(i for i in reversed(ctx) if offsets[i][0] < end_char)
+                    f["start"], f["end"] = s, e
+                else:
+                    f["start"], f["end"] = 0, 0
+            else:
+                f["context_offsets"] = {i: window.offsets[i] for i in ctx}
+            features.append(f)
+    return features
+
+
+def best_span(
+    start_logits: np.ndarray, end_logits: np.ndarray, offsets: dict[int, tuple[int, int]]
+) -> tuple[float, tuple[int, int] | None]:
+    """The highest-scoring valid span among the n-best starts and ends of one window:
+    both inside the context, end >= start, at most MAX_ANSWER_LENGTH tokens."""
+    best: tuple[float, tuple[int, int] | None] = (-np.inf, None)
+    starts = np.argsort(start_logits)[::-1][:N_BEST]
+    ends = np.argsort(end_logits)[::-1][:N_BEST]
+    for s in starts:
+        if s not in offsets:
+            continue
+        for e in ends:
+            if e not in offsets or e < s or e - s + 1 > MAX_ANSWER_LENGTH:
+                continue
+            score = float(start_logits[s] + end_logits[e])
+            if score > best[0]:
+                best = (score, (offsets[s][0], offsets[e][1]))
+    return best
+
+
+class SquadTask:
+    def __init__(
+        self,
+        spec: TaskSpec,
+        tok: Tokenizer,
+        max_seq_length: int,
+        max_train: int | None,
+        max_eval: int | None,
+        data_root: str | None,
+    ) -> None:
+        self.spec = spec
+        path = spec.path("train", data_root)
+        train, dev = split_articles(read_squad(path, spec), spec.squad_train_articles)
+        train, dev = train[:max_train], dev[:max_eval]
+        self.dev = dev
+        self.train_features = encode_windows(tok, train, max_seq_length, train=True)
+        self.eval_features = encode_windows(tok, dev, max_seq_length, train=False)
+        self.n_train, self.n_eval = len(train), len(dev)
+        self.notes: dict[str, Any] = {
+            "squad_split": f"dev-v1.1.json split by article: first {spec.squad_train_articles} articles "
+            f"train, the rest evaluate ({len(train)} train / {len(dev)} eval questions used)",
+            "train_windows": len(self.train_features),
+            "eval_windows": len(self.eval_features),
+        }
+
+    def make_model(self, config: BertConfig) -> torch.nn.Module:
+        return BertForQuestionAnswering(config)
+
+    def eval_outputs(self, outputs: tuple, batch: dict[str, torch.Tensor]) -> list[Any]:
+        start, end = outputs[1].float(), outputs[2].float()
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        return [(start[i, :n].numpy(), end[i, :n].numpy()) for i, n in enumerate(lengths)]
+
+    def predictions(self, per_feature: list[Any]) -> dict[str, str]:
+        best: dict[int, tuple[float, tuple[int, int] | None]] = {}
+        for feat, (start, end) in zip(self.eval_features, per_feature, strict=True):
+            cand = best_span(start, end, feat["context_offsets"])
+            if cand[1] is not None and cand[0] > best.get(feat["example"], (-np.inf, None))[0]:
+                best[feat["example"]] = cand
+        out = {}
+        for i, ex in enumerate(self.dev):
+            span = best.get(i, (0.0, None))[1]
+            out[ex.qid] = ex.context[span[0] : span[1]] if span else ""
+        return out
+
+    def metrics(self, per_feature: list[Any]) -> dict[str, float]:
+        preds = self.predictions(per_feature)
+        return squad_metrics(preds, {ex.qid: list(ex.answers) for ex in self.dev})

@@ -1,0 +1,226 @@
+"""Task definitions (`tasks.yaml` + a user's `--task-config`) and the GLUE-format TSV reader.
+
+A task is data, not code: files, columns, label set or regression, metrics. Adding a GLUE-format
+TSV task is one YAML entry. Every malformed row is a UserError naming the file and line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from common.errors import UserError
+from common.paths import resolve_data_path
+
+BUILTIN_TASKS_FILE = Path(__file__).with_name("tasks.yaml")
+METRICS_BY_KIND = {
+    "classification": {"accuracy", "f1", "mcc"},
+    "regression": {"pearson", "spearman"},
+    "token_classification": {"entity_f1"},
+    "span_extraction": {"exact_match", "f1"},
+}
+
+
+class TaskSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    format: Literal["tsv", "conll", "squad"]
+    kind: Literal["classification", "regression", "token_classification", "span_extraction"]
+    train: str
+    dev: str
+    header: bool = True
+    num_columns: int | None = Field(None, ge=1, description="expected columns (default: header width)")
+    text_a: str | int | None = None
+    text_b: str | int | None = None
+    label: str | int | None = None
+    labels: list[str] | None = None
+    metrics: list[str]
+    glue: bool = False
+    squad_train_articles: int = Field(38, ge=1)
+    source: str = Field("builtin", description="file the definition came from")
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskSpec:
+        allowed = METRICS_BY_KIND[self.kind]
+        bad = [m for m in self.metrics if m not in allowed]
+        if bad or not self.metrics:
+            raise ValueError(
+                f"metrics {bad or '[]'} do not fit kind {self.kind}; use some of {sorted(allowed)}"
+            )
+        if self.kind in ("classification", "token_classification") and not self.labels:
+            raise ValueError(f"kind {self.kind} needs a `labels` list")
+        if self.kind == "regression" and self.labels:
+            raise ValueError("kind regression takes no `labels`")
+        if self.labels is not None and len(set(self.labels)) != len(self.labels):
+            raise ValueError("`labels` has duplicates")
+        if self.format == "tsv":
+            if self.kind not in ("classification", "regression"):
+                raise ValueError("format tsv is for classification or regression")
+            if self.text_a is None or self.label is None:
+                raise ValueError("format tsv needs `text_a` and `label` columns")
+            if not self.header and not all(isinstance(c, int) for c in self.columns()):
+                raise ValueError("without a header, columns must be 0-based indices")
+        return self
+
+    def columns(self) -> list[str | int]:
+        return [c for c in (self.text_a, self.text_b, self.label) if c is not None]
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.kind == "regression" else len(self.labels or [])
+
+    def path(self, split: str, data_root: str | None = None) -> Path:
+        return resolve_data_path(self.train if split == "train" else self.dev, data_root)
+
+
+def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"task config {path} cannot be read: {exc}", fix="pass a valid YAML file.") from None
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"task config {path} must map task names to definitions.", fix="see finetuning/tasks.yaml."
+        )
+    specs: dict[str, TaskSpec] = {}
+    for name, body in raw.items():
+        if not isinstance(body, dict):
+            raise UserError(
+                f"task config {path}: task {name!r} must be a mapping.", fix="see finetuning/tasks.yaml."
+            )
+        try:
+            specs[str(name)] = TaskSpec.model_validate({**body, "name": str(name), "source": source})
+        except ValidationError as exc:
+            msgs = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc']) or 'definition'}: "
+                f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}"
+                for e in exc.errors()
+            )
+            raise UserError(
+                f"task config {path}: task {name!r} is invalid: {msgs}", fix="see finetuning/tasks.yaml."
+            ) from None
+    return specs
+
+
+def load_task_specs(task_config: str | None = None) -> dict[str, TaskSpec]:
+    """Built-in tasks, plus (overriding by name) the ones in a user's task config file."""
+    specs = _parse_task_file(BUILTIN_TASKS_FILE, "builtin")
+    if task_config:
+        path = Path(task_config).expanduser()
+        if not path.is_file():
+            raise UserError(
+                f"task config {path} does not exist.", fix="pass an existing YAML file to --task-config."
+            )
+        specs.update(_parse_task_file(path, str(path)))
+    return specs
+
+
+def get_task(name: str, task_config: str | None = None) -> TaskSpec:
+    specs = load_task_specs(task_config)
+    if name not in specs:
+        raise UserError(
+            f"unknown task {name!r}.",
+            fix=f"use one of {', '.join(sorted(specs))} or add it with --task-config.",
+        )
+    return specs[name]
+
+
+@dataclass(frozen=True)
+class TextExample:
+    text_a: str
+    text_b: str | None
+    label: int | float
+    line: int
+
+
+def check_file(path: Path, spec: TaskSpec) -> None:
+    if not path.is_file():
+        raise UserError(
+            f"task {spec.name!r}: data file {path} does not exist (defined in {spec.source}).",
+            path=str(path),
+            fix="fix the path in the task definition or set the data root (BERTFLOW_DATA).",
+        )
+
+
+def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> list[TextExample]:
+    """Read a GLUE-format TSV: tab separated, no quoting (csv.QUOTE_NONE), optional BOM and header."""
+    check_file(path, spec)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text: {exc}", fix="re-encode the file as UTF-8.") from None
+    lines = text.splitlines()
+    if not lines or not any(line.strip() for line in lines):
+        raise UserError(
+            f"task {spec.name!r}: {path} is empty.", fix="point the task at a file with examples."
+        )
+    first_row = 1
+    if spec.header:
+        header = lines[0].split("\t")
+        first_row = 2
+        index: dict[str | int, int] = {}
+        for col in spec.columns():
+            if isinstance(col, int):
+                index[col] = col
+            elif col in header:
+                index[col] = header.index(col)
+            else:
+                raise UserError(
+                    f"{path} line 1: header has no column {col!r} (task {spec.name!r}); it has {header}.",
+                    fix="name an existing column in the task definition.",
+                )
+        width = spec.num_columns or len(header)
+        lines = lines[1:]
+    else:
+        index = {c: int(c) for c in spec.columns()}
+        width = spec.num_columns or (max(index.values()) + 1)
+    label_ids = {lab: i for i, lab in enumerate(spec.labels or [])}
+    out: list[TextExample] = []
+    for offset, line in enumerate(lines):
+        lineno = first_row + offset
+        if not line.strip():
+            continue
+        cells = line.split("\t")
+        if len(cells) != width:
+            raise UserError(
+                f"{path} line {lineno}: {len(cells)} tab-separated columns, expected {width} (task {spec.name!r}).",
+                fix="fix or remove that line (fields must not contain tabs).",
+            )
+        raw_label = cells[index[spec.label]].strip()
+        if raw_label == "":
+            raise UserError(
+                f"{path} line {lineno}: the label is missing (task {spec.name!r}).",
+                fix="fix or remove that line.",
+            )
+        if spec.kind == "regression":
+            try:
+                label: int | float = float(raw_label)
+            except ValueError:
+                label = math.nan
+            if not math.isfinite(label):
+                raise UserError(
+                    f"{path} line {lineno}: label {raw_label!r} is not a number (task {spec.name!r} is a regression).",
+                    fix="fix or remove that line.",
+                )
+        else:
+            if raw_label not in label_ids:
+                raise UserError(
+                    f"{path} line {lineno}: unknown label {raw_label!r} (task {spec.name!r} has labels {spec.labels}).",
+                    fix="fix the line or add the label to the task's `labels`.",
+                )
+            label = label_ids[raw_label]
+        text_b = cells[index[spec.text_b]] if spec.text_b is not None else None
+        out.append(TextExample(cells[index[spec.text_a]], text_b, label, lineno))
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise UserError(
+            f"task {spec.name!r}: {path} has a header but no examples.", fix="add examples to the file."
+        )
+    return out

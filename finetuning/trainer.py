@@ -1,0 +1,158 @@
+"""The fine-tuning loop: every parameter trained, AdamW (decay 0.01, none on bias/LayerNorm),
+linear warmup then linear decay, gradient clipping at 1.0, seeded, dynamic padding.
+
+Evaluation runs under `torch.inference_mode` in length-sorted batches. On a GPU with bf16 the
+forward runs under bf16 autocast; on CPU everything is fp32.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from finetuning.batching import collate, eval_batches, train_batches
+
+EVAL_BATCH_SIZE = 128
+LOG_EVERY = 10
+
+
+@dataclass
+class TrainStats:
+    steps: int
+    examples: int
+    seconds: float
+    final_loss: float
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.examples / self.seconds if self.seconds > 0 else 0.0
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay)
+    try:  # the fused kernel exists for CPU and CUDA in recent torch; fall back to foreach
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+
+def linear_schedule(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def train(
+    model: nn.Module,
+    features: list[dict[str, Any]],
+    *,
+    lr: float,
+    epochs: float,
+    batch_size: int,
+    weight_decay: float,
+    warmup_proportion: float,
+    seed: int,
+    device: torch.device,
+    pad_token_id: int = 0,
+    group_by_length: bool = True,
+    log: Callable[[dict[str, float], int], None] | None = None,
+) -> TrainStats:
+    """Train in place for `epochs` (a fraction allowed) over `features`; returns throughput."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [len(f["input_ids"]) for f in features]
+    steps_per_epoch = math.ceil(len(features) / batch_size)
+    total = max(1, math.ceil(epochs * steps_per_epoch))
+    optimizer = make_optimizer(model, lr, weight_decay)
+    scheduler = linear_schedule(optimizer, math.ceil(warmup_proportion * total), total)
+    model.train()
+    step = examples = 0
+    loss_value = math.nan
+    start = time.perf_counter()
+    while step < total:
+        for idx in train_batches(lengths, batch_size, generator, group_by_length):
+            if step >= total:
+                break
+            batch = _to(collate([features[i] for i in idx], pad_token_id), device)
+            with _autocast(device):
+                loss = model(**batch)[0]
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            examples += len(idx)
+            if log is not None and (step % LOG_EVERY == 0 or step == total or step == 1):
+                loss_value = float(loss.detach())
+                log(
+                    {
+                        "train/loss": loss_value,
+                        "train/lr": scheduler.get_last_lr()[0],
+                        "train/grad_norm": float(grad_norm),
+                    },
+                    step,
+                )
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    if math.isnan(loss_value) and step:
+        loss_value = float(loss.detach())
+    return TrainStats(step, examples, seconds, loss_value)
+
+
+@torch.inference_mode()
+def predict(
+    model: nn.Module,
+    features: list[dict[str, Any]],
+    eval_outputs: Callable[[tuple, dict[str, torch.Tensor]], list[Any]],
+    device: torch.device,
+    pad_token_id: int = 0,
+    batch_size: int = EVAL_BATCH_SIZE,
+) -> list[Any]:
+    """Per-feature outputs in feature order (`eval_outputs` turns a batch's model outputs into
+    one item per feature). No labels are passed: the loss is not computed."""
+    model.eval()
+    out: list[Any] = [None] * len(features)
+    lengths = [len(f["input_ids"]) for f in features]
+    for idx in eval_batches(lengths, batch_size):
+        batch = collate([features[i] for i in idx], pad_token_id)
+        inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        inputs = _to(inputs, device)
+        with _autocast(device):
+            outputs = model(**inputs)
+        cpu_outputs = tuple(o.detach().float().cpu() if isinstance(o, torch.Tensor) else o for o in outputs)
+        for i, item in zip(
+            idx, eval_outputs(cpu_outputs, {k: v.cpu() for k, v in inputs.items()}), strict=True
+        ):
+            out[i] = item
+    return out

@@ -1,0 +1,346 @@
+"""Units of fine-tuning work: one per (task, lr, seed), each runnable alone, each with its own
+result file. A unit whose completion marker exists is never recomputed.
+
+`run_finetune_unit` is the contract the Prefect flow maps over and the CLI runs in processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.atomic import atomic_write_json, read_marker, remove_temp_files, write_marker
+from common.errors import UserError
+from common.tracking import Tracker
+from finetuning.config import FinetuneConfig
+from finetuning.tasks import TaskSpec, get_task, load_task_specs
+from finetuning.tokenization import load_tokenizer, pad_id
+from finetuning.trainer import predict, train
+from model.config import BertConfig
+
+RESULT_FILE = "result.json"
+LOCK_FILE = ".lock"
+GROUP_ENV = "BERTFLOW_WANDB_GROUP"
+GENERIC_DIR_NAMES = {"model", "hf", "final", "export", "checkpoint", "hf_model"}
+
+
+@dataclass(frozen=True, order=True)
+class FinetuneUnit:
+    task: str
+    lr: float
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}-lr{self.lr:g}-s{self.seed}"
+
+
+def finetune_units(cfg: FinetuneConfig) -> list[FinetuneUnit]:
+    """One unit per (task, lr, seed) in config order. Unknown task names are a UserError."""
+    specs = load_task_specs(cfg.task_config)
+    unknown = [t for t in cfg.tasks if t not in specs]
+    if unknown:
+        raise UserError(
+            f"unknown task(s) {unknown}.",
+            fix=f"use some of {', '.join(sorted(specs))}, or define them in a --task-config file.",
+        )
+    if not cfg.tasks:
+        raise UserError("no tasks to run.", fix="name at least one task, e.g. --tasks sst2.")
+    return [FinetuneUnit(t, float(lr), int(s)) for t in cfg.tasks for lr in cfg.lrs for s in cfg.seeds]
+
+
+def find_unit(cfg: FinetuneConfig, name: str) -> FinetuneUnit:
+    units = {u.name: u for u in finetune_units(cfg)}
+    if name not in units:
+        raise UserError(
+            f"no unit named {name!r} in this configuration.", fix=f"use one of {', '.join(units)}."
+        )
+    return units[name]
+
+
+def normalize_checkpoint(checkpoint: str) -> str:
+    """`random:PRESET`, `random:DIR` (random weights, DIR's architecture) or a model directory,
+    with directories made absolute so a result names exactly what was scored."""
+    from model.config import PRESETS
+
+    checkpoint = str(checkpoint)
+    if checkpoint.startswith("random:"):
+        target = checkpoint.split(":", 1)[1]
+        if target in PRESETS:
+            return checkpoint
+        if not Path(target).expanduser().is_dir():
+            raise UserError(
+                f"checkpoint {checkpoint!r}: {target!r} is neither a preset nor a directory.",
+                fix=f"use random:PRESET ({', '.join(PRESETS)}) or random:MODEL_DIR.",
+            )
+        return "random:" + str(Path(target).expanduser().resolve())
+    if not Path(checkpoint).expanduser().is_dir():
+        raise UserError(
+            f"checkpoint directory {checkpoint} does not exist.",
+            fix="pass a model directory or random:PRESET.",
+        )
+    return str(Path(checkpoint).expanduser().resolve())
+
+
+def checkpoint_label(checkpoint: str) -> str:
+    if checkpoint.startswith("random:"):
+        target = checkpoint.split(":", 1)[1]
+        return "random:" + (checkpoint_label(target) if "/" in target else target)
+    path = Path(checkpoint).expanduser().resolve()
+    return f"{path.parent.name}/{path.name}" if path.name in GENERIC_DIR_NAMES else path.name
+
+
+def _task_class(spec: TaskSpec):
+    if spec.format == "tsv":
+        from finetuning.glue import SequenceTask
+
+        return SequenceTask
+    if spec.format == "conll":
+        from finetuning.ner import TokenTask
+
+        return TokenTask
+    from finetuning.squad import SquadTask
+
+    return SquadTask
+
+
+def _resolve_tokenizer_dir(checkpoint: str, tokenizer_dir: Path | None) -> Path:
+    if tokenizer_dir is not None:
+        return Path(tokenizer_dir)
+    if checkpoint.startswith("random:") and "/" in checkpoint:
+        return Path(checkpoint.split(":", 1)[1])
+    if checkpoint.startswith("random:"):
+        raise UserError(
+            f"checkpoint {checkpoint} has no vocabulary.",
+            fix="pass --tokenizer DIR (a directory with vocab.txt or tokenizer.json).",
+        )
+    return Path(checkpoint)
+
+
+def build_model(task: Any, checkpoint: str, vocab_size: int, dropout: float, seed: int) -> torch.nn.Module:
+    """The task model with a fresh head (seeded) and, unless `random:PRESET`, the checkpoint's encoder."""
+    if checkpoint.startswith("random:"):
+        target = checkpoint.split(":", 1)[1]
+        if "/" in target:  # the architecture of a model directory, fresh weights
+            from model.hf_io import read_config
+
+            config = read_config(Path(target))
+        else:
+            config = BertConfig.from_preset(target, vocab_size=vocab_size)
+        encoder_state = None
+    else:
+        from model.hf_io import load_pretraining_model
+
+        pretrained, _ = load_pretraining_model(checkpoint)
+        config = pretrained.config
+        encoder_state = pretrained.bert.state_dict()
+        if vocab_size > config.vocab_size:
+            raise UserError(
+                f"the tokenizer has {vocab_size} tokens but checkpoint {checkpoint} has {config.vocab_size}.",
+                fix="pass the tokenizer the checkpoint was trained with (--tokenizer).",
+            )
+    config = dataclasses.replace(config, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    torch.manual_seed(seed)
+    model = task.make_model(config)
+    if encoder_state is not None:
+        own = model.bert.state_dict()
+        missing = [k for k in own if k not in encoder_state]
+        if missing:
+            raise UserError(f"checkpoint {checkpoint} lacks encoder weights {missing[:3]}.")
+        model.bert.load_state_dict({k: encoder_state[k] for k in own})
+    return model
+
+
+def _fingerprint(cfg: FinetuneConfig, unit: FinetuneUnit, checkpoint: str, spec: TaskSpec) -> str:
+    keys = ("max_train_examples", "max_eval_examples", "epochs", "batch_size", "max_seq_length")
+    keys += ("warmup_proportion", "weight_decay", "dropout", "group_by_length")
+    payload = {
+        "cfg": {k: getattr(cfg, k) for k in keys},
+        "unit": dataclasses.asdict(unit),
+        "checkpoint": checkpoint,
+        "task": spec.model_dump(exclude={"source"}),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def pick_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def run_finetune_unit(
+    cfg: FinetuneConfig,
+    unit: FinetuneUnit,
+    checkpoint: str,
+    out_dir: Path,
+    tokenizer_dir: Path | None = None,
+    data_root: str | None = None,
+    *,
+    group: str | None = None,
+    wandb_project: str = "bertflow",
+    wandb_mode: str = "offline",
+) -> dict[str, Any]:
+    """Fine-tune `checkpoint` on one unit, evaluate on the dev split and write
+    `out_dir/result.json` plus a completion marker. A finished unit returns its stored result."""
+    out_dir = Path(out_dir)
+    spec = get_task(unit.task, cfg.task_config)
+    checkpoint = normalize_checkpoint(checkpoint)
+    fingerprint = _fingerprint(cfg, unit, checkpoint, spec)
+    marker = read_marker(out_dir)
+    if marker is not None and (out_dir / RESULT_FILE).is_file():
+        if marker.get("fingerprint") != fingerprint:
+            raise UserError(
+                f"{out_dir} holds a finished result of unit {unit.name} made with different settings.",
+                fix="use another --output directory, or delete that unit directory to recompute it.",
+            )
+        return json.loads((out_dir / RESULT_FILE).read_text())
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _unit_lock(out_dir, unit):
+        return _run_locked(
+            cfg,
+            unit,
+            spec,
+            checkpoint,
+            out_dir,
+            tokenizer_dir,
+            data_root,
+            fingerprint,
+            group,
+            wandb_project,
+            wandb_mode,
+        )
+
+
+@contextmanager
+def _unit_lock(out_dir: Path, unit: FinetuneUnit) -> Iterator[None]:
+    """One process per unit directory at a time (the lock dies with its process)."""
+    fh = open(out_dir / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"unit {unit.name} in {out_dir} is being run by another process.",
+                fix="wait for it to finish, or use another --output directory.",
+            ) from None
+        yield
+    finally:
+        fh.close()
+
+
+def _run_locked(
+    cfg: FinetuneConfig,
+    unit: FinetuneUnit,
+    spec: TaskSpec,
+    checkpoint: str,
+    out_dir: Path,
+    tokenizer_dir: Path | None,
+    data_root: str | None,
+    fingerprint: str,
+    group: str | None,
+    wandb_project: str,
+    wandb_mode: str,
+) -> dict[str, Any]:
+    if read_marker(out_dir) is not None and (out_dir / RESULT_FILE).is_file():  # finished meanwhile
+        return json.loads((out_dir / RESULT_FILE).read_text())
+    # An interrupted earlier attempt: its partial curve and W&B files are stale.
+    if out_dir.is_dir():
+        remove_temp_files(out_dir)
+        (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+        shutil.rmtree(out_dir / "wandb_files", ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    wall_start = time.perf_counter()
+    device = pick_device()
+    tok = load_tokenizer(_resolve_tokenizer_dir(checkpoint, tokenizer_dir))
+    task = _task_class(spec)(
+        spec, tok, cfg.max_seq_length, cfg.max_train_examples, cfg.max_eval_examples, data_root
+    )
+    model = build_model(task, checkpoint, tok.get_vocab_size(), cfg.dropout, unit.seed).to(device)
+    label = checkpoint_label(checkpoint)
+    tracker = Tracker(
+        out_dir,
+        project=wandb_project,
+        name=f"{label}/{unit.name}",
+        group=group or os.environ.get(GROUP_ENV),
+        job_type="finetune",
+        config={
+            **cfg.model_dump(),
+            "task": unit.task,
+            "lr": unit.lr,
+            "seed": unit.seed,
+            "checkpoint": checkpoint,
+        },
+        mode=wandb_mode,
+    )
+    try:
+        stats = train(
+            model,
+            task.train_features,
+            lr=unit.lr,
+            epochs=cfg.epochs,
+            batch_size=cfg.batch_size,
+            weight_decay=cfg.weight_decay,
+            warmup_proportion=cfg.warmup_proportion,
+            seed=unit.seed,
+            device=device,
+            pad_token_id=pad_id(tok),
+            group_by_length=cfg.group_by_length,
+            log=tracker.log,
+        )
+        eval_start = time.perf_counter()
+        per_feature = predict(model, task.eval_features, task.eval_outputs, device, pad_id(tok))
+        metrics = task.metrics(per_feature)
+        eval_seconds = time.perf_counter() - eval_start
+        tracker.log({f"eval/{k}": v for k, v in metrics.items()}, stats.steps)
+        result = {
+            "unit": unit.name,
+            "task": unit.task,
+            "kind": spec.kind,
+            "glue": spec.glue,
+            "metric_names": list(spec.metrics),
+            "metrics": metrics,
+            "score": sum(metrics.values()) / len(metrics),
+            "lr": unit.lr,
+            "seed": unit.seed,
+            "checkpoint": checkpoint,
+            "checkpoint_label": label,
+            "checkpoint_kind": "random" if checkpoint.startswith("random:") else "pretrained",
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "max_seq_length": cfg.max_seq_length,
+            "n_train": task.n_train,
+            "n_eval": task.n_eval,
+            "n_train_features": len(task.train_features),
+            "train_steps": stats.steps,
+            "final_train_loss": stats.final_loss,
+            "train_examples_per_s": stats.examples_per_s,
+            "train_time_s": stats.seconds,
+            "eval_time_s": eval_seconds,
+            "wall_time_s": time.perf_counter() - wall_start,
+            "device": str(device),
+            "torch_threads": torch.get_num_threads(),
+            "notes": task.notes,
+        }
+        tracker.summary(
+            {f"eval/{k}": v for k, v in metrics.items()} | {"train_examples_per_s": stats.examples_per_s}
+        )
+    finally:
+        tracker.finish()
+    atomic_write_json(out_dir / RESULT_FILE, result)
+    write_marker(out_dir, {"unit": unit.name, "fingerprint": fingerprint})
+    return result

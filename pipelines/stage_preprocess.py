@@ -1,0 +1,254 @@
+"""Stage 2, `bertflow preprocess`: the Beam job that turns a corpus into pretraining shards.
+
+Output layout and format: preprocessing/shard_format.py. A rerun of a finished output with the
+same config, tokenizer and inputs is a no-op; an unfinished or different one is recomputed from
+scratch (the marker is removed first, shards are replaced atomically), which gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+
+from common.atomic import MARKER_NAME, atomic_write_json, read_marker, remove_temp_files, write_marker
+from common.errors import UserError
+from preprocessing.config import PreprocessConfig
+from preprocessing.corpus import expand_inputs, file_labels
+from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, shard_paths
+
+log = logging.getLogger("bertflow.preprocess")
+
+PASSES_UNKNOWN_ARGS = True  # leftover flags are Beam pipeline options
+WORK_DIR = "_work"
+# settings that change how the job runs but not what it writes (kept out of the manifest)
+RUN_ONLY_KEYS = ("workers", "runner", "beam_options")
+
+
+def text_size(path: Path) -> int:
+    """Uncompressed size: a gzip file's ISIZE trailer (exact below 4 GiB), else the file size."""
+    size = path.stat().st_size
+    if size >= 18:
+        with open(path, "rb") as fh:
+            if fh.read(2) == b"\x1f\x8b":
+                fh.seek(-4, 2)
+                return int.from_bytes(fh.read(4), "little")
+    return size
+
+
+def input_fingerprint(files: list[Path]) -> list[dict]:
+    """Name, size and sha256 of each input file, so any change of content is noticed."""
+    labels = file_labels(files)
+    return [{"path": labels[p], "size": p.stat().st_size, "sha256": _sha(p)} for p in files]
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _clear_outputs(out_dir: Path) -> None:
+    (out_dir / MARKER_NAME).unlink(missing_ok=True)
+    for name in (*SPLITS, WORK_DIR):
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+    for name in (MANIFEST_NAME, STATS_NAME):
+        (out_dir / name).unlink(missing_ok=True)
+    remove_temp_files(out_dir)
+
+
+def _summarize(counts: dict[str, int], input_bytes: int, seconds: float, entries) -> dict:
+    n = counts.get("examples", 0)
+    masked = counts.get("masked_positions", 0)
+    split_examples = {s: sum(e["num_examples"] for sp, _, e in entries if sp == s) for s in SPLITS}
+    return {
+        "input_files": counts.get("files_read", 0),
+        "input_bytes": input_bytes,
+        "documents_read": counts.get("documents_read", 0),
+        "documents_used": {s: counts.get(f"documents_{s}", 0) for s in SPLITS},
+        "documents_single_sentence": counts.get("documents_single_sentence", 0),
+        "skipped": {
+            k: v
+            for k, v in sorted(counts.items())
+            if k.startswith(("documents_skipped", "files_", "lines_", "jsonl_", "docs_"))
+            and k != "files_read"
+        },
+        "sentences": counts.get("sentences", 0),
+        "tokens": counts.get("tokens", 0),
+        "examples": n,
+        "examples_per_split": split_examples,
+        "is_next_ratio": counts.get("examples_is_next", 0) / n if n else None,
+        "mean_tokens_per_example": counts.get("tokens_in_examples", 0) / n if n else None,
+        "mean_masked_per_example": masked / n if n else None,
+        "masked_replacement_split": {
+            "mask_token": counts.get("masked_as_mask_token", 0) / masked if masked else None,
+            "random_token": counts.get("masked_as_random_token", 0) / masked if masked else None,
+            "unchanged": counts.get("masked_kept_original", 0) / masked if masked else None,
+        },
+        "seconds": round(seconds, 2),
+        "mb_per_second": round(input_bytes / 2**20 / seconds, 3) if seconds > 0 else None,
+    }
+
+
+def run_preprocess_stage(
+    cfg: PreprocessConfig,
+    tokenizer_path: Path,
+    out_dir: Path,
+    data_root: str | None = None,
+    beam_args: list[str] | None = None,
+) -> dict:
+    """Write the shard directory `out_dir`; returns the stats (also in stats.json)."""
+    import json
+
+    from preprocessing.beam_job import pipeline_options, run_pipeline
+    from preprocessing.examples import ExampleParams
+    from preprocessing.masking import MaskingSpec
+    from preprocessing.wordpiece import SPECIAL_TOKENS, load_tokenizer, vocab_list
+
+    out_dir = Path(out_dir)
+    if cfg.max_predictions_per_seq > cfg.max_seq_length - 3:
+        raise UserError(
+            f"preprocess.max_predictions_per_seq={cfg.max_predictions_per_seq} exceeds the "
+            f"{cfg.max_seq_length - 3} maskable tokens of max_seq_length={cfg.max_seq_length}.",
+            fix="use 20 at 128 or 80 at 512.",
+        )
+    files = expand_inputs(cfg.input, data_root)
+    if all(p.stat().st_size == 0 for p in files):
+        raise UserError(
+            f"the corpus is empty: every input file is 0 bytes ({', '.join(map(str, files))}).",
+            fix="check --input / preprocess.input.",
+        )
+    tok, _ = load_tokenizer(tokenizer_path)
+    tokenizer_json = tok.to_str()
+    vocab = vocab_list(tok)
+    config = {k: v for k, v in cfg.model_dump().items() if k not in RUN_ONLY_KEYS}
+    fingerprint = input_fingerprint(files)
+    identity = {
+        "schema_version": SCHEMA_VERSION,
+        "config": config,
+        "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
+        "input_fingerprint": fingerprint,
+    }
+    if read_marker(out_dir) is not None and (out_dir / MANIFEST_NAME).is_file():
+        try:
+            manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
+            if {k: manifest.get(k) for k in identity} == identity:
+                for split in SPLITS:
+                    shard_paths(out_dir, split, verify=True)  # a damaged shard means: recompute
+                log.info("shards in %s are up to date", out_dir)
+                return json.loads((out_dir / STATS_NAME).read_text())
+        except (OSError, json.JSONDecodeError, UserError) as exc:
+            log.warning("%s", exc)
+        log.info("%s holds other or damaged shards: recomputing", out_dir)
+    _clear_outputs(out_dir)
+    work_dir = out_dir / WORK_DIR
+    work_dir.mkdir(parents=True)
+
+    input_bytes = sum(text_size(p) for p in files)
+    num_buckets = max(1, math.ceil(input_bytes / (cfg.bucket_size_mb * 2**20)))
+    labels = file_labels(files)
+    params = ExampleParams(
+        cfg.max_seq_length, cfg.short_seq_prob, cfg.dupe_factor, cfg.seed, vocab.index("[CLS]"), vocab.index("[SEP]"),
+        cfg.balance_nsp,
+    )  # fmt: skip
+    spec = MaskingSpec.from_vocab(
+        vocab, SPECIAL_TOKENS, cfg.masked_lm_prob, cfg.max_predictions_per_seq, cfg.whole_word_mask
+    )
+    options = pipeline_options(cfg.runner, cfg.workers, [*cfg.beam_options, *(beam_args or [])])
+    log.info(
+        "preprocess: %d file(s), %.1f MB of text, %d bucket(s), %d shard(s), runner %s",
+        len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],
+    )  # fmt: skip
+    start = time.perf_counter()
+    counts, entries = run_pipeline(
+        [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
+        cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    if counts.get("documents_read", 0) == 0:
+        _clear_outputs(out_dir)
+        raise UserError(
+            f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
+            f"{ {k: v for k, v in counts.items() if k != 'files_read'} }).",
+            fix="check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
+        )
+    if counts.get("examples", 0) == 0:
+        _clear_outputs(out_dir)
+        raise UserError(
+            f"the corpus {', '.join(map(str, files))} gave no examples ({counts.get('documents_read')} documents).",
+            fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
+        )
+    stats = _summarize(counts, input_bytes, seconds, entries)
+    splits = {s: [e for sp, _, e in sorted(entries, key=lambda x: (x[0], x[1])) if sp == s] for s in SPLITS}
+    manifest = {**identity, "num_buckets": num_buckets, "splits": splits}
+    atomic_write_json(out_dir / STATS_NAME, stats)
+    atomic_write_json(out_dir / MANIFEST_NAME, manifest)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    write_marker(out_dir, {"examples": stats["examples"]})
+    log.info(
+        "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
+        stats["examples"], stats["examples_per_split"], out_dir, seconds, stats["mb_per_second"] or 0,
+    )  # fmt: skip
+    return stats
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Any other --flag=value is passed to Beam as a pipeline option, e.g. "
+        "--runner FlinkRunner --flink_master=host:8081 (see infra/beam/)."
+    )
+    parser.add_argument("config", nargs="?", help="pipeline YAML (section `preprocess:`)")
+    parser.add_argument("--input", action="append", help="corpus file or glob (repeatable)")
+    parser.add_argument(
+        "--vocab", help="vocab.txt, tokenizer.json or tokenizer dir (default: RUN_DIR/tokenizer)"
+    )
+    parser.add_argument("--output", help="shard directory (default: RUN_DIR/shards)")
+    parser.add_argument("--max-seq-length", type=int)
+    parser.add_argument("--max-predictions-per-seq", type=int)
+    parser.add_argument("--dupe-factor", type=int)
+    parser.add_argument("--num-shards", type=int)
+    parser.add_argument("--workers", type=int, help="local worker processes (DirectRunner)")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--whole-word-mask", action="store_true")
+    parser.add_argument(
+        "--runner", help="Beam runner (DirectRunner, DataflowRunner, FlinkRunner, SparkRunner)"
+    )
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pipelines.config import load_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    cfg = load_config(args.config, args.set)
+    section = cfg.preprocess.model_dump()
+    flags = {
+        "input": args.input,
+        "max_seq_length": args.max_seq_length,
+        "max_predictions_per_seq": args.max_predictions_per_seq,
+        "dupe_factor": args.dupe_factor,
+        "num_shards": args.num_shards,
+        "workers": args.workers,
+        "seed": args.seed,
+        "runner": args.runner,
+        "whole_word_mask": True if args.whole_word_mask else None,
+    }
+    section.update({k: v for k, v in flags.items() if v is not None})
+    if args.max_seq_length and args.max_predictions_per_seq is None:
+        section["max_predictions_per_seq"] = math.ceil(args.max_seq_length * 20 / 128)  # 20 at 128, 80 at 512
+    try:
+        pcfg = PreprocessConfig.model_validate(section)
+    except Exception as exc:
+        raise UserError(f"invalid preprocess settings: {exc}") from None
+    vocab = Path(args.vocab) if args.vocab else Path(cfg.run_dir) / "tokenizer"
+    out = Path(args.output) if args.output else Path(cfg.run_dir) / "shards"
+    stats = run_preprocess_stage(pcfg, vocab, out, cfg.data_root, beam_args=list(args.extra_args or []))
+    print(f"{out}: {stats['examples']} examples, IsNext ratio {stats['is_next_ratio']:.3f}")
+    return 0

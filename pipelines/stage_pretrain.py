@@ -1,0 +1,112 @@
+"""Stage 3, `bertflow pretrain`: DeepSpeed pretraining on the preprocessed shards.
+
+    bertflow pretrain [CONFIG] --shards DIR --tokenizer DIR --output DIR [--preset tiny]
+        [--zero-stage N] [--num-processes N] [--max-steps N] [--micro-batch-size N] [--set k=v]
+
+Validates everything first (one UserError, nothing written), then launches `training.train` on
+`pretrain.num_processes` ranks through the DeepSpeed launcher (or torchrun) and streams its output.
+Output: OUT/checkpoints/global_stepN (last K), OUT/metrics.jsonl, OUT/wandb_files, OUT/model (HF
+format), OUT/_COMPLETE.json last. Rerunning after a kill resumes from the newest verified
+checkpoint; rerunning after completion does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from common.atomic import atomic_write_json, read_marker, write_marker
+from common.errors import UserError
+from pipelines.config import PipelineConfig, load_config
+
+
+def _device_caps() -> tuple[bool, bool]:
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    return on_gpu, bool(on_gpu and torch.cuda.is_bf16_supported())
+
+
+def run_pretrain_stage(
+    cfg: PipelineConfig,
+    shards_dir: Path,
+    tokenizer_dir: Path,
+    out_dir: Path,
+    log_line: Callable[[str], None] = print,
+) -> Path:
+    from training import launch, preflight
+
+    out_dir = Path(out_dir)
+    on_gpu, bf16_ok = _device_caps()
+    p = cfg.pretrain
+    world = p.num_processes
+    if p.hostfile:
+        world = launch.hostfile_slots(Path(p.hostfile))
+    if on_gpu and not p.hostfile:
+        import torch
+
+        if world > torch.cuda.device_count():
+            raise UserError(
+                f"pretrain.num_processes {world} > {torch.cuda.device_count()} visible GPUs.",
+                fix="lower --num-processes or use a hostfile for several nodes.",
+            )
+    spec = preflight.build_spec(cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world)
+
+    marker = read_marker(out_dir)
+    if marker is not None:
+        if marker.get("fingerprint") == spec["fingerprint"] and (out_dir / "model" / "config.json").is_file():
+            log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
+            return out_dir / "model"
+        raise UserError(
+            f"{out_dir} holds a finished pretraining run with different settings.",
+            fix="choose a new --output directory (or delete that one to retrain).",
+        )
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = out_dir / "run_spec.json"
+    atomic_write_json(spec_path, spec)
+    port = p.master_port or launch.free_port()
+    cmd = launch.build_command(p.launcher, world, spec_path, port, p.hostfile)
+    launch.run_launcher(cmd, launch.child_env(world, on_gpu), log_line)
+
+    model_dir = out_dir / "model"
+    if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
+        raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
+    write_marker(
+        out_dir, {"fingerprint": spec["fingerprint"], "max_steps": p.max_steps, "model": str(model_dir)}
+    )
+    log_line(f"pretrain: done, model at {model_dir}")
+    return model_dir
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="pipeline YAML (optional)")
+    parser.add_argument(
+        "--shards", required=True, help="preprocess output dir (manifest.json, train/, validation/)"
+    )
+    parser.add_argument("--tokenizer", required=True, help="tokenizer dir with vocab.txt")
+    parser.add_argument("--output", required=True, help="run dir for checkpoints, metrics and model/")
+    parser.add_argument("--preset", help="model preset (tiny, mini, small, medium, base, large)")
+    parser.add_argument("--zero-stage", type=int)
+    parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+
+
+def main(args: argparse.Namespace) -> int:
+    overrides = list(args.set)
+    for flag, key in (
+        ("preset", "model.preset"),
+        ("zero_stage", "pretrain.zero_stage"),
+        ("num_processes", "pretrain.num_processes"),
+        ("max_steps", "pretrain.max_steps"),
+        ("micro_batch_size", "pretrain.micro_batch_size"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    cfg = load_config(args.config, overrides)
+    run_pretrain_stage(cfg, Path(args.shards), Path(args.tokenizer), Path(args.output))
+    return 0

@@ -1,0 +1,108 @@
+"""Stage 1, `bertflow tokenizer`: train a WordPiece vocabulary from the corpus (or load one).
+
+Writes vocab.txt, tokenizer.json ([CLS] $A [SEP] $B [SEP] template) and tokenizer_config.json,
+then the completion marker. A rerun with the same settings and inputs is a no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+from collections import Counter
+from pathlib import Path
+
+from common.atomic import MARKER_NAME, read_marker, write_marker
+from common.errors import UserError
+from common.paths import resolve_data_path
+from preprocessing.config import TokenizerConfig
+from preprocessing.corpus import expand_inputs, iter_texts
+
+log = logging.getLogger("bertflow.tokenizer")
+
+
+def input_fingerprint(files: list[Path]) -> list[dict]:
+    """Cheap identity of the inputs (name, size, mtime) for the tokenizer's rerun check."""
+    return [{"path": str(p), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in files]
+
+
+def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None) -> Path:
+    from preprocessing.wordpiece import load_tokenizer, save_tokenizer, train_tokenizer
+
+    out_dir = Path(out_dir)
+    if cfg.vocab:
+        source = resolve_data_path(cfg.vocab, data_root)
+        identity = None  # loading is cheap: always redone
+    else:
+        files = expand_inputs(cfg.input, data_root)
+        identity = {"config": cfg.model_dump(), "inputs": input_fingerprint(files)}
+    done = read_marker(out_dir)
+    if identity is not None and done is not None and done.get("identity") == identity:
+        log.info("tokenizer in %s is up to date", out_dir)
+        return out_dir
+    (out_dir / MARKER_NAME).unlink(missing_ok=True)
+    counts: Counter = Counter()
+    if cfg.vocab:
+        tok, lowercase = load_tokenizer(source, lowercase=cfg.lowercase)
+        log.info("loaded %s (%d tokens)", source, tok.get_vocab_size())
+    else:
+        log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
+        tok = train_tokenizer(iter_texts(files, counts), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
+        lowercase = cfg.lowercase
+        if counts["documents_read"] == 0:
+            raise UserError(
+                f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
+                fix="check --input (plain text needs non-empty lines; WikiExtractor files <doc> blocks).",
+            )
+        if tok.get_vocab_size() < 6:
+            raise UserError(
+                "the trained vocabulary is empty.", fix="use a larger corpus or lower min_frequency."
+            )
+    save_tokenizer(tok, out_dir, lowercase)
+    sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
+    write_marker(
+        out_dir,
+        {
+            "identity": identity,
+            "vocab_size": tok.get_vocab_size(),
+            "tokenizer_sha256": sha,
+            "corpus": dict(counts),
+        },
+    )
+    log.info("wrote %s (vocab %d)", out_dir, tok.get_vocab_size())
+    return out_dir
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="pipeline YAML (section `tokenizer:`)")
+    parser.add_argument("--input", action="append", help="corpus file or glob (repeatable)")
+    parser.add_argument("--output", help="output directory (default: RUN_DIR/tokenizer)")
+    parser.add_argument("--vocab-size", type=int)
+    parser.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
+    parser.add_argument("--vocab", help="load this vocab.txt / tokenizer.json instead of training")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pipelines.config import load_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    cfg = load_config(args.config, args.set)
+    section = cfg.tokenizer.model_dump()
+    if args.input:
+        section["input"] = args.input
+    if args.vocab_size is not None:
+        section["vocab_size"] = args.vocab_size
+    if args.cased:
+        section["lowercase"] = False
+    if args.vocab:
+        section["vocab"] = args.vocab
+    try:
+        tcfg = TokenizerConfig.model_validate(section)
+    except Exception as exc:
+        raise UserError(f"invalid tokenizer settings: {exc}") from None
+    out = Path(args.output) if args.output else Path(cfg.run_dir) / "tokenizer"
+    run_tokenizer_stage(tcfg, out, cfg.data_root)
+    print(out)
+    return 0

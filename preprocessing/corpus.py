@@ -1,0 +1,230 @@
+"""Corpus readers: WikiExtractor `<doc>` files, plain text (blank line between documents) and JSONL.
+
+Files may be gzip-compressed. Every irregularity is counted in a `Counter` (it ends up in
+stats.json) and logged, never silently dropped, never a traceback:
+non-UTF-8 bytes (replaced), empty and binary files, lines over 1 MB, unclosed `<doc>` tags,
+text outside `<doc>`, bad JSON lines, empty documents.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import logging
+import os
+import re
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from common.errors import UserError
+from common.paths import resolve_data_path
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 1 << 20  # lines longer than this are skipped and counted
+SNIFF_BYTES = 8192
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+_DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
+_TITLE = re.compile(r'title="([^"]*)"')
+
+
+@dataclass
+class Document:
+    doc_id: str  # "<file label>:<ordinal in file>", stable for the same inputs
+    paragraphs: list[str]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.paragraphs)
+
+
+def expand_inputs(patterns: list[str], data_root: str | None = None) -> list[Path]:
+    """Expand globs (and `data:` paths) into a sorted, de-duplicated list of files."""
+    if not patterns:
+        raise UserError(
+            "no corpus input given.", fix="pass --input GLOB or set preprocess.input / tokenizer.input."
+        )
+    files: set[Path] = set()
+    for pattern in patterns:
+        resolved = str(resolve_data_path(pattern, data_root))
+        matches = [Path(m) for m in glob.glob(resolved, recursive=True)]
+        matches = [m for m in matches if m.is_file()]
+        if not matches:
+            raise UserError(
+                f"input {pattern!r} matches no file (looked for {resolved}).",
+                fix="check the path or glob; `data:` paths are relative to the data root (BERTFLOW_DATA).",
+            )
+        files.update(m.resolve() for m in matches)
+    return sorted(files)
+
+
+def file_labels(paths: list[Path]) -> dict[Path, str]:
+    """Short, stable names for document ids: each path relative to the inputs' common folder."""
+    if len(paths) == 1:
+        return {paths[0]: paths[0].name}
+    common = Path(os.path.commonpath([str(p.parent) for p in paths]))
+    return {p: str(p.relative_to(common)) for p in paths}
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def _lines(path: Path, counts: Counter, quiet: bool = False) -> Iterator[str]:
+    """Decoded lines (without newline) of one file; handles binary, long lines, bad bytes."""
+    warn = (lambda *a: None) if quiet else log.warning
+    try:
+        fh = _open_binary(path)
+    except OSError as exc:
+        raise UserError(f"cannot read corpus file {path}: {exc}") from None
+    with fh:
+        try:
+            head = fh.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(fh, "peek") else b""
+            if b"\x00" in head:
+                counts["files_skipped_binary"] += 1
+                warn("skipping %s: binary file (NUL bytes)", path)
+                return
+            any_content = False
+            while True:
+                raw = fh.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    break
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    while raw and not raw.endswith(b"\n"):  # skip the rest of the long line
+                        raw = fh.readline(MAX_LINE_BYTES)
+                    counts["lines_skipped_over_1mb"] += 1
+                    warn("%s: skipped a line longer than 1 MB", path)
+                    continue
+                if b"\x00" in raw:
+                    counts["lines_skipped_binary"] += 1
+                    continue
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    line = raw.decode("utf-8", errors="replace")
+                    counts["lines_with_invalid_utf8_replaced"] += 1
+                any_content = any_content or bool(line.strip())
+                yield line.rstrip("\r\n")
+        except (EOFError, OSError, zlib.error) as exc:
+            counts["files_truncated_or_corrupt"] += 1
+            log.warning(
+                "%s: stopped reading, file is damaged (%s); documents before the damage are kept", path, exc
+            )
+            return
+    if not any_content:
+        counts["files_empty"] += 1
+        warn("%s: empty file", path)
+
+
+def detect_format(path: Path) -> str:
+    """'jsonl' by suffix, else 'wiki' when one of the first 100 non-blank lines is a `<doc ...>` tag,
+    else 'plain'."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    seen = 0
+    for line in _lines(path, Counter(), quiet=True):
+        if line.strip():
+            if _DOC_OPEN.match(line.strip()):
+                return "wiki"
+            seen += 1
+            if seen >= 100:
+                break
+    return "plain"
+
+
+def read_documents(
+    path: Path, counts: Counter, label: str | None = None, fmt: str | None = None
+) -> Iterator[Document]:
+    """Documents of one corpus file, in file order."""
+    label = label or path.name
+    fmt = fmt or detect_format(path)
+    reader = {"wiki": _read_wiki, "plain": _read_plain, "jsonl": _read_jsonl}[fmt]
+    ordinal = 0
+    for paragraphs in reader(path, counts):
+        paragraphs = [p.strip() for p in paragraphs if p.strip()]
+        if not paragraphs:
+            counts["documents_skipped_empty"] += 1
+            continue
+        counts["documents_read"] += 1
+        yield Document(f"{label}:{ordinal}", paragraphs)
+        ordinal += 1
+
+
+def _read_plain(path: Path, counts: Counter) -> Iterator[list[str]]:
+    doc: list[str] = []
+    for line in _lines(path, counts):
+        if line.strip():
+            doc.append(line)
+        elif doc:
+            yield doc
+            doc = []
+    if doc:
+        yield doc
+
+
+def _read_wiki(path: Path, counts: Counter) -> Iterator[list[str]]:
+    doc: list[str] | None = None
+    title: str | None = None
+    for line in _lines(path, counts):
+        stripped = line.strip()
+        if _DOC_OPEN.match(stripped):
+            if doc is not None:
+                counts["docs_unclosed_tag"] += 1
+                log.warning("%s: <doc> without </doc>; its text is kept as a document", path)
+                yield doc
+            doc = []
+            m = _TITLE.search(stripped)
+            title = m.group(1) if m else None
+            continue
+        if stripped == "</doc>":
+            if doc is None:
+                counts["lines_outside_doc"] += 1
+                continue
+            yield doc
+            doc, title = None, None
+            continue
+        if doc is None:
+            if stripped:
+                counts["lines_outside_doc"] += 1
+            continue
+        if not doc and title is not None and stripped == title.strip():
+            continue  # WikiExtractor repeats the title as the first line
+        doc.append(line)
+    if doc is not None:
+        counts["docs_unclosed_tag"] += 1
+        log.warning("%s: file ends inside a <doc>; its text is kept as a document", path)
+        yield doc
+
+
+def _read_jsonl(path: Path, counts: Counter, field: str = "text") -> Iterator[list[str]]:
+    for line in _lines(path, counts):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            counts["jsonl_lines_skipped_invalid_json"] += 1
+            continue
+        text = obj.get(field) if isinstance(obj, dict) else None
+        if not isinstance(text, str):
+            counts["jsonl_lines_skipped_no_text_field"] += 1
+            continue
+        yield text.split("\n")
+
+
+def iter_texts(paths: list[Path], counts: Counter) -> Iterator[str]:
+    """Every paragraph of every document, streamed (what the tokenizer trains on)."""
+    labels = file_labels(paths)
+    for path in paths:
+        for doc in read_documents(path, counts, labels[path]):
+            yield from doc.paragraphs

@@ -1,0 +1,104 @@
+"""Masked-LM selection of one sequence, as in Google's create_pretraining_data.py.
+
+`max(1, round(len(tokens) * masked_lm_prob))` positions, capped by max_predictions_per_seq, are
+chosen at random among the non-special tokens (whole words when whole_word_mask); each chosen
+token becomes [MASK] with probability 0.8, a random vocabulary token with 0.1, stays with 0.1.
+Deviation from the original: random replacements are drawn from the non-special tokens only.
+Plain Python on lists: for 128-token sequences this is several times faster than numpy calls.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+MASKED, RANDOM, KEPT = 0, 1, 2  # what happened to a selected position (for stats)
+
+
+@dataclass(frozen=True)
+class MaskingSpec:
+    masked_lm_prob: float
+    max_predictions_per_seq: int
+    whole_word_mask: bool
+    mask_id: int
+    special_ids: frozenset[int]  # never selected ([PAD] [UNK] [CLS] [SEP] [MASK])
+    subword_ids: frozenset[int]  # '##' continuation pieces (whole-word grouping)
+    replacement_ids: tuple[int, ...]  # ids a RANDOM replacement is drawn from
+
+    @classmethod
+    def from_vocab(
+        cls,
+        vocab: list[str],
+        special_tokens: list[str],
+        masked_lm_prob: float,
+        max_predictions: int,
+        whole_word: bool,
+    ) -> MaskingSpec:
+        special = frozenset(i for i, w in enumerate(vocab) if w in special_tokens)
+        return cls(
+            masked_lm_prob,
+            max_predictions,
+            whole_word,
+            vocab.index("[MASK]"),
+            special,
+            frozenset(i for i, w in enumerate(vocab) if w.startswith("##")),
+            tuple(i for i in range(len(vocab)) if i not in special),
+        )
+
+
+def num_to_predict(seq_len: int, spec: MaskingSpec) -> int:
+    return min(spec.max_predictions_per_seq, max(1, int(round(seq_len * spec.masked_lm_prob))))
+
+
+def _whole_word_groups(ids: list[int], spec: MaskingSpec) -> list[list[int]]:
+    groups: list[list[int]] = []
+    prev_special = True
+    for i, tok in enumerate(ids):
+        if tok in spec.special_ids:
+            prev_special = True
+            continue
+        if tok in spec.subword_ids and groups and not prev_special:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+        prev_special = False
+    return groups
+
+
+def select_positions(ids: list[int], spec: MaskingSpec, rng: random.Random) -> list[int]:
+    """Sorted positions to predict."""
+    n = num_to_predict(len(ids), spec)
+    special = spec.special_ids
+    if not spec.whole_word_mask:
+        candidates = [i for i, t in enumerate(ids) if t not in special]
+        return sorted(rng.sample(candidates, min(n, len(candidates))))
+    groups = _whole_word_groups(ids, spec)
+    rng.shuffle(groups)
+    chosen: list[int] = []
+    for group in groups:
+        if len(chosen) >= n:
+            break
+        if len(chosen) + len(group) > n:
+            continue
+        chosen.extend(group)
+    return sorted(chosen)
+
+
+def mask_sequence(
+    ids: list[int], spec: MaskingSpec, rng: random.Random
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Returns (masked input ids, positions, original ids at positions, MASKED/RANDOM/KEPT per position)."""
+    positions = select_positions(ids, spec, rng)
+    out = list(ids)
+    labels = [ids[p] for p in positions]
+    kinds = []
+    for p in positions:
+        if rng.random() < 0.8:
+            out[p] = spec.mask_id
+            kinds.append(MASKED)
+        elif rng.random() < 0.5:
+            kinds.append(KEPT)
+        else:
+            out[p] = spec.replacement_ids[rng.randrange(len(spec.replacement_ids))]
+            kinds.append(RANDOM)
+    return out, positions, labels, kinds

@@ -1,0 +1,187 @@
+"""The WordPiece tokenizer: train it from a corpus (streaming), load an existing one, save it.
+
+Built on the `tokenizers` library with BERT's normalizer and pre-tokenizer, so a loaded
+bert-base-uncased `vocab.txt` tokenizes exactly like `transformers.BertTokenizerFast`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers.models import WordPiece
+
+from common.atomic import atomic_write_json, atomic_write_text
+from common.errors import UserError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
+VOCAB_NAME = "vocab.txt"
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _set_template(tok: Tokenizer) -> Tokenizer:
+    """[CLS] $A [SEP] $B [SEP] with segment ids 0/1 (not set by training, so always set here).
+
+    Padding and truncation settings of a loaded tokenizer.json are dropped: examples are built
+    from unpadded, untruncated sentences.
+    """
+    tok.no_padding()
+    tok.no_truncation()
+    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+    return tok
+
+
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 30522, lowercase: bool = True, min_frequency: int = 2
+) -> Tokenizer:
+    """Train WordPiece from an iterator of texts; the corpus is streamed, never held whole."""
+    tok = _bert_pipeline(Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100)), lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    tok.train_from_iterator(_batches(texts), trainer=trainer)
+    return _set_template(tok)
+
+
+def _batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for t in texts:
+        batch.append(t)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _read_vocab_txt(path: Path) -> dict[str, int]:
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; a vocab.txt has one token per line.") from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(lines):
+        token = token.rstrip("\r")
+        if token in vocab:
+            raise UserError(f"{path}: token {token!r} appears twice (lines {vocab[token] + 1} and {i + 1}).")
+        vocab[token] = i
+    return vocab
+
+
+def _check_specials(tok: Tokenizer, path: Path) -> None:
+    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if missing:
+        raise UserError(
+            f"{path}: the vocabulary lacks the special tokens {', '.join(missing)}.",
+            fix="use a BERT vocabulary holding [PAD] [UNK] [CLS] [SEP] [MASK], or train one with `bertflow tokenizer`.",
+        )
+
+
+def _lowercase_from_dir(directory: Path, default: bool) -> bool:
+    cfg = directory / TOKENIZER_CONFIG
+    if cfg.is_file():
+        try:
+            return bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", default))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError(f"{cfg} is not valid JSON.", fix="fix or delete it.") from None
+    return default
+
+
+def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tokenizer, bool]:
+    """Load a tokenizer dir, `tokenizer.json` or `vocab.txt`; returns (tokenizer, lowercase).
+
+    A `tokenizer.json` is used as is (its normalizer decides casing). A bare `vocab.txt` gets BERT's
+    normalizer with `lowercase` (default: do_lower_case of a tokenizer_config.json beside it, else True).
+    """
+    path = Path(path)
+    if path.is_dir():
+        directory = path
+        if (path / TOKENIZER_JSON).is_file():
+            path = path / TOKENIZER_JSON
+        elif (path / VOCAB_NAME).is_file():
+            path = path / VOCAB_NAME
+        else:
+            raise UserError(
+                f"{directory} holds neither {TOKENIZER_JSON} nor {VOCAB_NAME}.",
+                fix="point --vocab to a vocab.txt, a tokenizer.json or a tokenizer directory.",
+            )
+    if not path.is_file():
+        raise UserError(
+            f"tokenizer file {path} does not exist.", fix="check the --vocab / tokenizer.vocab path."
+        )
+    default_lower = _lowercase_from_dir(path.parent, True) if lowercase is None else lowercase
+    if path.suffix == ".json":
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception for malformed files
+            raise UserError(f"{path} is not a tokenizers JSON file: {exc}") from None
+        if not isinstance(tok.model, WordPiece):
+            raise UserError(f"{path} holds a {type(tok.model).__name__} model; BERT needs WordPiece.")
+        _check_specials(tok, path)
+        lower = _json_lowercase(tok, default_lower)
+        return _set_template(tok), lower
+    vocab = _read_vocab_txt(path)
+    tok = Tokenizer(WordPiece(vocab=vocab, unk_token=UNK, max_input_chars_per_word=100))
+    _check_specials(tok, path)
+    return _set_template(_bert_pipeline(tok, default_lower)), default_lower
+
+
+def _json_lowercase(tok: Tokenizer, default: bool) -> bool:
+    norm = json.loads(tok.to_str()).get("normalizer") or {}
+    return bool(norm.get("lowercase", default)) if norm.get("type") == "BertNormalizer" else default
+
+
+def vocab_list(tok: Tokenizer) -> list[str]:
+    """Tokens ordered by id (the lines of vocab.txt)."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    words = [""] * len(vocab)
+    for word, idx in vocab.items():
+        words[idx] = word
+    return words
+
+
+def save_tokenizer(tok: Tokenizer, out_dir: str | Path, lowercase: bool) -> None:
+    """Write vocab.txt, tokenizer.json and tokenizer_config.json (each atomically)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / VOCAB_NAME, "\n".join(vocab_list(tok)) + "\n")
+    atomic_write_text(out_dir / TOKENIZER_JSON, tok.to_str())
+    atomic_write_json(
+        out_dir / TOKENIZER_CONFIG,
+        {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": lowercase,
+            "tokenize_chinese_chars": True,
+            "strip_accents": None,
+            "model_max_length": 512,
+            "unk_token": UNK,
+            "sep_token": SEP,
+            "pad_token": PAD,
+            "cls_token": CLS,
+            "mask_token": MASK,
+        },
+    )

@@ -1,0 +1,125 @@
+"""Corpus readers on real files, sentence splitting, and every bad-input case (counted, never lost)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from preprocessing.corpus import detect_format, expand_inputs, file_labels, read_documents
+from preprocessing.sentences import split_sentences
+
+
+def test_wikiextractor_gz_file(data_dir):
+    path = data_dir / "wiki/enwiki-2015/AA/wiki_00.gz"
+    raw = gzip.open(path, "rt", encoding="utf-8").read()
+    counts: Counter = Counter()
+    docs = list(read_documents(path, counts))
+    assert detect_format(path) == "wiki"
+    assert len(docs) == raw.count("<doc ") == raw.count("</doc>") > 10
+    assert counts["documents_read"] == len(docs) and not counts["docs_unclosed_tag"]
+    titles = [line.split('title="')[1].split('"')[0] for line in raw.splitlines() if line.startswith("<doc ")]
+    for doc, title in zip(docs, titles):
+        assert doc.paragraphs[0] != title  # the repeated title line is dropped
+        assert all("<doc" not in p and "</doc>" not in p for p in doc.paragraphs)
+    assert docs[0].doc_id == "wiki_00.gz:0" and docs[1].doc_id == "wiki_00.gz:1"
+    # paragraph order preserved: the first paragraph of the first article opens it in the file
+    assert raw.index(docs[0].paragraphs[0]) < raw.index(docs[0].paragraphs[-1])
+
+
+def test_plain_text_summaries(data_dir):
+    counts: Counter = Counter()
+    docs = list(read_documents(data_dir / "wiki/summaries_en.txt", counts))
+    assert len(docs) == counts["documents_read"] == 10033  # README: 10,033 lead sections
+
+
+def test_jsonl(tmp_path):
+    path = tmp_path / "c.jsonl"
+    rows = [
+        {"text": "First doc. Two sentences."},
+        {"id": 3},
+        "not an object",
+        {"text": "Line one.\nLine two."},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{broken json\n")
+    counts: Counter = Counter()
+    docs = list(read_documents(path, counts))
+    assert [d.paragraphs for d in docs] == [["First doc. Two sentences."], ["Line one.", "Line two."]]
+    assert counts["jsonl_lines_skipped_no_text_field"] == 2
+    assert counts["jsonl_lines_skipped_invalid_json"] == 1
+
+
+def test_split_sentences_on_real_text(data_dir):
+    text = (data_dir / "wiki/summaries_en.txt").read_text(encoding="utf-8").split("\n\n")[0]
+    sentences = split_sentences(text)
+    assert len(sentences) >= 2
+    assert "".join(sentences).replace(" ", "") == text.replace(" ", "")  # nothing lost
+    assert split_sentences("Dr. Smith paid $3.50 in the U.S. yesterday. Then he left.") == [
+        "Dr. Smith paid $3.50 in the U.S. yesterday.",
+        "Then he left.",
+    ]
+    assert split_sentences("   ") == []
+
+
+def test_bad_inputs_are_counted_not_lost(tmp_path):
+    (tmp_path / "nonutf8.txt").write_bytes(b"caf\xe9 ol\xe9. Second sentence.\n\nOther doc here. Yes.\n")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "binary.bin").write_bytes(bytes(range(256)) * 64)
+    long_line = b"x" * (1 << 20) + b" tail\n"
+    (tmp_path / "long.txt").write_bytes(b"Before it. Yes.\n" + long_line + b"After it. Fine.\n")
+    (tmp_path / "unclosed.txt").write_text(
+        '<doc id="1" url="u" title="T">\nT\nBody one. More.\n<doc id="2" url="u" title="U">\nU\nBody two. Ok.\n'
+    )
+    (tmp_path / "outside.txt").write_text(
+        'stray line\n<doc id="1" url="u" title="T">\nT\nBody. Ok.\n</doc>\n'
+    )
+
+    def read(name):
+        counts: Counter = Counter()
+        return list(read_documents(tmp_path / name, counts)), counts
+
+    docs, counts = read("nonutf8.txt")
+    assert docs[0].paragraphs == ["caf\ufffd ol\ufffd. Second sentence."] and len(docs) == 2
+    assert counts["lines_with_invalid_utf8_replaced"] == 1
+    docs, counts = read("empty.txt")
+    assert docs == [] and counts["files_empty"] == 1
+    docs, counts = read("binary.bin")
+    assert docs == [] and counts["files_skipped_binary"] == 1
+    docs, counts = read("long.txt")
+    assert (
+        docs[0].paragraphs == ["Before it. Yes.", "After it. Fine."] and counts["lines_skipped_over_1mb"] == 1
+    )
+    docs, counts = read("unclosed.txt")
+    assert [d.paragraphs for d in docs] == [["Body one. More."], ["Body two. Ok."]]
+    assert counts["docs_unclosed_tag"] == 2  # one closed by the next <doc>, one by end of file
+    docs, counts = read("outside.txt")
+    assert [d.paragraphs for d in docs] == [["Body. Ok."]] and counts["lines_outside_doc"] == 1
+
+
+def test_truncated_gzip_keeps_what_was_read(tmp_path, data_dir):
+    data = (data_dir / "wiki/enwiki-2015/AA/wiki_00.gz").read_bytes()
+    path = tmp_path / "cut.gz"
+    path.write_bytes(data[: len(data) // 2])
+    counts: Counter = Counter()
+    docs = list(read_documents(path, counts))
+    assert docs and counts["files_truncated_or_corrupt"] == 1
+
+
+def test_globs_and_labels(data_dir):
+    files = expand_inputs(["data:wiki/enwiki-2015/A[AB]/wiki_0[01].gz"], str(data_dir))
+    assert [f.name for f in files] == ["wiki_00.gz", "wiki_01.gz"] * 2
+    labels = file_labels(files)
+    assert labels[files[0]] == "AA/wiki_00.gz" and len(set(labels.values())) == 4
+    with pytest.raises(UserError, match="matches no file"):
+        expand_inputs(["data:wiki/nothing-*.gz"], str(data_dir))
+    with pytest.raises(UserError, match="no corpus input"):
+        expand_inputs([])
+
+
+def test_missing_file_path_is_user_error(tmp_path: Path):
+    with pytest.raises(UserError):
+        expand_inputs([str(tmp_path / "missing.txt")])

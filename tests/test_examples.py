@@ -1,0 +1,208 @@
+"""Example creation and masking on real text (pure functions, with provenance): the statistics and
+invariants of Google's create_pretraining_data.py."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from preprocessing.corpus import read_documents
+from preprocessing.doc_tokens import pack, tokenize_documents, unpack
+from preprocessing.examples import (
+    ExampleParams,
+    build_example,
+    create_examples,
+    create_instances_from_document,
+    truncate_seq_pair,
+)
+from preprocessing.masking import KEPT, MASKED, RANDOM, MaskingSpec, num_to_predict
+from preprocessing.shard_format import IS_NEXT, NOT_NEXT
+from preprocessing.wordpiece import SPECIAL_TOKENS, load_tokenizer, vocab_list
+
+
+@pytest.fixture(scope="module")
+def corpus(minilm_dir, data_dir):
+    """Real documents: every 3rd summary plus two Wikipedia files, tokenized with bert-base-uncased."""
+    tok, _ = load_tokenizer(minilm_dir / "vocab.txt")
+    counts: Counter = Counter()
+    docs = list(read_documents(data_dir / "wiki/summaries_en.txt", counts))[::3]
+    for name in ("AA/wiki_00.gz", "AB/wiki_00.gz"):
+        docs += list(read_documents(data_dir / "wiki/enwiki-2015" / name, counts, name))
+    tokenized = [d for d in tokenize_documents(tok, docs, counts) if d]
+    vocab = vocab_list(tok)
+    return tokenized, vocab
+
+
+def spec_for(vocab, whole_word=False, max_pred=20):
+    return MaskingSpec.from_vocab(vocab, SPECIAL_TOKENS, 0.15, max_pred, whole_word)
+
+
+def params_for(vocab, max_len=128, dupe=1, seed=7, balance=True):
+    return ExampleParams(max_len, 0.1, dupe, seed, vocab.index("[CLS]"), vocab.index("[SEP]"), balance)
+
+
+def test_instances_provenance_lengths_and_nsp(corpus):
+    docs, vocab = corpus
+    rng = random.Random(3)
+    from preprocessing.examples import NspBalance
+
+    balance = NspBalance(True)
+    instances = []
+    for d in range(len(docs)):
+        instances += create_instances_from_document(docs, d, 128, 0.1, rng, balance)
+    assert len(instances) > 5000
+
+    def concat(doc, lo, hi):
+        return [t for s in docs[doc][lo:hi] for t in s]
+
+    def contiguous_in(part, whole):
+        n = len(part)
+        return any(whole[i : i + n] == part for i in range(len(whole) - n + 1))
+
+    for inst in instances:
+        assert len(inst.tokens_a) >= 1 and len(inst.tokens_b) >= 1
+        assert len(inst.tokens_a) + len(inst.tokens_b) <= 128 - 3
+        assert contiguous_in(inst.tokens_a, concat(inst.a_doc, *inst.a_sentences))
+        assert contiguous_in(inst.tokens_b, concat(inst.b_doc, *inst.b_sentences))
+        if inst.is_random_next:
+            assert inst.b_doc != inst.a_doc  # NotNext: B from another document
+        else:
+            assert inst.b_doc == inst.a_doc  # IsNext: B is the sentences right after A
+            assert inst.b_sentences[0] == inst.a_sentences[1]
+    ratio = sum(not i.is_random_next for i in instances) / len(instances)
+    assert abs(ratio - 0.5) <= 0.02, ratio
+
+
+def test_google_exact_rule_skews_nsp_on_short_documents(corpus):
+    """Without balancing, single-sentence chunks are always NotNext (the original's behaviour)."""
+    docs, vocab = corpus
+    stats: Counter = Counter()
+    list(create_examples(docs, params_for(vocab, balance=False), spec_for(vocab), "g", stats))
+    assert stats["examples_is_next"] / stats["examples"] < 0.45
+
+
+def test_masking_statistics_on_50k_selections(corpus):
+    docs, vocab = corpus
+    spec = spec_for(vocab)
+    stats: Counter = Counter()
+    examples = list(create_examples(docs, params_for(vocab, dupe=2), spec, "g", stats))
+    selections = sum(len(e.masked_lm_positions) for e in examples)
+    assert selections >= 50_000
+    special = {vocab.index(t) for t in SPECIAL_TOKENS}
+    mask_id = vocab.index("[MASK]")
+    kinds = Counter()
+    candidates = 0
+    for e in examples:
+        ids, pos, labels = e.input_ids, e.masked_lm_positions, e.masked_lm_ids
+        assert len(ids) <= 128 and len(ids) == len(e.segment_ids)
+        assert ids[0] == vocab.index("[CLS]") and ids[-1] == vocab.index("[SEP]")
+        assert pos == sorted(set(pos)) and len(pos) == len(labels)
+        assert len(pos) <= 20
+        n_cand = sum(t not in special for t in labels) + sum(
+            1 for i, t in enumerate(ids) if i not in set(pos) and t not in special
+        )
+        candidates += n_cand
+        assert len(pos) == min(num_to_predict(len(ids), spec), n_cand)  # exactly 15% (rounded), capped
+        assert all(t not in special for t in labels)  # [CLS]/[SEP]/[PAD] never selected
+        for p, label, kind in zip(pos, labels, e.mask_kinds):
+            if kind == MASKED:
+                assert ids[p] == mask_id
+            elif kind == KEPT:
+                assert ids[p] == label
+            else:
+                assert ids[p] not in special
+            kinds[kind] += 1
+        assert sum(ids[p] == mask_id for p in pos) == e.mask_kinds.count(MASKED)
+        assert sum(e.segment_ids) == len(ids) - (ids.index(vocab.index("[SEP]")) + 1)
+    n = sum(kinds.values())
+    # binomial standard error at n=50k is ~0.002 for 80%, ~0.0013 for 10%: 4 sigma bounds
+    assert abs(kinds[MASKED] / n - 0.8) < 0.008
+    assert abs(kinds[RANDOM] / n - 0.1) < 0.006
+    assert abs(kinds[KEPT] / n - 0.1) < 0.006
+    assert abs(selections / candidates - 0.15) < 0.01  # rounding per sequence moves it a little
+    assert abs(stats["examples_is_next"] / stats["examples"] - 0.5) <= 0.02
+
+
+def test_max_predictions_cap_and_512(corpus):
+    docs, vocab = corpus
+    spec = spec_for(vocab, max_pred=5)
+    examples = list(create_examples(docs[:300], params_for(vocab, max_len=512), spec, "g", Counter()))
+    assert max(len(e.input_ids) for e in examples) > 128
+    assert all(len(e.input_ids) <= 512 for e in examples)
+    assert all(len(e.masked_lm_positions) == min(5, num_to_predict(len(e.input_ids), spec)) for e in examples)
+    assert sum(len(e.masked_lm_positions) == 5 for e in examples) > 0.9 * len(examples)
+
+
+def test_whole_word_masking_masks_whole_words(corpus):
+    docs, vocab = corpus
+    spec = spec_for(vocab, whole_word=True)
+    examples = list(create_examples(docs[:500], params_for(vocab), spec, "g", Counter()))
+    partial = 0
+    for e in examples:
+        pos = set(e.masked_lm_positions)
+        original = list(e.input_ids)
+        for p, label in zip(e.masked_lm_positions, e.masked_lm_ids):
+            original[p] = label
+        for p in pos:  # a selected '##' piece has its word start selected, and vice versa
+            if vocab[original[p]].startswith("##") and vocab[original[p - 1]] not in SPECIAL_TOKENS:
+                assert p - 1 in pos  # (a '##' piece right after [CLS]/[SEP]: its word was truncated)
+            if p + 1 < len(original) and vocab[original[p + 1]].startswith("##") and p + 1 not in pos:
+                partial += 1
+    assert partial == 0
+    assert any(
+        vocab[e.masked_lm_ids[i]].startswith("##") for e in examples for i in range(len(e.masked_lm_ids))
+    )
+
+
+def test_deterministic_and_seed_dependent(corpus):
+    docs, vocab = corpus
+    spec = spec_for(vocab)
+
+    def run(seed, group="g"):
+        return [
+            (e.key, e.input_ids, e.masked_lm_positions)
+            for e in create_examples(docs[:200], params_for(vocab, seed=seed), spec, group, Counter())
+        ]
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+    assert run(1, "a") != run(1, "b")
+
+
+def test_dupe_factor_gives_different_masks_of_same_text(corpus):
+    docs, vocab = corpus
+    examples = list(create_examples(docs[:50], params_for(vocab, dupe=2), spec_for(vocab), "g", Counter()))
+    assert len({e.key for e in examples}) == len(examples)
+    masked_sets = [tuple(e.masked_lm_positions) for e in examples]
+    assert len(set(masked_sets)) > 0.9 * len(masked_sets)
+
+
+def test_truncate_seq_pair_trims_longer_side_from_both_ends():
+    rng = random.Random(0)
+    a, b = list(range(100)), list(range(1000, 1010))
+    ta, tb = truncate_seq_pair(a, b, 50, rng)
+    assert len(ta) + len(tb) == 50 and tb == b
+    assert ta[0] > 0 and ta[-1] < 99  # cut at the front and at the back
+    assert ta == list(range(ta[0], ta[-1] + 1))
+
+
+def test_pack_round_trip(corpus):
+    docs, _ = corpus
+    for d in docs[:100]:
+        assert unpack(pack(d, 30522)) == d
+    assert unpack(pack([[70000, 1]], 80000)) == [[70000, 1]]
+
+
+def test_build_example_layout(corpus):
+    _, vocab = corpus
+    from preprocessing.examples import Instance
+
+    inst = Instance([5000, 5001], [6000, 6001, 6002], False, 0, (0, 1), 0, (1, 2))
+    ex = build_example(
+        inst, vocab.index("[CLS]"), vocab.index("[SEP]"), spec_for(vocab), random.Random(0), 42
+    )
+    assert ex.segment_ids == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert ex.next_sentence_label == IS_NEXT and NOT_NEXT == 1
+    assert len(ex.masked_lm_positions) == 1  # max(1, round(8 * 0.15))

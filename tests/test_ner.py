@@ -1,0 +1,38 @@
+"""CoNLL-2003 features: labels on each word's first sub-token only; word-level entity F1."""
+
+from __future__ import annotations
+
+from finetuning.batching import IGNORE_INDEX
+from finetuning.ner import TokenTask, encode_words
+from finetuning.tasks import get_task
+from finetuning.tokenization import load_tokenizer
+
+
+def test_first_subtoken_labels(minilm_dir):
+    tok = load_tokenizer(minilm_dir)
+    spec = get_task("conll2003")
+    label_ids = {t: i for i, t in enumerate(spec.labels)}
+    sentences = [
+        (["Akram", "Wasim", "beat", "Nottinghamshire", "1996-08-30"], ["B-PER", "I-PER", "O", "B-ORG", "O"])
+    ]
+    (feat,) = encode_words(tok, sentences, label_ids, 64)
+    tokens = [tok.id_to_token(i) for i in feat["input_ids"]]
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
+    # ak ##ram was ##im beat nottinghamshire 1996 - 08 - 30: 11 pieces for 5 words
+    assert len(tokens) == 13
+    labelled = [(t, lab) for t, lab in zip(tokens, feat["labels"]) if lab != IGNORE_INDEX]
+    assert [lab for _, lab in labelled] == [label_ids[t] for t in sentences[0][1]]
+    assert all(not t.startswith("##") for t, _ in labelled)
+    assert all(lab == IGNORE_INDEX for t, lab in zip(tokens, feat["labels"]) if t.startswith("##"))
+    assert feat["labels"][0] == IGNORE_INDEX and feat["labels"][-1] == IGNORE_INDEX
+
+
+def test_metric_reads_predictions_at_first_subtokens(minilm_dir, data_dir):
+    tok = load_tokenizer(minilm_dir)
+    task = TokenTask(get_task("conll2003"), tok, 128, max_train=4, max_eval=200, data_root=str(data_dir))
+    assert task.n_eval == 200 and task.notes["eval_words_truncated"] == 0
+    # gold labels at first sub-tokens, garbage (label 1 = B-PER) on every other position
+    perfect = [[lab if lab != IGNORE_INDEX else 1 for lab in f["labels"]] for f in task.eval_features]
+    assert task.metrics(perfect)["entity_f1"] == 100.0
+    all_o = [[0] * len(f["labels"]) for f in task.eval_features]
+    assert task.metrics(all_o)["entity_f1"] == 0.0

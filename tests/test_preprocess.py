@@ -1,0 +1,236 @@
+"""Stage 2 end to end: the real Beam job (DirectRunner, worker processes) on real text.
+
+One small mixed corpus (Wikipedia .gz, plain text, JSONL and bad files) is processed with 1 and
+with 2 workers: the shards must be byte-identical, round-trip through shard_format, and agree with
+manifest.json and stats.json.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from common.atomic import read_marker
+from common.errors import UserError
+from common.paths import PROJECT_ROOT
+from pipelines.stage_preprocess import run_preprocess_stage
+from preprocessing.config import PreprocessConfig
+from preprocessing.shard_format import (
+    IS_NEXT,
+    NOT_NEXT,
+    SCHEMA_VERSION,
+    read_manifest,
+    read_shard,
+    shard_paths,
+)
+from preprocessing.wordpiece import SPECIAL_TOKENS
+
+
+def make_corpus(root: Path, data_dir: Path) -> Path:
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for name in ("AA/wiki_01.gz", "AC/wiki_07.gz"):
+        (corpus / name.replace("/", "_")).write_bytes((data_dir / "wiki/enwiki-2015" / name).read_bytes())
+    docs = (data_dir / "wiki/summaries_en.txt").read_text(encoding="utf-8").split("\n\n")
+    (corpus / "summaries.txt").write_text("\n\n".join(docs[:1200]), encoding="utf-8")
+    with gzip.open(corpus / "more.jsonl.gz", "wt", encoding="utf-8") as fh:
+        for d in docs[1200:1500]:
+            fh.write(json.dumps({"text": d}) + "\n")
+        fh.write("{not json\n")
+    (corpus / "latin1.txt").write_bytes(
+        "Caf\u00e9 au lait. It is good.\n\nOne more. And two.\n".encode("latin-1")
+    )
+    (corpus / "empty.txt").write_bytes(b"")
+    (corpus / "image.bin").write_bytes(bytes(range(256)) * 100)
+    return corpus
+
+
+def config(corpus: Path, workers: int) -> PreprocessConfig:
+    return PreprocessConfig(
+        input=[str(corpus / "*")],
+        dupe_factor=2,
+        num_shards=3,
+        validation_fraction=0.05,
+        workers=workers,
+        bucket_size_mb=0.5,
+        seed=11,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_dir, minilm_dir):
+    root = tmp_path_factory.mktemp("pp")
+    corpus = make_corpus(root, data_dir)
+    out = {}
+    for workers in (1, 2):
+        stats = run_preprocess_stage(config(corpus, workers), minilm_dir, root / f"out{workers}")
+        out[workers] = (root / f"out{workers}", stats)
+    return corpus, out
+
+
+@pytest.mark.slow
+def test_identical_shards_with_1_and_2_workers(runs):
+    _, out = runs
+    (d1, s1), (d2, s2) = out[1], out[2]
+    files1 = sorted(p.relative_to(d1) for p in d1.rglob("*.parquet"))
+    files2 = sorted(p.relative_to(d2) for p in d2.rglob("*.parquet"))
+    assert files1 == files2 and len(files1) == 4  # 3 train + 1 validation
+    for rel in files1:
+        assert (d1 / rel).read_bytes() == (d2 / rel).read_bytes(), rel
+    assert (d1 / "manifest.json").read_bytes() == (d2 / "manifest.json").read_bytes()
+    assert {k: v for k, v in s1.items() if k not in ("seconds", "mb_per_second")} == {
+        k: v for k, v in s2.items() if k not in ("seconds", "mb_per_second")
+    }
+
+
+@pytest.mark.slow
+def test_shards_round_trip_and_agree_with_manifest_and_stats(runs, minilm_dir):
+    _, out = runs
+    directory, stats = out[2]
+    assert read_marker(directory) is not None and not (directory / "_work").exists()
+    manifest = read_manifest(directory)
+    assert manifest["schema_version"] == SCHEMA_VERSION and manifest["tokenizer_sha256"]
+    assert len(manifest["input_fingerprint"]) == 7 and all(
+        "sha256" in f for f in manifest["input_fingerprint"]
+    )
+    assert "workers" not in manifest["config"]  # the output does not depend on it
+    vocab = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    cls_id, sep_id, mask_id = (vocab.index(t) for t in ("[CLS]", "[SEP]", "[MASK]"))
+    special = {vocab.index(t) for t in SPECIAL_TOKENS}
+    total = 0
+    labels = []
+    for split in ("train", "validation"):
+        paths = shard_paths(directory, split, verify=True)
+        for path, entry in zip(paths, manifest["splits"][split]):
+            rows = read_shard(path).to_pylist()
+            assert len(rows) == entry["num_examples"] > 0
+            total += len(rows)
+            for r in rows:
+                ids = r["input_ids"]
+                assert 5 <= len(ids) <= 128 and ids[0] == cls_id and ids[-1] == sep_id
+                assert ids.count(sep_id) - sum(ids[p] == sep_id for p in r["masked_lm_positions"]) >= 2
+                assert len(r["segment_ids"]) == len(ids) and set(r["segment_ids"]) <= {0, 1}
+                assert len(r["masked_lm_positions"]) == len(r["masked_lm_ids"]) <= 20
+                assert all(t not in special for t in r["masked_lm_ids"])
+                assert r["masked_lm_positions"] == sorted(set(r["masked_lm_positions"]))
+                assert all(
+                    ids[p] in (mask_id, t) or ids[p] not in special
+                    for p, t in zip(r["masked_lm_positions"], r["masked_lm_ids"])
+                )
+                labels.append(r["next_sentence_label"])
+    assert total == stats["examples"] == sum(stats["examples_per_split"].values())
+    assert set(labels) == {IS_NEXT, NOT_NEXT}
+    assert abs(labels.count(IS_NEXT) / len(labels) - stats["is_next_ratio"]) < 1e-9
+    assert abs(stats["is_next_ratio"] - 0.5) < 0.03
+    assert stats["documents_used"]["validation"] > 0
+    split = stats["masked_replacement_split"]
+    assert abs(split["mask_token"] - 0.8) < 0.02 and abs(split["random_token"] - 0.1) < 0.02
+    # every bad file of the corpus is counted, none crashed the job
+    skipped = stats["skipped"]
+    assert skipped["files_empty"] == 1 and skipped["files_skipped_binary"] == 1
+    assert (
+        skipped["lines_with_invalid_utf8_replaced"] == 1 and skipped["jsonl_lines_skipped_invalid_json"] == 1
+    )
+    assert stats["input_files"] == 7
+    # pandas-free check that the files are plain Parquet any tool can open
+    assert pq.ParquetFile(shard_paths(directory, "train")[0]).schema_arrow.names[0] == "input_ids"
+
+
+@pytest.mark.slow
+def test_rerun_is_a_noop(runs, minilm_dir):
+    corpus, out = runs
+    directory, stats = out[1]
+    shard = shard_paths(directory, "train")[0]
+    before = shard.stat().st_mtime_ns
+    assert run_preprocess_stage(config(corpus, 2), minilm_dir, directory) == stats  # workers do not matter
+    assert shard.stat().st_mtime_ns == before
+
+
+def test_bad_settings_fail_before_any_work(tmp_path, minilm_dir):
+    (tmp_path / "a.txt").write_text("")
+    with pytest.raises(UserError, match="every input file is 0 bytes"):
+        run_preprocess_stage(PreprocessConfig(input=[str(tmp_path / "a.txt")]), minilm_dir, tmp_path / "o")
+    with pytest.raises(UserError, match="matches no file"):
+        run_preprocess_stage(PreprocessConfig(input=[str(tmp_path / "*.gz")]), minilm_dir, tmp_path / "o")
+    (tmp_path / "b.txt").write_text("Some text. More text.\n")
+    with pytest.raises(UserError, match="max_predictions_per_seq"):
+        run_preprocess_stage(
+            PreprocessConfig(input=[str(tmp_path / "b.txt")], max_seq_length=16, max_predictions_per_seq=20),
+            minilm_dir,
+            tmp_path / "o",
+        )
+    with pytest.raises(UserError, match="does not exist"):
+        run_preprocess_stage(
+            PreprocessConfig(input=[str(tmp_path / "b.txt")]), tmp_path / "vocab.txt", tmp_path / "o"
+        )
+
+
+def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+def test_cli_help_and_user_errors(tmp_path, minilm_dir):
+    for command in ("preprocess", "tokenizer"):
+        r = cli(command, "--help")
+        assert r.returncode == 0 and "--input" in r.stdout and "--set" in r.stdout
+    (tmp_path / "empty.txt").write_text("")
+    r = cli(
+        "preprocess",
+        "--input",
+        str(tmp_path / "empty.txt"),
+        "--vocab",
+        str(minilm_dir),
+        "--output",
+        str(tmp_path / "o"),
+    )
+    assert r.returncode == 2 and "empty" in r.stderr and "Traceback" not in r.stderr
+    r = cli("tokenizer", "--input", str(tmp_path / "none*.txt"), "--output", str(tmp_path / "t"))
+    assert r.returncode == 2 and "matches no file" in r.stderr and "Traceback" not in r.stderr
+    r = cli("tokenizer", "--bogus-flag=1")
+    assert r.returncode == 2 and "unrecognized" in r.stderr
+
+
+@pytest.mark.slow
+def test_binary_only_corpus_is_a_clear_error(tmp_path, minilm_dir):
+    (tmp_path / "x.bin").write_bytes(b"\x00\x01" * 5000)
+    r = cli(
+        "preprocess",
+        "--input",
+        str(tmp_path / "x.bin"),
+        "--vocab",
+        str(minilm_dir),
+        "--output",
+        str(tmp_path / "o"),
+        "--workers",
+        "1",
+    )
+    assert r.returncode == 2 and "no documents" in r.stderr and "files_skipped_binary" in r.stderr
+    assert "Traceback" not in r.stderr and read_marker(tmp_path / "o") is None
+
+
+@pytest.mark.parametrize("name", ["flink", "spark", "dataflow"])
+def test_runner_option_files_parse_into_beam_options(name):
+    from pipelines.config import load_config
+    from preprocessing.beam_job import pipeline_options
+
+    cfg = load_config(PROJECT_ROOT / "infra" / "beam" / f"{name}.yaml").preprocess
+    options = pipeline_options(cfg.runner, cfg.workers, cfg.beam_options).get_all_options()
+    assert options["runner"] == cfg.runner and cfg.runner != "DirectRunner"
+    # command-line Beam flags come last and win over the defaults
+    local = pipeline_options("DirectRunner", 2, ["--direct_num_workers=3"]).get_all_options()
+    assert local["direct_num_workers"] == 3 and local["direct_running_mode"] == "multi_processing"

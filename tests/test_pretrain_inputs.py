@@ -1,0 +1,133 @@
+"""Bad input to `bertflow pretrain`: one clear UserError before any process starts, nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from common.atomic import sha256_file, write_marker
+from common.errors import UserError
+from common.paths import PROJECT_ROOT
+from pipelines.stage_pretrain import run_pretrain_stage
+from preprocessing import shard_format
+from tests.pretrain_runs import cli_env, config
+from tests.shard_fixtures import make_shards, make_tokenizer_dir
+from training import checkpoint
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, minilm_dir, data_dir):
+    root = tmp_path_factory.mktemp("inputs")
+    tok = make_tokenizer_dir(minilm_dir, root / "tok")
+    return make_shards(root / "shards", tok, data_dir, num_docs=120), tok
+
+
+def _snapshot(path):
+    return {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} if path.exists() else {}
+
+
+def _fails(cfg, shards, tok, out, match):
+    before = _snapshot(out)
+    with pytest.raises(UserError, match=match):
+        run_pretrain_stage(cfg, shards, tok, out, log_line=lambda line: pytest.fail(f"launched: {line}"))
+    assert _snapshot(out) == before  # nothing written or overwritten
+    return before
+
+
+def _rewrite_manifest(shards, **changes):
+    path = shards / shard_format.MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    manifest.update(changes)
+    path.write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_no_shards_at_the_path(data, tmp_path):
+    _fails(config(), tmp_path / "nowhere", data[1], tmp_path / "out", "no shards at")
+
+
+def test_tokenizer_that_did_not_make_the_shards(data, tmp_path):
+    shards, tok = data
+    other = tmp_path / "tok2"
+    shutil.copytree(tok, other)
+    (other / "vocab.txt").write_text((tok / "vocab.txt").read_text().replace("zebra", "zebras"))
+    (other / "tokenizer.json").unlink()
+    _fails(config(), shards, other, tmp_path / "out", "different tokenizer")
+
+
+def test_token_ids_beyond_the_vocabulary(data, tmp_path):
+    shards, tok = data
+    small = tmp_path / "tok-small"
+    small.mkdir()
+    (small / "vocab.txt").write_text("\n".join((tok / "vocab.txt").read_text().splitlines()[:2000]) + "\n")
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    _rewrite_manifest(copy, tokenizer_sha256=sha256_file(small / "vocab.txt"))
+    _fails(config(), copy, small, tmp_path / "out", r"token id \d+ in input_ids.*only 2000 entries")
+
+
+def test_shard_with_a_foreign_schema(data, tmp_path):
+    shards, tok = data
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    bad = copy / "train" / shard_format.shard_name(0, 2)
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3]]), "label": pa.array([0])}), bad)
+    manifest = json.loads((copy / shard_format.MANIFEST_NAME).read_text())
+    manifest["splits"]["train"][0]["sha256"] = sha256_file(bad)
+    _rewrite_manifest(copy, splits=manifest["splits"])
+    _fails(config(), copy, tok, tmp_path / "out", "does not have the bertflow example schema")
+
+
+@pytest.mark.parametrize(
+    "sets,match",
+    [
+        (["pretrain.zero_stage=4"], "ZeRO stage 4 does not exist"),
+        (["pretrain.precision=fp16"], "fp16 needs a GPU"),
+        (["pretrain.hostfile=/nonexistent/hostfile"], "hostfile /nonexistent/hostfile does not exist"),
+        (["model.max_position_embeddings=64"], "only 64 positions"),
+        (["pretrain.init_from=/nonexistent/model"], "init_from /nonexistent/model does not exist"),
+    ],
+)
+def test_settings_that_cannot_work(data, tmp_path, sets, match):
+    _fails(config(*sets), *data, tmp_path / "out", match)
+
+
+def test_checkpoint_of_another_model_shape(data, tmp_path):
+    out = tmp_path / "out"
+    tag = out / "checkpoints" / "global_step4"
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    shape = {"vocab_size": 30522, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "intermediate_size": 1024, "max_position_embeddings": 512, "type_vocab_size": 2}  # fmt: skip
+    checkpoint.write_verification(
+        tag, {"step": 4, "world_size": 2, "global_batch": 16, "model_config": shape}
+    )
+    _fails(config(), *data, out, "different model shape .*hidden_size 256 vs 128")
+    # same shape but another process count: ZeRO partitions cannot be reused
+    shape.update(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+    checkpoint.write_verification(
+        tag, {"step": 4, "world_size": 4, "global_batch": 32, "model_config": shape}
+    )
+    _fails(config(), *data, out, "written by 4 processes")
+
+
+def test_finished_run_with_other_settings(data, tmp_path):
+    out = tmp_path / "out"
+    write_marker(out, {"fingerprint": "from-another-run"})
+    _fails(config(), *data, out, "finished pretraining run with different settings")
+
+
+def test_cli_prints_one_paragraph_and_exits_2(data, tmp_path):
+    shards, tok = data
+    cmd = [sys.executable, "-m", "pipelines.cli", "pretrain", "--shards", str(shards), "--tokenizer", str(tok),
+           "--output", str(tmp_path / "out"), "--zero-stage", "4"]  # fmt: skip
+    res = subprocess.run(cmd, cwd=PROJECT_ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "ZeRO stage 4 does not exist" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "out").exists()

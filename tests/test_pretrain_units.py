@@ -1,0 +1,173 @@
+"""Pieces of the pretrain stage without processes: optimizer recipe, LAMB, schedule, FLOPs,
+DeepSpeed JSON checks, checkpoint verification."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from common.errors import UserError
+from model.config import BertConfig
+from model.heads import BertForPreTraining
+from training import checkpoint
+from training.config import PretrainConfig
+from training.ds_config import build_ds_config
+from training.flops import device_peak_tflops, step_flops
+from training.optim import Lamb, build_optimizer, param_groups, warmup_linear_decay
+
+
+def tiny_model() -> BertForPreTraining:
+    torch.manual_seed(0)
+    return BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=500))
+
+
+def test_weight_decay_skips_biases_and_layernorm():
+    model = tiny_model()
+    decay, no_decay = param_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(
+        not n.endswith("bias") and "LayerNorm" not in n for n in (names[id(p)] for p in decay["params"])
+    )
+    assert all(n.endswith("bias") or "LayerNorm" in n for n in (names[id(p)] for p in no_decay["params"]))
+    n_params = len({id(p) for p in model.parameters()})  # tied decoder counted once
+    assert len(decay["params"]) + len(no_decay["params"]) == n_params
+
+
+def test_bert_recipe_adamw_on_cpu():
+    opt = build_optimizer(tiny_model(), "adamw", 1e-4, 0.01, on_gpu=False)
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["lr"] == 1e-4
+
+
+def test_lamb_step_matches_the_formula():
+    torch.manual_seed(1)
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    w0 = w.detach().clone()
+    g = torch.randn(4, 3)
+    w.grad = g.clone()
+    Lamb([w], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01).step()
+    m_hat, v_hat = g, g * g  # bias-corrected first step
+    u = m_hat / (v_hat.sqrt() + 1e-6) + 0.01 * w0
+    expected = w0 - 0.1 * (w0.norm() / u.norm()) * u
+    assert torch.allclose(w.detach(), expected, atol=1e-6)
+
+
+def test_lamb_trains_a_model():
+    model = tiny_model()
+    opt = build_optimizer(model, "lamb", 5e-3, 0.01, on_gpu=False)
+    assert isinstance(opt, Lamb)
+    ids = torch.randint(5, 500, (4, 16))
+    labels = ids[:, :4].clone()
+    pos = torch.arange(4).expand(4, 4)
+    nsp = torch.zeros(4, dtype=torch.long)
+    first = None
+    for _ in range(10):
+        loss = model(ids, masked_lm_positions=pos, masked_lm_labels=labels, next_sentence_labels=nsp).loss
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < first - 1.0
+
+
+def test_warmup_then_linear_decay():
+    f = warmup_linear_decay(4, 20)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(12) == pytest.approx(0.5) and f(20) == 0.0 and f(25) == 0.0
+
+
+def test_step_flops_matches_torch_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = BertConfig.from_preset("tiny", vocab_size=1000)
+    model = BertForPreTraining(cfg)
+    b, s, p = 4, 64, 10
+    ids = torch.randint(5, 1000, (b, s))
+    pos = torch.randint(0, s, (b, p))
+    with FlopCounterMode(display=False) as counter:
+        out = model(ids, masked_lm_positions=pos, masked_lm_labels=ids.gather(1, pos),
+                    next_sentence_labels=torch.zeros(b, dtype=torch.long))  # fmt: skip
+        out.loss.backward()
+    measured = counter.get_total_flops()
+    assert step_flops(cfg, b, s, b * p) == pytest.approx(measured, rel=0.05)
+
+
+def test_peak_table_and_override():
+    assert device_peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
+    assert device_peak_tflops("NVIDIA H200", "bf16") == 989.0
+    assert device_peak_tflops("Some GPU", "bf16") is None
+    assert device_peak_tflops("NVIDIA H100", "bf16", override=700.0) == 700.0
+
+
+def _pcfg(**kw) -> PretrainConfig:
+    return PretrainConfig(**{"micro_batch_size": 8, "gradient_accumulation_steps": 2, **kw})
+
+
+def test_ds_config_fills_batch_precision_and_stage():
+    ds = build_ds_config(_pcfg(zero_stage=3), world_size=2, on_gpu=False, bf16_ok=False)
+    assert ds["train_batch_size"] == 32 and ds["train_micro_batch_size_per_gpu"] == 8
+    assert ds["zero_optimization"]["stage"] == 3
+    assert not ds["fp16"]["enabled"] and not ds["bf16"]["enabled"]  # auto on CPU = fp32
+    gpu = build_ds_config(_pcfg(), world_size=8, on_gpu=True, bf16_ok=True)
+    assert gpu["bf16"]["enabled"]  # auto on a bf16 GPU
+    fp16 = build_ds_config(_pcfg(precision="fp16"), world_size=1, on_gpu=True, bf16_ok=True)
+    assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+
+
+@pytest.mark.parametrize(
+    "kw,template,match",
+    [
+        ({"zero_stage": 4}, None, "ZeRO stage 4 does not exist"),
+        ({"precision": "fp16"}, None, "fp16 needs a GPU"),
+        ({}, {"train_batch_size": 30}, "train_batch_size=30 contradicts"),
+        ({}, {"train_micro_batch_size_per_gpu": 4}, "train_micro_batch_size_per_gpu=4 contradicts"),
+        ({"precision": "fp32"}, {"bf16": {"enabled": True}}, "enables bf16 but pretrain.precision"),
+        ({}, {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "offloads"),
+    ],
+)
+def test_ds_config_contradictions_are_user_errors(tmp_path, kw, template, match):
+    path = None
+    if template is not None:
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(template))
+        kw["deepspeed_config"] = str(path)
+    with pytest.raises(UserError, match=match):
+        build_ds_config(_pcfg(**kw), world_size=2, on_gpu=False, bf16_ok=False)
+
+
+def _fake_tag(root, step, payload=None):
+    tag = root / checkpoint.tag_for(step)
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"w" * 1000 + bytes([step]))
+    (tag / "rng_state_rank0.pt").write_bytes(b"r" * 10)
+    checkpoint.write_verification(tag, payload or {"step": step})
+    return tag
+
+
+def test_checkpoint_fallback_prune_and_unverified(tmp_path):
+    root = tmp_path / "checkpoints"
+    for s in (4, 8, 12):
+        _fake_tag(root, s)
+    half = root / checkpoint.tag_for(16)  # killed while saving: files but no verification file
+    half.mkdir()
+    (half / "mp_rank_00_model_states.pt").write_bytes(b"partial")
+    victim = root / "global_step12" / "mp_rank_00_model_states.pt"  # truncated newest verified one
+    victim.write_bytes(victim.read_bytes()[:500])
+    warnings: list[str] = []
+    tag, info = checkpoint.newest_good(root, warn=warnings.append)
+    assert tag.name == "global_step8" and info["step"] == 8
+    assert "global_step16" in warnings[0] and "incomplete" in warnings[0]
+    assert "global_step12" in warnings[1] and "500 bytes" in warnings[1]
+    # a flipped byte with the same size is caught by the checksum
+    flip = root / "global_step8" / "rng_state_rank0.pt"
+    flip.write_bytes(b"R" + flip.read_bytes()[1:])
+    assert "checksum" in checkpoint.verify(flip.parent)
+    assert checkpoint.newest_good(root, warn=warnings.append)[0].name == "global_step4"
+    assert [t.name for t in checkpoint.remove_unverified(root)] == ["global_step16"]
+    for s in (20, 24):
+        _fake_tag(root, s)
+    checkpoint.prune(root, keep=2)
+    assert [t.name for t in checkpoint.tag_dirs(root)] == ["global_step24", "global_step20"]

@@ -1,0 +1,96 @@
+"""SQuAD v1.1: the fixed article split, doc-stride windows, answer labelling and n-best decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from finetuning.metrics import normalize_answer
+from finetuning.squad import SquadTask, best_span, encode_windows, read_squad, split_articles
+from finetuning.tasks import get_task
+from finetuning.tokenization import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def squad(data_dir):
+    spec = get_task("squad")
+    return spec, read_squad(spec.path("train", str(data_dir)), spec)
+
+
+def test_split_by_article_is_fixed(squad):
+    spec, articles = squad
+    assert len(articles) == 48 and sum(len(a) for a in articles) == 10570
+    train, dev = split_articles(articles, spec.squad_train_articles)
+    assert len(train) + len(dev) == 10570
+    train_contexts = {e.context for e in train}
+    assert not any(e.context in train_contexts for e in dev)  # no paragraph on both sides
+    assert [e.qid for e in split_articles(articles, 38)[1][:5]] == [e.qid for e in articles[38][:5]]
+
+
+def test_windows_cover_long_contexts_and_label_answers(squad, minilm_dir):
+    _, articles = squad
+    tok = load_tokenizer(minilm_dir)
+    examples = articles[0][:60]
+    features = encode_windows(tok, examples, max_seq_length=128, train=True)
+    assert len(features) > len(examples)  # long contexts were split into several windows
+    assert max(len(f["input_ids"]) for f in features) == 128
+    per_example: dict[int, list] = {}
+    for f in features:
+        per_example.setdefault(f["example"], []).append(f)
+    for i, ex in enumerate(examples):
+        windows = per_example[i]
+        answered = [f for f in windows if f["start"] > 0]
+        assert answered, f"answer of {ex.qid} is in no window"
+        for f in answered:
+            enc = tok.encode(ex.question, ex.context)  # the full, untruncated pair
+            text = tok.decode(f["input_ids"][f["start"] : f["end"] + 1])
+            assert normalize_answer(ex.answers[0]).replace(" ", "") in normalize_answer(text).replace(
+                " ", ""
+            ), (
+                text,
+                ex.answers[0],
+                len(enc.ids),
+            )
+    # every context token of the full pair appears in some window (doc stride drops nothing)
+    eval_features = encode_windows(tok, examples, max_seq_length=128, train=False)
+    for i, ex in enumerate(examples):
+        tok.no_truncation()
+        full = tok.encode(ex.question, ex.context)
+        wanted = {off for off, s in zip(full.offsets, full.sequence_ids) if s == 1}
+        covered = {off for f in eval_features if f["example"] == i for off in f["context_offsets"].values()}
+        assert covered == wanted
+
+
+def test_best_span_respects_rules():
+    offsets = {i: (10 * i, 10 * i + 5) for i in range(3, 10)}  # tokens 3..9 are context
+    start = np.zeros(12)
+    end = np.zeros(12)
+    start[1], end[1] = 50, 50  # question token: not allowed
+    start[6], end[4] = 10, 10  # end before start: not allowed
+    start[5], end[7] = 5, 6
+    score, span = best_span(start, end, offsets)
+    assert span == (60, 75) and score == pytest.approx(16)  # (6, 7); (6, 4) would score 20
+    start[3], end[9] = 100, 100
+    assert best_span(start, end, offsets)[1] == (30, 95)
+    assert best_span(start, end, {k: v for k, v in offsets.items() if k != 9})[1] == (30, 45)
+
+
+def test_perfect_logits_decode_to_gold_answers(squad, minilm_dir, data_dir):
+    """Logits that peak at the gold tokens must decode to the gold text: EM near 100 on the eval part."""
+    spec, _ = squad
+    tok = load_tokenizer(minilm_dir)
+    task = SquadTask(spec, tok, 128, max_train=5, max_eval=80, data_root=str(data_dir))
+    assert "first 38 articles train" in task.notes["squad_split"]
+    labelled = encode_windows(tok, task.dev, 128, train=True)
+    assert len(labelled) == len(task.eval_features)
+    outputs = []
+    for f in labelled:
+        n = len(f["input_ids"])
+        start, end = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
+        if f["start"] > 0:
+            start[f["start"]] = end[f["end"]] = 10.0
+        outputs.append((start, end))
+    scores = task.metrics(outputs)
+    assert scores["exact_match"] >= 95.0 and scores["f1"] >= 97.0
+    shuffled = outputs[1:] + outputs[:1]  # logits of the wrong windows: far worse
+    assert task.metrics(shuffled)["f1"] < 50.0

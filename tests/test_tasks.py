@@ -1,0 +1,171 @@
+"""Task definitions and readers on the real GLUE/CoNLL files; bad input names file and line;
+our tokenization equals transformers' fast tokenizer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from finetuning.ner import read_conll
+from finetuning.tasks import get_task, load_task_specs, read_tsv_examples
+from finetuning.tokenization import load_tokenizer
+
+GLUE_DEV_ROWS = {"sst2": 872, "cola": 1043, "mrpc": 408, "rte": 277, "stsb": 1500}
+
+
+@pytest.mark.parametrize("task", sorted(GLUE_DEV_ROWS))
+def test_glue_dev_sets_read_completely(task, data_dir):
+    spec = get_task(task)
+    examples = read_tsv_examples(spec, spec.path("dev", str(data_dir)))
+    assert len(examples) == GLUE_DEV_ROWS[task]
+    assert all(e.text_a.strip() for e in examples)
+    assert (
+        (e.text_b is not None for e in examples) if spec.text_b else all(e.text_b is None for e in examples)
+    )
+    if spec.kind == "regression":
+        assert min(e.label for e in examples) >= 0 and max(e.label for e in examples) <= 5
+    else:
+        assert {e.label for e in examples} == set(range(spec.num_labels))
+
+
+def test_glue_quirks(data_dir):
+    mrpc = read_tsv_examples(get_task("mrpc"), data_dir / "glue/MRPC/dev.tsv")
+    assert not mrpc[0].text_a.startswith("\ufeff")
+    assert mrpc[0].text_b.startswith('"The foodservice')  # stray quote kept verbatim (QUOTE_NONE)
+    cola = read_tsv_examples(get_task("cola"), data_dir / "glue/CoLA/dev.tsv")
+    assert cola[0].text_a == "The sailors rode the breeze clear of the rocks." and cola[0].line == 1
+    train = read_tsv_examples(get_task("sst2"), data_dir / "glue/SST-2/train.tsv", limit=10)
+    assert len(train) == 10 and train[0].line == 2
+
+
+def test_builtin_task_files_exist(data_dir):
+    for spec in load_task_specs().values():
+        assert spec.path("train", str(data_dir)).is_file(), spec.name
+        assert spec.path("dev", str(data_dir)).is_file(), spec.name
+
+
+def _user_task(tmp_path: Path, data_dir: Path, body: str, rows: str | None = None) -> tuple[Path, Path]:
+    tsv = tmp_path / "movies.tsv"
+    if rows is None:
+        src = (data_dir / "glue/SST-2/dev.tsv").read_text().splitlines()[1:41]
+        rows = "text\tsentiment\n" + "".join(
+            f"{line.split(chr(9))[0]}\t{'pos' if line.split(chr(9))[1].strip() == '1' else 'neg'}\n"
+            for line in src
+        )
+    tsv.write_text(rows)
+    cfg = tmp_path / "tasks.yaml"
+    cfg.write_text(body.format(tsv=tsv))
+    return cfg, tsv
+
+
+USER_TASK = """
+movies:
+  format: tsv
+  kind: classification
+  train: {tsv}
+  dev: {tsv}
+  text_a: text
+  label: sentiment
+  labels: [neg, pos]
+  metrics: [accuracy, f1]
+"""
+
+
+def test_user_task_from_config(tmp_path, data_dir):
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)
+    spec = load_task_specs(str(cfg))["movies"]
+    assert spec.source == str(cfg) and "sst2" in load_task_specs(str(cfg))
+    examples = read_tsv_examples(spec, spec.path("train"))
+    assert len(examples) == 40 and {e.label for e in examples} == {0, 1}
+
+
+@pytest.mark.parametrize(
+    "rows, words",
+    [
+        (
+            "text\tsentiment\ngood film\tpos\nbad\tfilm\tneg\n",
+            ["line 3", "3 tab-separated columns, expected 2"],
+        ),
+        ("text\tsentiment\ngood film\tpos\nbad film\t\n", ["line 3", "label is missing"]),
+        ("text\tsentiment\ngood film\tpos\nbad film\tmeh\n", ["line 3", "unknown label 'meh'"]),
+        ("", ["is empty"]),
+        ("text\tsentiment\n", ["no examples"]),
+        ("words\tsentiment\ngood\tpos\n", ["line 1", "no column 'text'"]),
+    ],
+)
+def test_bad_tsv_names_file_and_line(tmp_path, data_dir, rows, words):
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK, rows)
+    spec = load_task_specs(str(cfg))["movies"]
+    with pytest.raises(UserError) as err:
+        read_tsv_examples(spec, spec.path("train"))
+    assert str(tsv) in str(err.value)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_bad_task_configs(tmp_path, data_dir):
+    cfg, _ = _user_task(tmp_path, data_dir, USER_TASK.replace("{tsv}", "/nonexistent/movies.tsv"))
+    spec = load_task_specs(str(cfg))["movies"]
+    with pytest.raises(UserError, match="/nonexistent/movies.tsv does not exist"):
+        read_tsv_examples(spec, spec.path("train"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(USER_TASK.format(tsv="m.tsv").replace("metrics:", "metricz:"))
+    with pytest.raises(UserError, match=r"bad.yaml: task 'movies' is invalid: .*metricz: unknown key"):
+        load_task_specs(str(bad))
+    bad.write_text(USER_TASK.format(tsv="m.tsv").replace("[accuracy, f1]", "[pearson]"))
+    with pytest.raises(UserError, match="do not fit kind classification"):
+        load_task_specs(str(bad))
+    with pytest.raises(UserError, match="does not exist"):
+        load_task_specs(str(tmp_path / "missing.yaml"))
+    with pytest.raises(UserError, match="unknown task 'nope'"):
+        get_task("nope")
+
+
+def test_conll_reader(data_dir, tmp_path):
+    spec = get_task("conll2003")
+    sentences = read_conll(spec, data_dir / "conll2003/valid.txt")
+    assert len(sentences) == 3250
+    assert sentences[0] == (
+        ["CRICKET", "-", "LEICESTERSHIRE", "TAKE", "OVER", "AT", "TOP", "AFTER", "INNINGS", "VICTORY", "."],
+        ["O", "O", "B-ORG", "O", "O", "O", "O", "O", "O", "O", "O"],
+    )
+    bad = tmp_path / "bad.txt"
+    bad.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP B-VERB\n")
+    with pytest.raises(UserError, match=r"bad.txt line 2: unknown tag 'B-VERB'"):
+        read_conll(spec, bad)
+    bad.write_text("EU NNP B-NP B-ORG\nrejects VBZ O\n")
+    with pytest.raises(UserError, match=r"bad.txt line 2: 3 columns, expected 4"):
+        read_conll(spec, bad)
+
+
+def test_tokenization_matches_transformers_fast(minilm_dir, data_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(minilm_dir))
+    ours_json = load_tokenizer(minilm_dir)
+    vocab_only = tmp_path / "vocab_only"
+    vocab_only.mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        shutil.copy(minilm_dir / name, vocab_only / name)
+    ours_vocab = load_tokenizer(vocab_only)
+    pairs = [
+        (e.text_a, e.text_b)
+        for e in read_tsv_examples(get_task("mrpc"), data_dir / "glue/MRPC/dev.tsv")[:100]
+    ]
+    pairs.append(("Ünïcode café — naïve 東京 résumé", "don't STOP!!  tabs\tand  spaces"))
+    for max_len in (32, 128):
+        want = hf([a for a, _ in pairs], [b for _, b in pairs], truncation=True, max_length=max_len)
+        for tok in (ours_json, ours_vocab):
+            tok.enable_truncation(max_len, strategy="longest_first")
+            got = tok.encode_batch(pairs)
+            assert [e.ids for e in got] == want["input_ids"]
+            assert [e.type_ids for e in got] == want["token_type_ids"]
+    assert any(
+        len(ids) == 32
+        for ids in hf([a for a, _ in pairs], [b for _, b in pairs], truncation=True, max_length=32)[
+            "input_ids"
+        ]
+    )

@@ -1,0 +1,121 @@
+"""Stage 1: WordPiece load/train; equality with transformers' fast tokenizer on real sentences."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.atomic import read_marker
+from common.errors import UserError
+from pipelines.stage_tokenizer import run_tokenizer_stage
+from preprocessing.config import TokenizerConfig
+from preprocessing.wordpiece import load_tokenizer
+
+
+def real_lines(data_dir: Path, n: int) -> list[str]:
+    lines = [
+        line.strip() for line in (data_dir / "wiki/summaries_en.txt").open(encoding="utf-8") if line.strip()
+    ]
+    return lines[:: max(1, len(lines) // n)][:n]
+
+
+def test_minilm_vocab_txt_tokenizes_like_transformers(minilm_dir, data_dir):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(minilm_dir))
+    ours, lowercase = load_tokenizer(minilm_dir / "vocab.txt")  # built from vocab.txt, not their json
+    assert lowercase is True
+    texts = real_lines(data_dir, 300) + [
+        "Ça coûte 12,50 € — naïve café!",
+        "北京 is in 中国.",
+        "  tabs\tand\nnewlines ",
+    ]
+    for text in texts:
+        assert ours.encode(text).ids == hf(text)["input_ids"], text
+    a, b = texts[0], texts[1]
+    enc = ours.encode(a, b)
+    ref = hf(a, b)
+    assert enc.ids == ref["input_ids"]
+    assert enc.type_ids == ref["token_type_ids"]
+
+
+def test_load_tokenizer_json_drops_padding_and_truncation(minilm_dir):
+    tok, lowercase = load_tokenizer(minilm_dir)  # the dir: uses its tokenizer.json
+    assert lowercase is True
+    long_text = "word " * 600
+    assert len(tok.encode(long_text, add_special_tokens=False).ids) == 600  # not truncated to 128/512
+
+
+def test_train_stage_writes_a_tokenizer_transformers_loads(tmp_path, data_dir):
+    from transformers import AutoTokenizer
+
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 3000)), encoding="utf-8")
+    cfg = TokenizerConfig(input=[str(src)], vocab_size=3000)
+    out = run_tokenizer_stage(cfg, tmp_path / "tok", str(data_dir))
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).is_file()
+    marker = read_marker(out)
+    assert marker is not None and marker["vocab_size"] == 3000
+    vocab = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(vocab) == 3000
+    assert any(w.startswith("##") for w in vocab)
+    assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is True
+
+    hf = AutoTokenizer.from_pretrained(str(out))
+    ours, _ = load_tokenizer(out / "vocab.txt")
+    for text in real_lines(data_dir, 100):
+        ids = hf(text)["input_ids"]
+        assert ids == ours.encode(text).ids
+        assert ids[0] == vocab.index("[CLS]") and ids[-1] == vocab.index("[SEP]")
+    unk = sum(i == 1 for t in real_lines(data_dir, 100) for i in ours.encode(t).ids)
+    assert unk < 50  # a vocabulary trained on this text covers it
+
+    mtime = (out / "vocab.txt").stat().st_mtime_ns
+    run_tokenizer_stage(cfg, out, str(data_dir))  # same settings: up to date, nothing rewritten
+    assert (out / "vocab.txt").stat().st_mtime_ns == mtime
+
+
+def test_cased_training_keeps_case(tmp_path, data_dir):
+    src = tmp_path / "small.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 400)), encoding="utf-8")
+    out = run_tokenizer_stage(
+        TokenizerConfig(input=[str(src)], vocab_size=800, lowercase=False), tmp_path / "t"
+    )
+    vocab = set((out / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    assert any(w[:1].isupper() for w in vocab)
+    tok, lowercase = load_tokenizer(out)
+    assert lowercase is False
+    assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is False
+
+
+def test_given_vocab_is_copied_not_trained(tmp_path, minilm_dir):
+    out = run_tokenizer_stage(TokenizerConfig(vocab=str(minilm_dir / "vocab.txt")), tmp_path / "t")
+    assert (out / "vocab.txt").read_text(encoding="utf-8").splitlines() == (
+        (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    )
+    assert read_marker(out) is not None
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("hello\nworld\n", "special tokens"), ("[PAD]\n[PAD]\n", "appears twice")],
+)
+def test_bad_vocab_is_a_user_error(tmp_path, content, message):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text(content)
+    with pytest.raises(UserError, match=message):
+        load_tokenizer(vocab)
+
+
+def test_missing_vocab_and_empty_corpus_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_tokenizer(tmp_path / "nope.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(UserError, match="no documents"):
+        run_tokenizer_stage(TokenizerConfig(input=[str(empty)], vocab_size=100), tmp_path / "t")
+    with pytest.raises(UserError, match="matches no file"):
+        run_tokenizer_stage(TokenizerConfig(input=[str(tmp_path / "*.nothing")]), tmp_path / "t")

@@ -1,0 +1,72 @@
+"""A DeepSpeed checkpoint (any ZeRO stage, any number of ranks) → one fp32 BertForPreTraining.
+
+ZeRO 1/2/3 keep the fp32 master weights partitioned across the optimizer files of every rank;
+DeepSpeed's `zero_to_fp32` merges them (and restores shared/tied parameters). ZeRO 0 keeps the
+full module in `mp_rank_00_model_states.pt`. The model shape comes from the `model_config`
+recorded in the checkpoint's `_VERIFIED.json`, so the checkpoint is self-describing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+
+import torch
+
+from common.errors import UserError
+from model.config import BertConfig
+from model.heads import BertForPreTraining
+from model.hf_io import TIED_KEYS
+from training import checkpoint
+
+
+def resolve_tag_dir(ckpt_dir: str | os.PathLike) -> Path:
+    """Accept a run dir, its checkpoints/ dir, or one global_stepN dir; return a verified tag dir."""
+    path = Path(ckpt_dir)
+    if checkpoint.step_of(path) is not None:
+        problem = checkpoint.verify(path)
+        if problem:
+            raise UserError(f"checkpoint {path} is not usable: {problem}.", fix="use an older global_stepN.")
+        return path
+    for root in (path / "checkpoints", path):
+        found = checkpoint.newest_good(root) if root.is_dir() else None
+        if found is not None:
+            return found[0]
+    raise UserError(
+        f"no complete DeepSpeed checkpoint under {path}.",
+        fix="pass a pretrain output dir, its checkpoints/ dir, or a checkpoints/global_stepN dir.",
+    )
+
+
+def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
+    if any(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("zero_pp_rank_*")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints progress lines
+            return get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    states = tag_dir / "mp_rank_00_model_states.pt"
+    if not states.is_file():
+        raise UserError(f"{tag_dir} holds neither ZeRO partitions nor mp_rank_00_model_states.pt.")
+    module = torch.load(states, map_location="cpu", weights_only=False)["module"]
+    return {k: v.float() for k, v in module.items()}
+
+
+def load_model_from_deepspeed_checkpoint(ckpt_dir: str | os.PathLike) -> BertForPreTraining:
+    """The fp32 model of the newest verified checkpoint under `ckpt_dir` (see resolve_tag_dir)."""
+    tag_dir = resolve_tag_dir(ckpt_dir)
+    info = checkpoint.read_verification(tag_dir) or {}
+    if "model_config" not in info:
+        raise UserError(f"{tag_dir}/{checkpoint.VERIFIED_NAME} records no model_config.")
+    model = BertForPreTraining(BertConfig.from_hf_dict(info["model_config"]))
+    state = consolidated_state_dict(tag_dir)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in TIED_KEYS]
+    if missing or unexpected:
+        raise UserError(
+            f"{tag_dir}: weights do not fit the recorded model config: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}."
+        )
+    model.tie_weights()
+    return model

@@ -1,0 +1,289 @@
+"""The pretraining data loader: shards → per-rank padded batches, resumable from a sample count.
+
+Order is a pure function of (seed, epoch, step): epoch e visits a seeded permutation of all
+training examples, cut into global batches of `micro_batch * grad_accum * world` examples (the
+remainder of an epoch is dropped so every step is full). Within a global batch, micro batch m of
+rank r is the slice `[(m * world + r) * micro, ... + micro)`, so ranks see disjoint examples and
+a resume at `consumed_samples = step * global_batch` continues with the next unseen batch.
+
+Each rank holds the token arrays of all shards in memory as flat numpy arrays plus offsets
+(~5 bytes per token); a background thread collates batches ahead of the training loop and the
+time the loop spends blocked on it is measured (`data_wait_seconds`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from common.errors import UserError
+from preprocessing import shard_format
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class ExampleStore:
+    """All examples of one split as flat arrays (Arrow list layout)."""
+
+    input_ids: np.ndarray  # int32, concatenated sequences
+    segment_ids: np.ndarray  # int8
+    offsets: np.ndarray  # int64 [N+1] into input_ids / segment_ids
+    mlm_positions: np.ndarray  # int32, concatenated
+    mlm_ids: np.ndarray  # int32
+    mlm_offsets: np.ndarray  # int64 [N+1]
+    nsp_labels: np.ndarray  # int8 [N]
+
+    def __len__(self) -> int:
+        return len(self.nsp_labels)
+
+    @property
+    def max_token_id(self) -> int:
+        ids = [a.max() for a in (self.input_ids, self.mlm_ids) if a.size]
+        return int(max(ids)) if ids else -1
+
+
+def _flat(column: pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    arr = column.combine_chunks()
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    return values[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def load_split(shards_dir: str | Path, split: str = "train", verify: bool = True) -> ExampleStore:
+    """Read every shard of a split (checksums verified once) into one ExampleStore."""
+    paths = shard_format.shard_paths(shards_dir, split, verify=verify)
+    if not paths:
+        raise UserError(
+            f"{Path(shards_dir) / shard_format.MANIFEST_NAME} lists no {split!r} shards.",
+            fix="rerun preprocess on a corpus with enough documents.",
+        )
+    tables = [shard_format.read_shard(p) for p in paths]
+    table = pa.concat_tables(tables)
+    input_ids, offsets = _flat(table.column("input_ids"), np.int32)
+    segment_ids, seg_offsets = _flat(table.column("segment_ids"), np.int8)
+    mlm_positions, mlm_offsets = _flat(table.column("masked_lm_positions"), np.int32)
+    mlm_ids, ids_offsets = _flat(table.column("masked_lm_ids"), np.int32)
+    if not (np.array_equal(offsets, seg_offsets) and np.array_equal(mlm_offsets, ids_offsets)):
+        raise UserError(
+            f"shards in {shards_dir}/{split}: segment_ids / masked_lm_ids lengths differ from "
+            "input_ids / masked_lm_positions in some rows.",
+            fix="rerun preprocess; the shards were written by a broken writer.",
+        )
+    return ExampleStore(
+        input_ids=input_ids,
+        segment_ids=segment_ids,
+        offsets=offsets,
+        mlm_positions=mlm_positions,
+        mlm_ids=mlm_ids,
+        mlm_offsets=mlm_offsets,
+        nsp_labels=table.column("next_sentence_label").to_numpy().astype(np.int8),
+    )
+
+
+@dataclass(frozen=True)
+class MaskingSpec:
+    """Token ids needed to re-mask at load time (dynamic masking)."""
+
+    vocab_size: int
+    mask_id: int
+    special_ids: tuple[int, ...]  # never masked: [CLS], [SEP], [PAD]
+    masked_lm_prob: float = 0.15
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which examples make up each step, for one rank."""
+
+    num_examples: int
+    micro_batch_size: int
+    grad_accum: int
+    world_size: int
+    rank: int
+    seed: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.world_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_examples // self.global_batch
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+
+    def micro_batch_indices(self, step: int, micro: int, perm: np.ndarray | None = None) -> np.ndarray:
+        """Example indices of micro batch `micro` of global step `step` (0-based) on this rank."""
+        epoch, j = divmod(step, self.steps_per_epoch)
+        perm = self.permutation(epoch) if perm is None else perm
+        start = j * self.global_batch + (micro * self.world_size + self.rank) * self.micro_batch_size
+        return perm[start : start + self.micro_batch_size]
+
+
+def collate(
+    store: ExampleStore,
+    indices: np.ndarray,
+    masking: MaskingSpec | None = None,
+    epoch: int = 0,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Pad to the longest sequence of this batch; masked_lm slots padded with label -100."""
+    seqs, segs, positions, labels = [], [], [], []
+    for i in indices:
+        i = int(i)
+        ids = store.input_ids[store.offsets[i] : store.offsets[i + 1]]
+        seg = store.segment_ids[store.offsets[i] : store.offsets[i + 1]]
+        pos = store.mlm_positions[store.mlm_offsets[i] : store.mlm_offsets[i + 1]]
+        lab = store.mlm_ids[store.mlm_offsets[i] : store.mlm_offsets[i + 1]]
+        if masking is not None:
+            ids, pos, lab = remask(ids, pos, lab, masking, np.random.default_rng([seed, epoch, i]))
+        seqs.append(ids)
+        segs.append(seg)
+        positions.append(pos)
+        labels.append(lab)
+    b = len(indices)
+    s = max(len(x) for x in seqs)
+    p = max(1, max(len(x) for x in positions))
+    input_ids = np.zeros((b, s), np.int64)
+    segment_ids = np.zeros((b, s), np.int64)
+    attention = np.zeros((b, s), np.int64)
+    mlm_pos = np.zeros((b, p), np.int64)
+    mlm_lab = np.full((b, p), IGNORE_INDEX, np.int64)
+    for r in range(b):
+        n, k = len(seqs[r]), len(positions[r])
+        input_ids[r, :n] = seqs[r]
+        segment_ids[r, :n] = segs[r]
+        attention[r, :n] = 1
+        mlm_pos[r, :k] = positions[r]
+        mlm_lab[r, :k] = labels[r]
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "token_type_ids": torch.from_numpy(segment_ids),
+        "attention_mask": torch.from_numpy(attention),
+        "masked_lm_positions": torch.from_numpy(mlm_pos),
+        "masked_lm_labels": torch.from_numpy(mlm_lab),
+        "next_sentence_labels": torch.from_numpy(
+            store.nsp_labels[np.asarray(indices, dtype=np.int64)].astype(np.int64)
+        ),
+    }
+
+
+def remask(
+    ids: np.ndarray, pos: np.ndarray, lab: np.ndarray, spec: MaskingSpec, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Restore the original tokens, then draw a fresh 15% mask (80% [MASK], 10% random, 10% kept)."""
+    original = ids.astype(np.int64, copy=True)
+    original[pos] = lab
+    candidates = np.flatnonzero(~np.isin(original, spec.special_ids))
+    if candidates.size == 0:
+        return ids, pos, lab
+    k = max(1, min(len(pos) or 1, int(round(candidates.size * spec.masked_lm_prob))))
+    chosen = np.sort(rng.choice(candidates, size=k, replace=False))
+    out = original.copy()
+    roll = rng.random(k)
+    out[chosen[roll < 0.8]] = spec.mask_id
+    rand_slots = chosen[(roll >= 0.8) & (roll < 0.9)]
+    out[rand_slots] = rng.integers(0, spec.vocab_size, size=rand_slots.size)
+    return out.astype(np.int32), chosen.astype(np.int32), original[chosen].astype(np.int32)
+
+
+class PretrainLoader:
+    """Yields, for each step from `start_step`, the list of this rank's `grad_accum` micro batches.
+
+    A background thread collates up to `prefetch` steps ahead; `data_wait_seconds` accumulates
+    the time the consumer spent blocked waiting for it.
+    """
+
+    def __init__(
+        self,
+        store: ExampleStore,
+        plan: BatchPlan,
+        start_step: int = 0,
+        masking: MaskingSpec | None = None,
+        prefetch: int = 4,
+    ) -> None:
+        if plan.steps_per_epoch == 0:
+            raise UserError(
+                f"the training split has {plan.num_examples} examples, fewer than one global batch "
+                f"({plan.micro_batch_size} micro x {plan.grad_accum} accumulation x {plan.world_size} "
+                "processes).",
+                fix="lower pretrain.micro_batch_size / gradient_accumulation_steps or preprocess more text.",
+            )
+        self.store, self.plan, self.masking = store, plan, masking
+        self.step = start_step
+        self.data_wait_seconds = 0.0
+        self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, args=(start_step,), daemon=True)
+        self._thread.start()
+
+    def batches_for_step(self, step: int, perm: np.ndarray | None = None) -> list[dict[str, torch.Tensor]]:
+        epoch = step // self.plan.steps_per_epoch
+        return [
+            collate(
+                self.store,
+                self.plan.micro_batch_indices(step, m, perm),
+                self.masking,
+                epoch=epoch,
+                seed=self.plan.seed,
+            )
+            for m in range(self.plan.grad_accum)
+        ]
+
+    def _produce(self, step: int) -> None:
+        perm_epoch, perm = -1, None
+        try:
+            while not self._stop.is_set():
+                epoch = step // self.plan.steps_per_epoch
+                if epoch != perm_epoch:
+                    perm_epoch, perm = epoch, self.plan.permutation(epoch)
+                item = (step, self.batches_for_step(step, perm))
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                step += 1
+        except BaseException as exc:  # surfaced in the consumer
+            self._queue.put((None, exc))
+
+    def __iter__(self) -> Iterator[list[dict[str, torch.Tensor]]]:
+        return self
+
+    def __next__(self) -> list[dict[str, torch.Tensor]]:
+        t0 = time.perf_counter()
+        step, batches = self._queue.get()
+        self.data_wait_seconds += time.perf_counter() - t0
+        if step is None:
+            raise batches
+        assert step == self.step, (step, self.step)
+        self.step += 1
+        return batches
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def eval_batches(
+    store: ExampleStore, batch_size: int, world_size: int, rank: int, max_batches: int
+) -> list[dict[str, torch.Tensor]]:
+    """Validation batches for this rank: the same count on every rank (ZeRO-3 needs all ranks in
+    every forward), examples in file order, disjoint across ranks."""
+    per_rank = len(store) // world_size
+    n = min(max_batches, per_rank // batch_size)
+    out = []
+    for b in range(n):
+        idx = np.arange(b * batch_size, (b + 1) * batch_size) * world_size + rank
+        out.append(collate(store, idx))
+    return out

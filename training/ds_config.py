@@ -1,0 +1,130 @@
+"""The DeepSpeed JSON for one run: a template from infra/deepspeed/ plus the run's settings.
+
+The template holds ZeRO and loss-scaling knobs; batch sizes, precision, clipping and the ZeRO
+stage override come from the pretrain config / CLI. Anything in the template that contradicts
+them is refused here, before a process is launched.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from common.errors import UserError
+from common.paths import PROJECT_ROOT
+from training.config import PretrainConfig
+
+
+def resolve_template(path: str) -> Path:
+    p = Path(path)
+    if not p.is_absolute() and not p.is_file():
+        p = PROJECT_ROOT / path
+    return p
+
+
+def load_template(path: str) -> dict[str, Any]:
+    p = resolve_template(path)
+    if not p.is_file():
+        raise UserError(
+            f"DeepSpeed config {path} does not exist.",
+            fix="set pretrain.deepspeed_config to one of infra/deepspeed/zero{0,1,2,3}.json.",
+        )
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"DeepSpeed config {p} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"DeepSpeed config {p} must be a JSON object.")
+    return data
+
+
+def resolve_precision(requested: str, template: dict[str, Any], on_gpu: bool, bf16_ok: bool) -> str:
+    """'auto' → bf16 on a bf16-capable GPU, else fp32 (or what the template enables)."""
+    tmpl = [k for k in ("fp16", "bf16") if isinstance(template.get(k), dict) and template[k].get("enabled")]
+    if len(tmpl) > 1:
+        raise UserError("DeepSpeed config enables both fp16 and bf16; enable at most one.")
+    if requested == "auto":
+        precision = tmpl[0] if tmpl else ("bf16" if on_gpu and bf16_ok else "fp32")
+    else:
+        if tmpl and tmpl[0] != requested:
+            raise UserError(
+                f"DeepSpeed config enables {tmpl[0]} but pretrain.precision is {requested!r}.",
+                fix="remove the 'enabled' flag from the JSON or make pretrain.precision match.",
+            )
+        precision = requested
+    if precision == "fp16" and not on_gpu:
+        raise UserError(
+            "pretrain.precision fp16 needs a GPU: DeepSpeed refuses fp16 on CPU.",
+            fix="use precision fp32 or bf16 (or auto) on CPU.",
+        )
+    return precision
+
+
+def build_ds_config(
+    cfg: PretrainConfig, world_size: int, on_gpu: bool, bf16_ok: bool, template_path: str | None = None
+) -> dict[str, Any]:
+    template = load_template(template_path or cfg.deepspeed_config)
+    ds = copy.deepcopy(template)
+    src = template_path or cfg.deepspeed_config
+    zero = ds.setdefault("zero_optimization", {})
+    stage = cfg.zero_stage if cfg.zero_stage is not None else zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise UserError(
+            f"ZeRO stage {stage} does not exist (from {'--zero-stage' if cfg.zero_stage is not None else src}).",
+            fix="use a ZeRO stage of 0, 1, 2 or 3.",
+        )
+    zero["stage"] = stage
+    if stage == 0:
+        for key in ("offload_optimizer", "offload_param"):
+            zero.pop(key, None)
+    elif stage < 3:
+        zero.pop("offload_param", None)
+
+    micro, accum = cfg.micro_batch_size, cfg.gradient_accumulation_steps
+    train_batch = micro * accum * world_size
+    for key, want in (
+        ("train_micro_batch_size_per_gpu", micro),
+        ("gradient_accumulation_steps", accum),
+        ("train_batch_size", train_batch),
+    ):
+        have = template.get(key)
+        if have is not None and have != "auto" and have != want:
+            raise UserError(
+                f"DeepSpeed config {src}: {key}={have} contradicts the run's batch settings "
+                f"(micro batch {micro} x accumulation {accum} x {world_size} processes = {train_batch}).",
+                fix=f"remove {key} from the JSON (the run sets it) or change the CLI/config values to match.",
+            )
+    ds["train_micro_batch_size_per_gpu"] = micro
+    ds["gradient_accumulation_steps"] = accum
+    ds["train_batch_size"] = train_batch
+    ds["gradient_clipping"] = cfg.gradient_clipping
+    ds.setdefault("zero_allow_untested_optimizer", True)
+    ds.setdefault("steps_per_print", 10**9)
+
+    precision = resolve_precision(cfg.precision, template, on_gpu, bf16_ok)
+    if precision == "bf16" and on_gpu and not bf16_ok:
+        raise UserError("pretrain.precision bf16: this GPU has no bf16 support.", fix="use fp16 or fp32.")
+    ds.setdefault("fp16", {})["enabled"] = precision == "fp16"
+    ds.setdefault("bf16", {})["enabled"] = precision == "bf16"
+    offload = zero.get("offload_optimizer", {}).get("device") in ("cpu", "nvme")
+    if offload and not on_gpu:
+        raise UserError(
+            f"DeepSpeed config {src} offloads the optimizer to CPU, which only makes sense with a GPU "
+            "(and needs DeepSpeed's CPU Adam op).",
+            fix="use infra/deepspeed/zero{0,1,2,3}.json on a CPU-only machine.",
+        )
+    return ds
+
+
+def precision_of(ds: dict[str, Any]) -> str:
+    if ds.get("bf16", {}).get("enabled"):
+        return "bf16"
+    if ds.get("fp16", {}).get("enabled"):
+        return "fp16"
+    return "fp32"
+
+
+def offloads_optimizer(ds: dict[str, Any]) -> bool:
+    return ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device") in ("cpu", "nvme")

@@ -1,0 +1,122 @@
+"""Start the per-rank script under the DeepSpeed launcher (or torchrun) and stream its output.
+
+Local: `python -m deepspeed.launcher.runner --num_gpus N --module training.train --spec ...`
+(on a CPU-only machine DeepSpeed's CPU accelerator starts N gloo processes). Multi-node: the same
+with `--hostfile` (see infra/hostfile.example; the runner reaches the other nodes through pdsh and
+starts the same command there, so the project and data must be at the same path on every node).
+Both launchers stop every local rank as soon as one exits with an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from common.errors import UserError
+from common.paths import PROJECT_ROOT
+
+ERROR_LINE = re.compile(r"rank \S+: error: (.*)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hostfile_slots(path: Path) -> int:
+    """Total slots in a DeepSpeed hostfile (`host slots=N` per line, # comments)."""
+    if not path.is_file():
+        raise UserError(f"hostfile {path} does not exist.", fix="see infra/hostfile.example.")
+    total = 0
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"\S+\s+slots=(\d+)", line)
+        if not m:
+            raise UserError(
+                f"{path}:{n}: expected 'HOSTNAME slots=N', got {line!r}.", fix="see infra/hostfile.example."
+            )
+        total += int(m.group(1))
+    if total == 0:
+        raise UserError(f"hostfile {path} lists no hosts.", fix="see infra/hostfile.example.")
+    return total
+
+
+def build_command(
+    launcher: str, num_processes: int, spec_path: Path, port: int, hostfile: str | None = None
+) -> list[str]:
+    py = sys.executable
+    script = ["training.train", "--spec", str(spec_path)]
+    if launcher == "torchrun":
+        if hostfile:
+            raise UserError("pretrain.hostfile needs launcher 'deepspeed'; torchrun takes --nnodes per node.")
+        return [py, "-m", "torch.distributed.run", f"--nproc_per_node={num_processes}",
+                f"--master_port={port}", "--max_restarts=0", "-m", *script]  # fmt: skip
+    cmd = [py, "-m", "deepspeed.launcher.runner", f"--master_port={port}"]
+    if hostfile:
+        cmd += ["--hostfile", hostfile]
+    else:
+        cmd += ["--num_gpus", str(num_processes)]
+    return [*cmd, "--module", *script]
+
+
+def child_env(num_processes: int, on_gpu: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".cache" / "torch_extensions"))
+    if not on_gpu:
+        # One process per core share: N ranks each spawning all-core thread pools thrash.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
+    return env
+
+
+def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], None]) -> None:
+    """Run the launcher, forwarding every output line; a failed run raises with the ranks' error."""
+    log_line("launch: " + " ".join(cmd))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=PROJECT_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
+    errors: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            m = ERROR_LINE.search(line)
+            if m and m.group(1) not in errors:
+                errors.append(m.group(1))
+            log_line(line)
+        rc = proc.wait()
+    except BaseException:
+        _kill_group(proc)
+        raise
+    if rc != 0:
+        if errors:
+            raise UserError("pretraining stopped: " + " | ".join(errors))
+        raise RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

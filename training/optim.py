@@ -1,0 +1,118 @@
+"""Optimizers and the learning-rate schedule of the BERT recipe.
+
+AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-6, weight decay 0.01 on every weight except biases and
+LayerNorm parameters) with linear warmup then linear decay to zero at `max_steps`; LAMB for large
+batches. On GPU DeepSpeed's fused kernels are used (FusedAdam / FusedLamb; DeepSpeedCPUAdam when
+the optimizer state is offloaded to CPU); on CPU torch.optim.AdamW and the small `Lamb` below.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+NO_DECAY_MARKERS = ("bias", "LayerNorm.weight", "LayerNorm.bias")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: decayed weights, and biases + LayerNorm parameters without decay."""
+    decay, no_decay = [], []
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (no_decay if any(m in name for m in NO_DECAY_MARKERS) else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2020, Algorithm 2) with bias correction; the CPU path of the LAMB option.
+
+    Per parameter: Adam direction u = m_hat / (sqrt(v_hat) + eps) + wd * p, then
+    p -= lr * (||p|| / ||u||) * u (trust ratio 1 when either norm is zero).
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = m / (1 - beta1 ** state["step"])
+                v_hat = v / (1 - beta2 ** state["step"])
+                update = m_hat / (v_hat.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    on_gpu: bool,
+    offload: bool = False,
+) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay)
+    betas, eps = (0.9, 0.999), 1e-6
+    if name == "adamw":
+        if offload:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
+        if on_gpu:
+            from deepspeed.ops.adam import FusedAdam
+
+            return FusedAdam(groups, lr=lr, betas=betas, eps=eps, adam_w_mode=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    if name == "lamb":
+        if on_gpu and not offload:
+            from deepspeed.ops.lamb import FusedLamb
+
+            return FusedLamb(groups, lr=lr, betas=betas, eps=eps)
+        return Lamb(groups, lr=lr, betas=betas, eps=eps)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def warmup_linear_decay(warmup_steps: int, max_steps: int):
+    """lr multiplier: (s+1)/warmup during warmup, then linear to 0 at max_steps."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        span = max(1, max_steps - warmup_steps)
+        return max(0.0, (max_steps - step) / span)
+
+    return factor
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, max_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(warmup_steps, max_steps))
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)

@@ -1,0 +1,229 @@
+"""Every check that can fail on user input, run before a process is launched or a file is written.
+
+Shards (present, our schema, token ids inside the vocabulary, made with this tokenizer), the
+tokenizer dir, the model shape, the DeepSpeed JSON against the CLI, and any checkpoint already in
+the output dir (same model shape, same world size and batch). The result is the run spec that the
+per-rank script reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from common.atomic import sha256_file
+from common.errors import UserError
+from model.config import BertConfig
+from preprocessing import shard_format
+from training import checkpoint
+from training.ds_config import build_ds_config
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+
+def read_vocab(tokenizer_dir: Path) -> list[str]:
+    path = tokenizer_dir / "vocab.txt"
+    if not path.is_file():
+        raise UserError(
+            f"tokenizer directory {tokenizer_dir} has no vocab.txt.",
+            fix="pass the output dir of `bertflow tokenizer` (or an HF model dir with vocab.txt).",
+        )
+    vocab = path.read_text(encoding="utf-8").splitlines()
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise UserError(f"{path} lacks the special tokens {missing}.", fix="retrain the tokenizer.")
+    return vocab
+
+
+def tokenizer_hashes(tokenizer_dir: Path) -> set[str]:
+    """sha256 of vocab.txt (and of tokenizer.json): a manifest may record either."""
+    return {
+        sha256_file(tokenizer_dir / n)
+        for n in ("vocab.txt", "tokenizer.json")
+        if (tokenizer_dir / n).is_file()
+    }
+
+
+def _column_max(meta: pq.FileMetaData, column: str) -> int | None:
+    """Max of a list<int> column from Parquet row-group statistics (None if not recorded)."""
+    best = None
+    for rg in range(meta.num_row_groups):
+        group = meta.row_group(rg)
+        for c in range(group.num_columns):
+            col = group.column(c)
+            if col.path_in_schema.split(".")[0] != column:
+                continue
+            st = col.statistics
+            if st is None or not st.has_min_max:
+                return None
+            best = st.max if best is None else max(best, st.max)
+    return best
+
+
+def check_shards(shards_dir: Path, tokenizer_dir: Path, vocab_size: int) -> dict[str, Any]:
+    manifest = shard_format.read_manifest(shards_dir)
+    recorded = manifest.get("tokenizer_sha256")
+    if recorded is None:
+        raise UserError(
+            f"{shards_dir / shard_format.MANIFEST_NAME} records no tokenizer_sha256, so the shards "
+            "cannot be matched to a vocabulary.",
+            fix="rerun preprocess with this version of bertflow.",
+        )
+    if recorded not in tokenizer_hashes(tokenizer_dir):
+        raise UserError(
+            f"the shards in {shards_dir} were made with a different tokenizer than {tokenizer_dir} "
+            f"(manifest tokenizer_sha256 {recorded[:12]}… does not match its vocab.txt/tokenizer.json).",
+            fix="pass the tokenizer the shards were preprocessed with, or preprocess again with this one.",
+        )
+    paths = shard_format.shard_paths(shards_dir, "train", verify=False)
+    if not paths:
+        raise UserError(f"{shards_dir / shard_format.MANIFEST_NAME} lists no train shards.")
+    for split in shard_format.SPLITS:
+        for p in (
+            shard_format.shard_paths(shards_dir, split, verify=False)
+            if split in manifest.get("splits", {})
+            else []
+        ):
+            try:
+                f = pq.ParquetFile(p)
+            except Exception as exc:
+                raise UserError(
+                    f"cannot read shard {p}: {exc}", fix=f"delete {shards_dir} and rerun preprocess."
+                ) from None
+            if not f.schema_arrow.equals(shard_format.SCHEMA, check_metadata=False):
+                raise UserError(
+                    f"shard {p} does not have the bertflow example schema: {f.schema_arrow}",
+                    fix=f"delete {shards_dir} and rerun preprocess with this version of bertflow.",
+                )
+            for column in ("input_ids", "masked_lm_ids"):
+                top = _column_max(f.metadata, column)
+                if top is not None and top >= vocab_size:
+                    raise UserError(
+                        f"shard {p} holds token id {top} in {column}, but the vocabulary of "
+                        f"{tokenizer_dir} has only {vocab_size} entries.",
+                        fix="pretrain with the tokenizer the shards were made with.",
+                    )
+    return manifest
+
+
+def model_config(cfg, vocab_size: int, tokenizer_dir: Path) -> BertConfig:
+    m = cfg.model
+    if cfg.pretrain.init_from:
+        from model.hf_io import read_config
+
+        init_dir = Path(cfg.pretrain.init_from)
+        if not init_dir.is_dir():
+            raise UserError(
+                f"pretrain.init_from {init_dir} does not exist.",
+                fix="point it to phase 1's output model/ dir.",
+            )
+        base = read_config(init_dir)
+        if base.vocab_size != vocab_size:
+            raise UserError(
+                f"pretrain.init_from {init_dir} has vocab_size {base.vocab_size}, the tokenizer "
+                f"{tokenizer_dir} has {vocab_size}.",
+                fix="use the tokenizer of phase 1 for phase 2.",
+            )
+        base.hidden_dropout_prob = m.hidden_dropout_prob
+        base.attention_probs_dropout_prob = m.attention_probs_dropout_prob
+        return base
+    return BertConfig.from_preset(
+        m.preset,
+        vocab_size=vocab_size,
+        hidden_dropout_prob=m.hidden_dropout_prob,
+        attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+        max_position_embeddings=m.max_position_embeddings,
+    )
+
+
+def check_existing_checkpoints(ckpt_root: Path, model_cfg: BertConfig, world: int, global_batch: int) -> None:
+    for tag in checkpoint.tag_dirs(ckpt_root):
+        info = checkpoint.read_verification(tag)
+        if info is None:
+            continue
+        old = info.get("model_config", {})
+        new = model_cfg.to_hf_dict()
+        diff = [k for k in SHAPE_KEYS if old.get(k) != new.get(k)]
+        if diff:
+            detail = ", ".join(f"{k} {old.get(k)} vs {new.get(k)}" for k in diff)
+            raise UserError(
+                f"checkpoint {tag} is of a different model shape ({detail}) than this run.",
+                fix="use a new --output directory, or the model settings that wrote the checkpoint.",
+            )
+        if info.get("world_size") != world or info.get("global_batch") != global_batch:
+            raise UserError(
+                f"checkpoint {tag} was written by {info.get('world_size')} processes with global batch "
+                f"{info.get('global_batch')}; this run has {world} processes and global batch {global_batch}. "
+                "ZeRO partitions and the data position cannot be carried over.",
+                fix="resume with the same --num-processes and batch settings, or use a new --output.",
+            )
+        return  # the newest recorded one decides
+
+
+def fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def build_spec(
+    cfg,
+    shards_dir: Path,
+    tokenizer_dir: Path,
+    out_dir: Path,
+    on_gpu: bool,
+    bf16_ok: bool,
+    world_size: int,
+) -> dict[str, Any]:
+    shards_dir, tokenizer_dir, out_dir = (Path(p).resolve() for p in (shards_dir, tokenizer_dir, out_dir))
+    vocab = read_vocab(tokenizer_dir)
+    manifest = check_shards(shards_dir, tokenizer_dir, len(vocab))
+    mcfg = model_config(cfg, len(vocab), tokenizer_dir)
+    seq = (manifest.get("config") or {}).get("max_seq_length")
+    if isinstance(seq, int) and seq > mcfg.max_position_embeddings:
+        raise UserError(
+            f"the shards in {shards_dir} have sequences up to {seq} tokens, but the model has only "
+            f"{mcfg.max_position_embeddings} positions.",
+            fix="raise model.max_position_embeddings (phase 1 should use 512 so phase 2 can follow).",
+        )
+    ds = build_ds_config(cfg.pretrain, world_size, on_gpu, bf16_ok)
+    check_existing_checkpoints(out_dir / "checkpoints", mcfg, world_size, ds["train_batch_size"])
+    pretrain = cfg.pretrain.model_dump()
+    spec = {
+        "out_dir": str(out_dir),
+        "shards_dir": str(shards_dir),
+        "tokenizer_dir": str(tokenizer_dir),
+        "on_gpu": on_gpu,
+        "world_size": world_size,
+        "run_name": f"{cfg.name}-pretrain",
+        "pretrain": pretrain,
+        "model_config": mcfg.to_hf_dict(),
+        "ds_config": ds,
+        "masking": {
+            "vocab_size": len(vocab),
+            "mask_id": vocab.index("[MASK]"),
+            "special_ids": [vocab.index(t) for t in ("[PAD]", "[CLS]", "[SEP]")],
+            "masked_lm_prob": float((manifest.get("config") or {}).get("masked_lm_prob", 0.15)),
+        },
+        "wandb": cfg.wandb.model_dump(),
+        "pipeline_config": cfg.model_dump(mode="json"),
+        "shards_manifest_sha256": sha256_file(shards_dir / shard_format.MANIFEST_NAME),
+    }
+    # What makes two runs "the same": everything but where it runs and how it is logged.
+    same = {
+        k: spec[k] for k in ("pretrain", "model_config", "ds_config", "masking", "shards_manifest_sha256")
+    }
+    same["pretrain"] = {k: v for k, v in pretrain.items() if k not in ("log_every", "master_port")}
+    spec["fingerprint"] = fingerprint(same)
+    return spec
