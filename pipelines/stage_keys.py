@@ -74,6 +74,15 @@ def _content_fingerprint(path: str | None) -> str | None:
     return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
 
 
+def _init_fingerprint(model_dir: str | None) -> list[dict[str, Any]] | None:
+    """Phase 2 starts from a model directory: its weight files are an input of pretraining."""
+    if model_dir is None:
+        return None
+    return [file_fingerprint(p) for p in sorted(Path(model_dir).glob("*.safetensors"))] or [
+        {"path": str(model_dir), "missing": True}
+    ]
+
+
 def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
     """What each stage's key is a hash of (written next to the outputs as `stage_key.json`)."""
     tok = {
@@ -95,6 +104,8 @@ def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
         "config": cfg.pretrain.model_dump(mode="json"),
         "model": cfg.model.model_dump(mode="json"),
         "deepspeed_config": _content_fingerprint(cfg.pretrain.deepspeed_config),
+        "hostfile": _content_fingerprint(getattr(cfg.pretrain, "hostfile", None)),
+        "init_from": _init_fingerprint(getattr(cfg.pretrain, "init_from", None)),
         "preprocess": prep_key,
         "tokenizer": tok_key,
     }
