@@ -155,9 +155,8 @@ def finetune_unit_task(
 @task(name="scorecard", **_TASK_OPTIONS)
 def scorecard_task(stage: str, out_dir: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     def body(out: Path) -> dict[str, Any]:
-        from finetuning.scorecard import build_scorecard
-
         from common.tracking import Tracker
+        from finetuning.scorecard import build_scorecard
 
         tracker = Tracker(out, project=_wandb_project(), job_type="scorecard", name="scorecard")
         try:
@@ -207,8 +206,8 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _stage_state(state: Any) -> str:
-    """Prefect state → 'cached' (skipped by Prefect's cache) or the state name in lower case."""
-    return "cached" if state.name == "Cached" else state.name.lower()
+    """Prefect state → 'cached' (Prefect skipped the task: cache hit) or 'ran'."""
+    return "cached" if state.name == "Cached" else "ran"
 
 
 @flow(name=FLOW_NAME, log_prints=True)

@@ -11,22 +11,13 @@ import pytest
 
 from common.atomic import MARKER_NAME
 from common.errors import UserError
+from tests.flow_support import stop_ephemeral_prefect
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _stop_ephemeral_prefect_server():
-    """Stop Prefect's in-process temporary API while pytest still owns stdout (at interpreter
-    exit Prefect would log to pytest's closed capture stream)."""
+def _stop_prefect():
     yield
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.server.api.server import SubprocessASGIServer
-
-    APILogWorker.drain_all()
-    EventsWorker.drain_all()
-
-    for server in list(SubprocessASGIServer._instances.values()):
-        server.stop()
+    stop_ephemeral_prefect()
 
 
 def _statuses(summary: dict) -> dict[str, str]:
@@ -38,7 +29,7 @@ def test_verify_stage_cache_marker_and_force(tmp_path: Path, data_dir: Path) -> 
 
     overrides = [f"run_dir={tmp_path}"]
     first = bert_pipeline(config=None, overrides=overrides, only="verify")
-    assert _statuses(first) == {"verify": "completed"}
+    assert _statuses(first) == {"verify": "ran"}
     out = Path(first["stages"][0]["out_dir"])
     marker = out / MARKER_NAME
     assert marker.is_file() and (out / "stage_key.json").is_file()
@@ -50,11 +41,11 @@ def test_verify_stage_cache_marker_and_force(tmp_path: Path, data_dir: Path) -> 
 
     marker.unlink()  # the marker is the source of truth: without it the stage recomputes
     third = bert_pipeline(config=None, overrides=overrides, only="verify")
-    assert _statuses(third) == {"verify": "completed"} and marker.is_file()
+    assert _statuses(third) == {"verify": "ran"} and marker.is_file()
     stamp = marker.stat().st_mtime_ns
 
     forced = bert_pipeline(config=None, overrides=overrides, only="verify", force=["verify"])
-    assert _statuses(forced) == {"verify": "completed"} and marker.stat().st_mtime_ns != stamp
+    assert _statuses(forced) == {"verify": "ran"} and marker.stat().st_mtime_ns != stamp
 
     # every flow run left a record of what it did (the report's timing / cache-hit table)
     records = sorted((tmp_path / "flow_runs").glob("*.json"))
