@@ -124,6 +124,11 @@ def pretrain_task(
     return _run_in_dir(stage, out_dir, body)
 
 
+# Fine-tuning units run in worker processes (each with its share of the CPU threads, or one GPU
+# each), exactly as `bertflow finetune` runs them; the Prefect task waits for its unit's process.
+_UNIT_POOLS: dict[str, Any] = {}
+
+
 @task(name="finetune-unit", task_run_name="finetune-{unit_name}-{checkpoint_label}", **_TASK_OPTIONS)
 def finetune_unit_task(
     stage: str,
@@ -134,14 +139,21 @@ def finetune_unit_task(
     checkpoint_label: str,
     checkpoint: str,
     tokenizer_dir: str,
+    pool_id: str,
+    group: str,
 ) -> dict[str, Any]:
-    from finetuning.units import run_finetune_unit
+    from finetuning.fanout import Job, _run_job
 
     out = Path(out_dir)
     started = time.time()
-    result = run_finetune_unit(
-        cfg.finetune, unit, checkpoint, out, tokenizer_dir=tokenizer_dir, data_root=cfg.data_root
+    job = Job(checkpoint, unit, out)
+    future = _UNIT_POOLS[pool_id].submit(
+        _run_job, cfg.finetune, job, Path(tokenizer_dir), cfg.data_root, group, wandb_mode(cfg)
     )
+    result = future.result()
+    if "error" in result:  # fail the task (retried, never cached); the other units go on
+        raise RuntimeError(f"fine-tuning unit {unit_name} [{checkpoint_label}] failed: {result['error']}")
+    _logger().info("%s [%s]: %s", unit_name, checkpoint_label, result.get("metrics"))
     return {
         "stage": stage,
         "unit": unit_name,
@@ -357,39 +369,53 @@ def _finetune_fanout(
     if "finetune" in forced:
         for *_, unit_dir in jobs:
             _clear(unit_dir)
-    logger.info("finetune: %d units (%d at a time)", len(jobs), cfg.finetune.concurrency)
+    pool, workers = _unit_pool(cfg.finetune.concurrency, len(jobs))
+    pool_id = f"{id(pool)}"
+    _UNIT_POOLS[pool_id] = pool
+    logger.info("finetune: %d units, %d worker process(es)", len(jobs), workers)
     t0 = time.time()
     in_flight: list[Any] = []
     futures: list[Any] = []
-    for unit, label, checkpoint, unit_dir in jobs:
-        if len(in_flight) >= cfg.finetune.concurrency:  # bounded fan-out: wait for a free slot
-            done, not_done = wait(in_flight, return_when="FIRST_COMPLETED")
-            in_flight = list(not_done)
-        unit_dir.mkdir(parents=True, exist_ok=True)
-        task_fn = finetune_unit_task.with_options(
-            refresh_cache=read_marker(unit_dir) is None,
-            retries=cfg.flow.retries,
-            retry_delay_seconds=cfg.flow.retry_delay_seconds,
+    try:
+        for unit, label, checkpoint, unit_dir in jobs:
+            if len(in_flight) >= workers:  # bounded fan-out: wait for a free slot
+                _, not_done = wait(in_flight, return_when="FIRST_COMPLETED")
+                in_flight = list(not_done)
+            unit_dir.mkdir(parents=True, exist_ok=True)
+            task_fn = finetune_unit_task.with_options(
+                refresh_cache=read_marker(unit_dir) is None,
+                retries=cfg.flow.retries,
+                retry_delay_seconds=cfg.flow.retry_delay_seconds,
+            )
+            future = task_fn.submit(
+                stage="finetune-unit",
+                out_dir=str(unit_dir),
+                cfg=cfg,
+                unit=unit,
+                unit_name=unit.name,
+                checkpoint_label=label,
+                checkpoint=checkpoint,
+                tokenizer_dir=str(tokenizer_dir),
+                pool_id=pool_id,
+                group=os.environ.get("BERTFLOW_WANDB_GROUP", ""),
+            )
+            in_flight.append(future)
+            futures.append(future)
+        wait(futures)
+    finally:
+        _UNIT_POOLS.pop(pool_id, None)
+        pool.shutdown(wait=True, cancel_futures=True)
+    failed = [f for f in futures if not f.state.is_completed()]
+    if failed:  # finished units stay complete on disk; the next run retries only the failed ones
+        raise RuntimeError(
+            f"{len(failed)} of {len(futures)} fine-tuning units failed (see their task logs); "
+            "rerun the same command to retry them."
         )
-        future = task_fn.submit(
-            stage="finetune-unit",
-            out_dir=str(unit_dir),
-            cfg=cfg,
-            unit=unit,
-            unit_name=unit.name,
-            checkpoint_label=label,
-            checkpoint=checkpoint,
-            tokenizer_dir=str(tokenizer_dir),
-        )
-        in_flight.append(future)
-        futures.append(future)
-    wait(futures)
     results = []
     ran = cached = 0
     for future in futures:
-        state = future.state
-        value = future.result()  # raises the unit's exception if it failed
-        if state.name == "Cached":
+        value = future.result()
+        if future.state.name == "Cached":
             cached += 1
         else:
             ran += 1
@@ -405,6 +431,33 @@ def _finetune_fanout(
         }
     )
     call("finetune", scorecard_task, results=results)
+
+
+def _unit_pool(concurrency: int, n_jobs: int) -> tuple[Any, int]:
+    """Worker processes for fine-tuning units: `finetune.concurrency` of them, each with its share
+    of the CPU threads; on a GPU machine at most one per GPU, each pinned to its own GPU."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    from finetuning.fanout import _init_worker, threads_per_worker
+
+    n_gpus = torch.cuda.device_count()
+    workers = max(1, min(concurrency, max(n_jobs, 1), n_gpus or concurrency))
+    ctx = mp.get_context("spawn")
+    devices = None
+    if n_gpus:
+        devices = ctx.Queue()
+        for i in range(workers):
+            devices.put(i)
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(os.getpid(), threads_per_worker(workers), devices),
+    )
+    return pool, workers
 
 
 def _write_record(
