@@ -43,11 +43,16 @@ def _unit_dirs(cfg: PipelineConfig, model_dir: Path) -> list[Path]:
         from finetuning.units import finetune_units
     except ImportError:
         return []
+    from common.errors import UserError
     from pipelines.stage_keys import finetune_checkpoints, finetune_unit_dir
 
+    try:
+        units = finetune_units(cfg.finetune)
+    except UserError:  # no / unknown tasks: nothing was fine-tuned, nothing to link
+        return []
     return [
         finetune_unit_dir(cfg, unit.name, label)
-        for unit in finetune_units(cfg.finetune)
+        for unit in units
         for label, _ in finetune_checkpoints(cfg, model_dir)
     ]
 
