@@ -23,9 +23,13 @@ def _is_throughput(key: str) -> bool:
     return any(s in key for s in ("per_s", "per_sec", "throughput", "/s"))
 
 
+def _is_loss(key: str) -> bool:
+    return "loss" in key and "scale" not in key and not _is_throughput(key)
+
+
 # (file stem, title, y label, which keys)
 PANELS: list[tuple[str, str, str, Callable[[str], bool]]] = [
-    ("loss", "Pretraining loss", "loss", lambda k: "loss" in k and not _is_throughput(k)),
+    ("loss", "Pretraining loss", "loss", _is_loss),
     ("accuracy", "MLM / NSP accuracy", "accuracy", lambda k: "acc" in k),
     ("lr", "Learning rate", "lr", _is_lr),
     ("throughput", "Throughput", "per second", _is_throughput),
@@ -63,6 +67,9 @@ def plot_curves(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
     written: dict[str, Path] = {}
     for stem, title, ylabel, match in PANELS:
         data = series(rows, match)
+        if stem == "throughput" and any("tokens" in k for k in data):
+            data = {k: v for k, v in data.items() if "tokens" in k}  # one unit per axis
+            ylabel = "tokens / s"
         if not data:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)

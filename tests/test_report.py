@@ -30,6 +30,8 @@ def _rows(n: int = 30) -> list[dict]:
                 "train/nsp_accuracy": 0.5 + 0.4 * (1 - math.exp(-step / 80)),
                 "train/lr": 5e-4 * min(1.0, step / 30),
                 "train/samples_per_s": 200.0 + step % 7,
+                "train/tokens_per_s": 25000.0 + step % 11,
+                "train/loss_scale": 1.0,
             }
         )
         if step % 100 == 0:
@@ -45,7 +47,7 @@ def test_series_panels_pick_the_right_metrics() -> None:
     assert by_panel["loss"] == {"train/loss", "train/mlm_loss"}  # eval/loss is all NaN: no series
     assert by_panel["accuracy"] == {"train/mlm_accuracy", "train/nsp_accuracy", "eval/mlm_accuracy"}
     assert by_panel["lr"] == {"train/lr"}
-    assert by_panel["throughput"] == {"train/samples_per_s"}
+    assert by_panel["throughput"] == {"train/samples_per_s", "train/tokens_per_s"}
     xs, ys = series(rows, lambda k: k == "eval/mlm_accuracy")["eval/mlm_accuracy"]
     assert xs == [100.0, 200.0, 300.0] and ys[0] < ys[-1]
 
