@@ -21,7 +21,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.futures import wait
+from prefect.futures import as_completed, wait
 from prefect.runtime import flow_run as runtime_flow_run
 
 from common.atomic import MARKER_NAME, atomic_write_json, read_marker, remove_temp_files, write_marker
@@ -379,8 +379,8 @@ def _finetune_fanout(
     try:
         for unit, label, checkpoint, unit_dir in jobs:
             if len(in_flight) >= workers:  # bounded fan-out: wait for a free slot
-                _, not_done = wait(in_flight, return_when="FIRST_COMPLETED")
-                in_flight = list(not_done)
+                first = next(as_completed(in_flight))
+                in_flight = [f for f in in_flight if f is not first]
             unit_dir.mkdir(parents=True, exist_ok=True)
             task_fn = finetune_unit_task.with_options(
                 refresh_cache=read_marker(unit_dir) is None,
