@@ -55,3 +55,33 @@ def test_verify_stage_cache_marker_and_force(tmp_path: Path, data_dir: Path) -> 
     # a stage whose inputs were never computed is refused, naming the missing stage
     with pytest.raises(UserError, match="'tokenizer' has no complete output"):
         bert_pipeline(config=None, overrides=overrides, only="preprocess")
+
+
+def test_stage_command_alone_writes_where_the_flow_looks(tmp_path: Path, data_dir: Path) -> None:
+    """`bertflow tokenizer CONFIG` alone → the flow finds that output and reuses it."""
+    import os
+    import subprocess
+    import sys
+
+    from common.paths import PROJECT_ROOT
+    from pipelines.config import load_config
+    from pipelines.flow import bert_pipeline
+    from pipelines.stage_keys import stage_dir
+    from tests.flow_support import tiny_config
+
+    config = tiny_config(tmp_path, data_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "tokenizer", str(config)],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = stage_dir(load_config(config), "tokenizer")
+    assert proc.stdout.strip().splitlines()[-1] == str(expected)
+    stamp = (expected / MARKER_NAME).stat().st_mtime_ns
+    summary = bert_pipeline(config=str(config), only="tokenizer")
+    assert _statuses(summary) == {"tokenizer": "reused"}
+    assert (expected / MARKER_NAME).stat().st_mtime_ns == stamp
