@@ -85,3 +85,14 @@ def test_stage_command_alone_writes_where_the_flow_looks(tmp_path: Path, data_di
     summary = bert_pipeline(config=str(config), only="tokenizer")
     assert _statuses(summary) == {"tokenizer": "reused"}
     assert (expected / MARKER_NAME).stat().st_mtime_ns == stamp
+
+
+def test_retries_skip_bad_input_but_not_transient_failures() -> None:
+    from prefect.states import Failed
+
+    from pipelines.flow import _retry_unless_user_error, pretrain_task
+
+    assert _retry_unless_user_error(None, None, Failed(data=RuntimeError("rank 1 lost"))) is True
+    assert _retry_unless_user_error(None, None, Failed(data=UserError("bad shard"))) is False
+    opts = pretrain_task.with_options(retries=2, retry_delay_seconds=1)
+    assert opts.retries == 2 and opts.retry_condition_fn is _retry_unless_user_error
