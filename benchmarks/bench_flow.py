@@ -82,7 +82,9 @@ def main() -> int:
 
     print(f"corpus: {args.documents} documents of wiki/summaries_en.txt; tiny preprocess settings")
     print(f"prefect ephemeral API start + first (verify) flow run: {startup:7.1f} s")
-    print(f"direct  tokenizer + preprocess:                          {direct:7.1f} s (tokenizer {t_tok:.1f} s)")
+    print(
+        f"direct  tokenizer + preprocess:                          {direct:7.1f} s (tokenizer {t_tok:.1f} s)"
+    )
     print(f"flow    tokenizer + preprocess (2 flow runs):            {flow:7.1f} s")
     print(f"cached  rerun of the 2 flow runs:                        {cached:7.1f} s")
     print(f"ratio flow / direct (orchestration overhead):            {flow / direct:7.2f}x")
