@@ -107,7 +107,7 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
             proc.kill()
     pretrain_dirs = list((run_dir / "pretrain").iterdir())
     assert len(pretrain_dirs) == 1 and not (pretrain_dirs[0] / MARKER_NAME).exists()
-    completed_before = {d.parent.name: d for d in run_dir.glob("*/*/" + MARKER_NAME)}
+    completed_before = {d.parent.parent.name: d for d in run_dir.glob("*/*/" + MARKER_NAME)}
     assert {"tokenizer", "preprocess"} <= set(completed_before)
     tok_stamp = (run_dir / "tokenizer").glob("*/" + MARKER_NAME).__next__().stat().st_mtime_ns
 
