@@ -26,6 +26,7 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + final.name + ".", dir=final.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; finished files get the usual mode
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -83,6 +84,12 @@ def remove_temp_files(directory: str | os.PathLike) -> int:
             p.unlink()
             n += 1
     return n
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -1,7 +1,8 @@
 """The BERT encoder: embeddings (token + segment + position), post-LN Transformer layers, pooler.
 
 Attention goes through `scaled_dot_product_attention`, so PyTorch picks flash / memory-efficient
-kernels on GPU and its fused CPU kernel here. Module and parameter names equal Hugging Face's
+kernels on GPU and its fused CPU kernel here. `output_rows` lets pretraining run the last layer
+only at the rows it reads (masked positions + [CLS]); the result equals the full output gathered. Module and parameter names equal Hugging Face's
 (`embeddings.word_embeddings`, `encoder.layer.N.attention.self.query`, ...) so a state dict
 moves between the two without renaming.
 """
@@ -37,7 +38,8 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         seq_len = input_ids.shape[1]
         positions = torch.arange(seq_len, device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        # .long(): the shard format stores int32 ids and int8 segments (no-op for int64 input)
+        x = self.word_embeddings(input_ids.long()) + self.token_type_embeddings(token_type_ids.long())
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
 
@@ -52,17 +54,23 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, x_query: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Keys/values from every token of `x` [B,S,H]; queries from `x_query` [B,R,H], which is `x`
+        itself or only the R rows whose outputs are needed (see BertEncoder)."""
+        x_query = x if x_query is None else x_query
         b, s, h = x.shape
+        r = x_query.shape[1]
 
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        def heads(t: torch.Tensor, n: int) -> torch.Tensor:
+            return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        q, k, v = heads(self.query(x_query), r), heads(self.key(x), s), heads(self.value(x), s)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
         )
-        return out.transpose(1, 2).reshape(b, s, h)
+        return out.transpose(1, 2).reshape(b, r, h)
 
 
 class BertSelfOutput(nn.Module):
@@ -82,8 +90,11 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(x, attn_mask), x)
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x_query = x if rows is None else gather_rows(x, rows)
+        return self.output(self.self(x, attn_mask, x_query), x_query)
 
 
 class BertIntermediate(nn.Module):
@@ -114,8 +125,11 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention(x, attn_mask)
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """With `rows` [B,R] the output holds only those positions [B,R,H]."""
+        x = self.attention(x, attn_mask, rows)
         return self.output(self.intermediate(x), x)
 
 
@@ -124,10 +138,22 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        for layer in self.layer:
-            x = layer(x, attn_mask)
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, output_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`output_rows` [B,R]: return only these positions [B,R,H]. Every layer but the last still
+        runs on all tokens (they are the keys and values of the next layer), but the last layer's
+        queries, attention output and feed-forward run on the R rows alone: exact, and for
+        pretraining (R = 1 + ~15% of S) it skips most of the last layer's work."""
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            x = layer(x, attn_mask, output_rows if i == last else None)
         return x
+
+
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [B,S,H], rows [B,R] -> [B,R,H]."""
+    return torch.take_along_dim(x, rows.long().unsqueeze(-1), dim=1)
 
 
 class BertPooler(nn.Module):
@@ -154,7 +180,10 @@ class BertModel(nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        output_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """With `output_rows` [B,R] the sequence output holds only those positions [B,R,H] (the
+        pooler still sees [CLS]); the values equal the full output gathered at those rows."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         attn_mask = None
@@ -162,9 +191,14 @@ class BertModel(nn.Module):
             # Boolean key mask [B,1,1,S]: True = attend. Pad keys are never attended to.
             attn_mask = attention_mask.bool()[:, None, None, :]
         x = self.embeddings(input_ids, token_type_ids)
-        x = self.encoder(x, attn_mask)
-        pooled = self.pooler(x) if self.pooler is not None else None
-        return x, pooled
+        if output_rows is None:
+            x = self.encoder(x, attn_mask)
+            pooled = self.pooler(x) if self.pooler is not None else None
+            return x, pooled
+        cls_row = torch.zeros_like(output_rows[:, :1])
+        x = self.encoder(x, attn_mask, torch.cat([cls_row, output_rows], dim=1))
+        pooled = self.pooler(x) if self.pooler is not None else None  # row 0 is [CLS]
+        return x[:, 1:], pooled
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:

@@ -3,6 +3,7 @@
 The MLM head runs only on the masked positions it is given: gathering the ~15% selected
 tokens before the transform and the vocabulary projection avoids the [B*S, V] logits matrix
 that a naive implementation builds, which is where most pretraining time goes on small models.
+The encoder's last layer is likewise run only at those positions and [CLS] (`output_rows`).
 """
 
 from __future__ import annotations
@@ -81,20 +82,19 @@ class BertForPreTraining(nn.Module):
     ) -> PreTrainingOutput:
         """`masked_lm_positions` [B,P] index into the sequence; slots whose `masked_lm_labels`
         are -100 are padding and are skipped. Without positions, MLM logits cover every token."""
-        seq, pooled = self.bert(input_ids, token_type_ids, attention_mask)
-        b, s, h = seq.shape
-        flat = seq.reshape(b * s, h)
+        labels = masked_lm_labels.reshape(-1).long() if masked_lm_labels is not None else None
         if masked_lm_positions is None:
-            selected = flat
-            labels = masked_lm_labels.reshape(-1) if masked_lm_labels is not None else None
+            seq, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+            selected = seq.reshape(-1, seq.shape[-1])
         else:
-            offsets = torch.arange(b, device=seq.device).unsqueeze(1) * s
-            index = (masked_lm_positions + offsets).reshape(-1)
-            labels = masked_lm_labels.reshape(-1) if masked_lm_labels is not None else None
+            # The encoder's last layer runs only at the masked positions (and [CLS]).
+            seq, pooled = self.bert(
+                input_ids, token_type_ids, attention_mask, output_rows=masked_lm_positions
+            )
+            selected = seq.reshape(-1, seq.shape[-1])
             if labels is not None:
                 keep = labels != IGNORE_INDEX
-                index, labels = index[keep], labels[keep]
-            selected = flat.index_select(0, index)
+                selected, labels = selected[keep], labels[keep]
         mlm_logits = self.cls.predictions(selected)
         nsp_logits = self.cls.seq_relationship(pooled)
 
@@ -102,7 +102,7 @@ class BertForPreTraining(nn.Module):
         if labels is not None:
             mlm_loss = F.cross_entropy(mlm_logits.float(), labels, ignore_index=IGNORE_INDEX)
         if next_sentence_labels is not None:
-            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.reshape(-1))
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.reshape(-1).long())
         if mlm_loss is not None or nsp_loss is not None:
             loss = sum(t for t in (mlm_loss, nsp_loss) if t is not None)
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, labels)
@@ -128,7 +128,7 @@ class BertForSequenceClassification(nn.Module):
             if self.num_labels == 1:
                 loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
             else:
-                loss = F.cross_entropy(logits.float(), labels)
+                loss = F.cross_entropy(logits.float(), labels.long())
         return loss, logits
 
 
@@ -150,7 +150,9 @@ class BertForTokenClassification(nn.Module):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
-                logits.reshape(-1, self.num_labels).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX
+                logits.reshape(-1, self.num_labels).float(),
+                labels.reshape(-1).long(),
+                ignore_index=IGNORE_INDEX,
             )
         return loss, logits
 
@@ -177,8 +179,8 @@ class BertForQuestionAnswering(nn.Module):
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = (
-                F.cross_entropy(start_logits.float(), start_positions)
-                + F.cross_entropy(end_logits.float(), end_positions)
+                F.cross_entropy(start_logits.float(), start_positions.long())
+                + F.cross_entropy(end_logits.float(), end_positions.long())
             ) / 2
         return loss, start_logits, end_logits
 

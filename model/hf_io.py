@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,28 +37,62 @@ def read_config(directory: Path) -> BertConfig:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a model config (expected a JSON object).")
     if data.get("model_type", "bert") != "bert":
-        raise UserError(f"{path}: model_type is {data.get('model_type')!r}, expected 'bert'.")
-    return BertConfig.from_hf_dict(data)
+        raise UserError(
+            f"{directory} is not a BERT checkpoint: {path} says model_type {data.get('model_type')!r}.",
+            fix="pass a BERT model directory (model_type 'bert').",
+        )
+    try:
+        return BertConfig.from_hf_dict(data)
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    except TypeError as exc:  # e.g. a value of the wrong type
+        raise UserError(f"{path}: invalid value in the model config: {exc}") from None
+
+
+def _read_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise UserError(f"weights file {path} is missing.", fix="re-export or re-download the checkpoint.")
+    try:
+        if path.name.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupt or truncated file
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(
+            f"cannot read weights file {path} (corrupt or truncated: {reason}).",
+            fix="re-export or re-download the checkpoint.",
+        ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"weights file {path} does not hold a state dict of tensors.")
+    return state
 
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """The weights of an HF directory: model.safetensors, pytorch_model.bin, or a sharded
+    checkpoint described by `model.safetensors.index.json` / `pytorch_model.bin.index.json`."""
     for name in WEIGHT_FILES:
-        path = directory / name
-        if path.is_file():
+        if (directory / name).is_file():
+            return _read_weights_file(directory / name)
+    for name in WEIGHT_FILES:
+        index = directory / (name + ".index.json")
+        if index.is_file():
             try:
-                if name.endswith(".safetensors"):
-                    from safetensors.torch import load_file
-
-                    return load_file(str(path))
-                return torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # corrupt or truncated file
-                raise UserError(
-                    f"cannot read weights file {path}: {exc}", fix="re-export or re-download the checkpoint."
-                ) from None
+                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+                raise UserError(f"{index} is not a valid weights index (no 'weight_map').") from None
+            state: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                state.update(_read_weights_file(directory / shard))
+            return state
     raise UserError(
-        f"{directory}: no weights file ({' or '.join(WEIGHT_FILES)}).",
-        fix="export the checkpoint again (bertflow export-hf).",
+        f"{directory}: no weights file ({' or '.join(WEIGHT_FILES)}) next to config.json.",
+        fix="copy the weights file into the directory, or export the checkpoint again (bertflow export-hf).",
     )
 
 
@@ -92,40 +127,71 @@ def check_shapes(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
     for key, value in state.items():
         if key in expected and tuple(expected[key].shape) != tuple(value.shape):
             raise UserError(
-                f"{source}: weight {key!r} has shape {tuple(value.shape)} but config.json implies "
-                f"{tuple(expected[key].shape)}; config and weights disagree.",
+                f"{source}: weight {key!r} has shape {tuple(value.shape)} but {source / 'config.json'} "
+                f"implies {tuple(expected[key].shape)}; config and weights disagree.",
                 fix="use the config.json that was saved with these weights.",
             )
 
 
-def load_pretraining_model(directory: str | os.PathLike) -> tuple[BertForPreTraining, list[str]]:
-    """Build our BertForPreTraining from an HF/our directory. Heads absent from the checkpoint keep
-    their fresh initialization; returns (model, names of parameters that were not in the file)."""
+@dataclass
+class LoadedCheckpoint:
+    model: BertForPreTraining
+    fresh: list[str]  # parameters not in the file: freshly initialized (pooler / pretraining heads)
+    ignored: list[str]  # keys in the file that BertForPreTraining has no place for (e.g. a classifier)
+
+
+def load_checkpoint(directory: str | os.PathLike) -> LoadedCheckpoint:
+    """Build our BertForPreTraining from an HF/our directory and say what was and was not in it."""
     directory = Path(directory)
-    if not directory.is_dir():
+    if not directory.exists():
         raise UserError(f"checkpoint directory {directory} does not exist.")
+    if not directory.is_dir():
+        raise UserError(
+            f"{directory} is a file, not a checkpoint directory.",
+            fix="pass the directory that holds config.json and the weights file.",
+        )
     config = read_config(directory)
-    state, _ = normalize_keys(read_state_dict(directory))
+    state, ignored = normalize_keys(read_state_dict(directory))
     if not any(k.startswith("bert.encoder.") for k in state):
-        raise UserError(f"{directory}: the weights hold no BERT encoder (no 'encoder.layer.*' keys).")
-    model = BertForPreTraining(config)
+        raise UserError(
+            f"{directory} is not a BERT checkpoint: its weights hold no 'encoder.layer.*' keys.",
+            fix="pass a BERT model directory.",
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # heads absent from the file get the same fresh values on every run
+        model = BertForPreTraining(config)
     check_shapes(model, state, directory)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k not in TIED_KEYS]
     encoder_missing = [k for k in missing if k.startswith("bert.") and not k.startswith("bert.pooler.")]
     if encoder_missing or unexpected:
         raise UserError(
-            f"{directory}: weights do not fit the config: missing {encoder_missing[:5]}, unexpected {unexpected[:5]}."
+            f"{directory}: the weights do not fit {directory / 'config.json'} "
+            f"(num_hidden_layers={config.num_hidden_layers}): missing {encoder_missing[:3]}, "
+            f"unexpected {unexpected[:3]}.",
+            fix="use the config.json that was saved with these weights.",
         )
     model.tie_weights()
-    return model, missing
+    return LoadedCheckpoint(model, missing, ignored)
+
+
+def load_pretraining_model(directory: str | os.PathLike) -> tuple[BertForPreTraining, list[str]]:
+    """Build our BertForPreTraining from an HF/our directory. Heads absent from the checkpoint keep
+    their fresh initialization; returns (model, names of parameters that were not in the file)."""
+    loaded = load_checkpoint(directory)
+    return loaded.model, loaded.fresh
 
 
 def write_hf_dir(
-    model: BertForPreTraining, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None
+    model: BertForPreTraining,
+    out_dir: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike | None = None,
+    encoder_only: bool = False,
 ) -> Path:
     """Write `config.json`, `model.safetensors` and tokenizer files that transformers loads
-    (BertForPreTraining, AutoModel, AutoTokenizer) with no missing or unexpected keys."""
+    (BertForPreTraining, AutoModel, AutoTokenizer) with no missing keys. With the heads, BertModel
+    (AutoModel) reports the `cls.*` head weights as unexpected, as it does for bert-base-uncased;
+    `encoder_only=True` writes only `bert.*` (architectures BertModel) for a clean AutoModel load."""
     from safetensors.torch import save_file
 
     from common.atomic import atomic_path, atomic_write_json
@@ -135,28 +201,53 @@ def write_hf_dir(
     state = {
         k: v.detach().to("cpu").contiguous().clone()
         for k, v in model.state_dict().items()
-        if k not in TIED_KEYS
+        if k not in TIED_KEYS and not (encoder_only and not k.startswith("bert."))
     }
     with atomic_path(out / "model.safetensors") as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
-    atomic_write_json(out / "config.json", model.config.to_hf_dict())
+    config = model.config.to_hf_dict()
+    config["architectures"] = ["BertModel" if encoder_only else "BertForPreTraining"]
+    atomic_write_json(out / "config.json", config)
     if tokenizer_dir is not None:
-        copy_tokenizer_files(Path(tokenizer_dir), out)
+        copy_tokenizer_files(Path(tokenizer_dir), out, model.config.vocab_size)
     return out
 
 
-def copy_tokenizer_files(src: Path, out: Path) -> None:
-    from common.atomic import atomic_write_json
+def copy_tokenizer_files(src: Path, out: Path, vocab_size: int | None = None) -> None:
+    """Put vocab.txt, tokenizer.json and tokenizer_config.json next to the model. Whichever of
+    vocab.txt / tokenizer.json the source lacks is derived from the other, so both the slow and
+    the fast `AutoTokenizer` paths load the directory."""
+    from common.atomic import atomic_write_json, atomic_write_text
 
     found = [n for n in TOKENIZER_FILES if (src / n).is_file()]
     if not found:
-        raise UserError(f"{src} has no vocab.txt or tokenizer.json to copy next to the model.")
-    for name in found:
-        shutil.copyfile(src / name, out / name)
+        raise UserError(
+            f"{src} has no vocab.txt or tokenizer.json to put next to the model.",
+            fix="pass --tokenizer DIR with the tokenizer the model was trained with.",
+        )
     lowercase = True
     meta = src / "tokenizer_config.json"
     if meta.is_file():
-        lowercase = bool(json.loads(meta.read_text()).get("do_lower_case", True))
+        try:
+            lowercase = bool(json.loads(meta.read_text(encoding="utf-8")).get("do_lower_case", True))
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            raise UserError(f"{meta} is not valid JSON.") from None
+    for name in found:
+        shutil.copyfile(src / name, out / name)
+    if "vocab.txt" not in found:
+        atomic_write_text(out / "vocab.txt", "".join(t + "\n" for t in _vocab_from_tokenizer_json(src)))
+    vocab = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    if vocab_size is not None and len(vocab) > vocab_size:
+        raise UserError(
+            f"{src}: the tokenizer has {len(vocab)} tokens but the model's vocab_size is {vocab_size}; "
+            "token ids past the embedding table would crash.",
+            fix="pass the tokenizer the model was trained with (--tokenizer DIR).",
+        )
+    if "tokenizer.json" not in found:
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        tok = BertWordPieceTokenizer(str(out / "vocab.txt"), lowercase=lowercase)
+        tok.save(str(out / "tokenizer.json"))
     atomic_write_json(
         out / "tokenizer_config.json",
         {
@@ -170,3 +261,18 @@ def copy_tokenizer_files(src: Path, out: Path) -> None:
             "mask_token": "[MASK]",
         },
     )
+
+
+def _vocab_from_tokenizer_json(src: Path) -> list[str]:
+    from tokenizers import Tokenizer
+
+    path = src / "tokenizer.json"
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise UserError(f"cannot read tokenizer file {path}: {exc}") from None
+    vocab = tok.get_vocab(with_added_tokens=True)
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise UserError(f"{path}: token ids are not contiguous from 0; cannot write vocab.txt.")
+    return [t for t, _ in by_id]

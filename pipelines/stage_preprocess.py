@@ -118,6 +118,7 @@ def run_preprocess_stage(
             f"{cfg.max_seq_length - 3} maskable tokens of max_seq_length={cfg.max_seq_length}.",
             fix="use 20 at 128 or 80 at 512.",
         )
+    options = pipeline_options(cfg.runner, cfg.workers, [*cfg.beam_options, *(beam_args or [])])
     files = expand_inputs(cfg.input, data_root)
     if all(p.stat().st_size == 0 for p in files):
         raise UserError(
@@ -160,7 +161,6 @@ def run_preprocess_stage(
     spec = MaskingSpec.from_vocab(
         vocab, SPECIAL_TOKENS, cfg.masked_lm_prob, cfg.max_predictions_per_seq, cfg.whole_word_mask
     )
-    options = pipeline_options(cfg.runner, cfg.workers, [*cfg.beam_options, *(beam_args or [])])
     log.info(
         "preprocess: %d file(s), %.1f MB of text, %d bucket(s), %d shard(s), runner %s",
         len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections import Counter
 from pathlib import Path
@@ -29,6 +30,7 @@ import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.atomic import atomic_path, atomic_write_json
+from common.errors import UserError
 from common.paths import PROJECT_ROOT
 from preprocessing.corpus import read_documents
 from preprocessing.doc_tokens import pack, tokenize_documents, unpack
@@ -85,7 +87,13 @@ class ReadAndTokenize(beam.DoFn):
             h = document_hash(doc.doc_id, doc.text)
             split = split_of(h, self.validation_fraction)
             counts[f"documents_{split}"] += 1
-            yield f"{split}/{(h >> 24) % self.num_buckets:06d}", (h, pack(sentences, self.vocab_size))
+            # validation holds a fraction of the documents: proportionally fewer buckets
+            n = (
+                self.num_buckets
+                if split == "train"
+                else math.ceil(self.num_buckets * self.validation_fraction)
+            )
+            yield f"{split}/{(h >> 24) % max(1, n):06d}", (h, pack(sentences, self.vocab_size))
 
 
 class MakeExamples(beam.DoFn):
@@ -101,14 +109,17 @@ class MakeExamples(beam.DoFn):
         stats: Counter = Counter()
         split = group.split("/")[0]
         n_shards = self.num_shards if split == "train" else 1
-        by_shard: dict[int, list[Example]] = {}
-        for ex in create_examples([unpack(p) for _, p in docs], self.params, self.spec, group, stats):
-            by_shard.setdefault(ex.key % n_shards, []).append(ex)
-        for shard, examples in sorted(by_shard.items()):
-            path = Path(self.parts_dir) / split / f"{shard:05d}" / f"{group.replace('/', '-')}.parquet"
-            with atomic_path(path) as tmp:
-                pq.write_table(examples_to_table(examples), tmp, compression="zstd")
-            yield (split, shard), str(path)
+        documents = [unpack(p) for _, p in docs]
+        for dupe in range(self.params.dupe_factor):  # one pass at a time: memory ~ one bucket's text
+            by_shard: dict[int, list[Example]] = {}
+            for ex in create_examples(documents, self.params, self.spec, group, stats, passes=[dupe]):
+                by_shard.setdefault(ex.key % n_shards, []).append(ex)
+            for shard, examples in sorted(by_shard.items()):
+                name = f"{group.replace('/', '-')}-{dupe:03d}.parquet"
+                path = Path(self.parts_dir) / split / f"{shard:05d}" / name
+                with atomic_path(path) as tmp:
+                    pq.write_table(examples_to_table(examples), tmp, compression="zstd")
+                yield (split, shard), str(path)
         yield beam.pvalue.TaggedOutput("stats", dict(stats))
 
 
@@ -155,11 +166,25 @@ def _write_json(obj: Any, path: str) -> None:
 
 
 def pipeline_options(runner: str, workers: int, extra: list[str]) -> PipelineOptions:
-    """Local default: DirectRunner, one worker process per `workers`; any flag in `extra` wins."""
+    """Local default: DirectRunner, one worker process per `workers`; any flag in `extra` wins.
+    A flag no Beam option knows is an error (Beam itself would only warn and drop it)."""
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)
+    _, unknown = parser.parse_known_args(extra)
+    unknown = [u for u in unknown if u.startswith("-")]
+    if unknown:
+        raise UserError(
+            f"unknown option(s) {' '.join(unknown)}: neither a bertflow preprocess flag nor a Beam pipeline option.",
+            fix="check the spelling (`bertflow preprocess --help`; Beam options are --name=value).",
+        )
     flags = [
         f"--runner={runner}",
         "--direct_running_mode=multi_processing",
         f"--direct_num_workers={workers}",
+        "--default_sdk_harness_log_level=WARNING",
         *extra,
     ]
     return PipelineOptions(flags)

@@ -37,7 +37,7 @@ class PreprocessConfig(BaseModel):
         0.01, ge=0.0, lt=0.5, description="documents held out for validation shards"
     )
     bucket_size_mb: float = Field(
-        8.0, gt=0, description="raw text per document bucket (NotNext pool; bounds worker memory)"
+        4.0, gt=0, description="raw text per document bucket (NotNext pool; bounds worker memory)"
     )
     workers: int = Field(2, ge=1)
     seed: int = 12345

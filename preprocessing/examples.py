@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from preprocessing.masking import KEPT, MASKED, RANDOM, MaskingSpec, mask_sequence
@@ -181,14 +181,20 @@ class ExampleParams:
 
 
 def create_examples(
-    docs: list[Doc], params: ExampleParams, spec: MaskingSpec, group: str, stats: Counter
+    docs: list[Doc],
+    params: ExampleParams,
+    spec: MaskingSpec,
+    group: str,
+    stats: Counter,
+    passes: Iterable[int] | None = None,
 ) -> Iterator[Example]:
     """All examples of one group of documents (a bucket), `dupe_factor` passes with fresh masks.
 
     `group` names the bucket in the random seeds, so the result depends only on the documents,
-    the config and the seed, not on worker count or processing order.
+    the config and the seed, not on worker count or processing order. `passes` picks some of the
+    dupe passes (each pass is independent: callers may run them one at a time to bound memory).
     """
-    for dupe in range(params.dupe_factor):
+    for dupe in range(params.dupe_factor) if passes is None else passes:
         rng = random.Random(f"{params.seed}:{group}:{dupe}")
         mask_rng = random.Random(f"{params.seed}:{group}:{dupe}:mask")
         balance = NspBalance(params.balance_nsp)

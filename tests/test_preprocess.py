@@ -234,3 +234,5 @@ def test_runner_option_files_parse_into_beam_options(name):
     # command-line Beam flags come last and win over the defaults
     local = pipeline_options("DirectRunner", 2, ["--direct_num_workers=3"]).get_all_options()
     assert local["direct_num_workers"] == 3 and local["direct_running_mode"] == "multi_processing"
+    with pytest.raises(UserError, match="--dupe_factr=3"):
+        pipeline_options("DirectRunner", 2, ["--dupe_factr=3"])

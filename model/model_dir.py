@@ -1,0 +1,94 @@
+"""Publish a model directory atomically: build it next to the target, verify it, then rename.
+
+A model directory is a Hugging Face BERT directory (config.json, model.safetensors, vocab.txt,
+tokenizer.json, tokenizer_config.json) plus our completion marker `_COMPLETE.json`, written last.
+It is assembled under a `.tmp-` sibling name, read back and compared with the model in memory,
+and only then renamed onto OUT_DIR, so a run killed at any point leaves either no OUT_DIR or the
+previous complete one, and a rerun produces the same files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker, sha256_file, write_marker
+from common.errors import UserError
+from model.heads import BertForPreTraining
+from model.hf_io import load_checkpoint, write_hf_dir
+
+
+def check_finite(model: torch.nn.Module, source: str) -> None:
+    """Refuse to publish weights holding NaN or Inf (e.g. from an fp16 overflow)."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise UserError(
+                f"{source}: weight {name!r} contains NaN or Inf; refusing to write a broken model.",
+                fix="export an earlier checkpoint (training diverged after it).",
+            )
+
+
+def prepare_target(out: Path) -> None:
+    """OUT_DIR may be absent, empty, or a finished model directory (replaced); anything else is
+    the user's data and is left alone. Leftovers of killed runs (`.tmp-NAME.*`) are removed."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output {out} exists and is a file.", fix="choose another output directory.")
+    if out.is_dir() and any(out.iterdir()) and read_marker(out) is None:
+        raise UserError(
+            f"output directory {out} already exists and is not a finished bertflow model directory "
+            f"(no {MARKER_NAME}); not overwriting it.",
+            fix="choose a new output directory or remove this one.",
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f"{TMP_PREFIX}{out.name}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def publish_model_dir(
+    model: BertForPreTraining,
+    out_dir: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike | None,
+    info: dict[str, Any] | None = None,
+    encoder_only: bool = False,
+) -> Path:
+    """Write `model` (+ tokenizer files) as a finished model directory at `out_dir`."""
+    out = Path(out_dir).absolute()
+    check_finite(model, str(info.get("source", "model")) if info else "model")
+    prepare_target(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}.", dir=out.parent))
+    try:
+        write_hf_dir(model, tmp, tokenizer_dir, encoder_only=encoder_only)
+        reloaded = load_checkpoint(tmp).model.state_dict()
+        for name, tensor in model.state_dict().items():
+            if encoder_only and not name.startswith("bert."):
+                continue
+            if not torch.equal(reloaded[name], tensor.detach().cpu()):
+                raise RuntimeError(f"written {tmp / 'model.safetensors'} differs from the model at {name}")
+        payload = {"model.safetensors": sha256_file(tmp / "model.safetensors"), **(info or {})}
+        write_marker(tmp, payload)
+        _make_readable(tmp)
+        if out.exists():
+            old = out.parent / f"{TMP_PREFIX}{out.name}.old"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _make_readable(directory: Path) -> None:
+    """Temp files are created 0600; give the published directory the usual umask permissions."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(directory, 0o777 & ~mask)
+    for path in directory.iterdir():
+        os.chmod(path, 0o666 & ~mask)

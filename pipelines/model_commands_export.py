@@ -1,0 +1,77 @@
+"""`bertflow export-hf CKPT OUT_DIR`: a checkpoint -> a clean Hugging Face BERT directory.
+
+OUT_DIR gets config.json, model.safetensors (no tied duplicates), vocab.txt, tokenizer.json and
+tokenizer_config.json. `transformers.BertForPreTraining` and `AutoTokenizer` load it with no missing
+or unexpected keys; `AutoModel` (BertModel) with no missing keys, and it lists the `cls.*` heads as
+unexpected unless `--encoder-only` drops them. `resolve_model` turns CKPT into a model; it reads our
+model directories and any HF BERT directory, and is the one place to teach new checkpoint kinds
+(e.g. a DeepSpeed checkpoint directory whose ZeRO partitions are consolidated first).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import UserError
+from model.heads import BertForPreTraining
+from model.hf_io import TOKENIZER_FILES, load_checkpoint
+from model.model_dir import publish_model_dir
+
+
+@dataclass
+class ResolvedModel:
+    model: BertForPreTraining
+    tokenizer_dir: Path | None  # where the checkpoint's own tokenizer files are, if it has them
+    fresh: list[str]  # parameters not in the checkpoint (freshly initialized)
+    kind: str
+
+
+def resolve_model(ckpt: Path) -> ResolvedModel:
+    """Load whatever CKPT is into our BertForPreTraining. New checkpoint kinds add a branch here,
+    e.g. `if is_deepspeed_checkpoint(ckpt): return ResolvedModel(consolidate(ckpt), ...)`."""
+    if (ckpt / "config.json").is_file() or not ckpt.is_dir():
+        loaded = load_checkpoint(ckpt)  # our model dir or any HF BERT dir; errors name the file
+        has_tok = any((ckpt / n).is_file() for n in TOKENIZER_FILES)
+        return ResolvedModel(loaded.model, ckpt if has_tok else None, loaded.fresh, "model directory")
+    raise UserError(
+        f"{ckpt} is not a BERT checkpoint: it has no config.json.",
+        fix="pass a model directory (config.json + model.safetensors) written by bertflow or transformers.",
+    )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ckpt", type=Path, help="checkpoint: our model directory or an HF BERT directory")
+    p.add_argument("out_dir", type=Path, help="where to write the Hugging Face directory")
+    p.add_argument(
+        "--tokenizer", type=Path, help="tokenizer dir (vocab.txt or tokenizer.json) if CKPT has none"
+    )
+    p.add_argument(
+        "--encoder-only",
+        action="store_true",
+        help="drop the MLM/NSP heads: AutoModel (BertModel) then loads it with no unexpected keys",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    resolved = resolve_model(args.ckpt)
+    tokenizer_dir = args.tokenizer or resolved.tokenizer_dir
+    if tokenizer_dir is None:
+        raise UserError(
+            f"{args.ckpt} has no tokenizer (vocab.txt or tokenizer.json); a Hugging Face directory needs one.",
+            fix="pass --tokenizer DIR, e.g. the tokenizer stage's output directory.",
+        )
+    out = publish_model_dir(
+        resolved.model,
+        args.out_dir,
+        tokenizer_dir,
+        info={"source": str(args.ckpt.absolute()), "command": "export-hf", "fresh": resolved.fresh},
+        encoder_only=args.encoder_only,
+    )
+    print(f"exported {args.ckpt} ({resolved.kind}) -> {out}")
+    if args.encoder_only:
+        print("encoder only (no pretraining heads): load it with AutoModel / BertModel")
+    elif resolved.fresh:
+        print(f"warning: not in the checkpoint, freshly initialized: {', '.join(resolved.fresh)}")
+    return 0

@@ -1,0 +1,176 @@
+"""Bad checkpoints and bad targets: one UserError naming the file or key, through the CLI too
+(exit 2, one paragraph, no traceback), and nothing of the user's lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import UserError
+from model import BertConfig, BertForPreTraining
+from model.hf_io import load_checkpoint, write_hf_dir
+from pipelines.cli import main as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Path:
+    """A small valid model directory without a tokenizer."""
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("good") / "model"
+    write_hf_dir(BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64)), d)
+    return d
+
+
+def copy_dir(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def expect_cli_error(argv: list[str], capsys, *fragments: str) -> str:
+    """Run the CLI in-process; it must exit 2 and print one paragraph containing `fragments`."""
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    return err
+
+
+def test_directory_that_is_not_a_bert_checkpoint(tmp_path, capsys):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("hello")
+    expect_cli_error(
+        ["import-hf", str(notes), str(tmp_path / "o")], capsys, "not a BERT checkpoint", "config.json"
+    )
+    expect_cli_error(
+        ["export-hf", str(notes), str(tmp_path / "o")], capsys, "not a BERT checkpoint", str(notes)
+    )
+    gpt = tmp_path / "gpt2"
+    gpt.mkdir()
+    (gpt / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    expect_cli_error(["import-hf", str(gpt), str(tmp_path / "o")], capsys, str(gpt / "config.json"), "'gpt2'")
+    expect_cli_error(["import-hf", str(tmp_path / "absent"), str(tmp_path / "o")], capsys, "does not exist")
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_weights_file(good, tmp_path, capsys):
+    d = copy_dir(good, tmp_path / "ckpt")
+    (d / "model.safetensors").unlink()
+    expect_cli_error(["export-hf", str(d), str(tmp_path / "o")], capsys, str(d), "no weights file")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "part-1.safetensors"}}))
+    expect_cli_error(
+        ["export-hf", str(d), str(tmp_path / "o")], capsys, str(d / "part-1.safetensors"), "missing"
+    )
+
+
+@pytest.mark.parametrize("damage", ["truncated-safetensors", "garbage-bin"])
+def test_truncated_or_corrupt_weights_file(good, tmp_path, capsys, damage):
+    d = copy_dir(good, tmp_path / "ckpt")
+    weights = d / "model.safetensors"
+    if damage == "truncated-safetensors":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        weights.unlink()
+        weights = d / "pytorch_model.bin"
+        weights.write_bytes(os.urandom(4096))
+    expect_cli_error(["import-hf", str(d), str(tmp_path / "o")], capsys, str(weights), "corrupt or truncated")
+
+
+def test_config_whose_shapes_disagree_with_the_weights(good, tmp_path, capsys):
+    d = copy_dir(good, tmp_path / "wide")
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "hidden_size": 256, "intermediate_size": 1024}))
+    expect_cli_error(
+        ["import-hf", str(d), str(tmp_path / "o")],
+        capsys,
+        str(d / "config.json"),
+        "bert.embeddings.",
+        "(128,)",
+        "(256,)",
+    )
+    d = copy_dir(good, tmp_path / "deep")
+    (d / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    expect_cli_error(
+        ["import-hf", str(d), str(tmp_path / "o")], capsys, str(d / "config.json"), "encoder.layer.2"
+    )
+    d = copy_dir(good, tmp_path / "odd-heads")
+    (d / "config.json").write_text(json.dumps({**config, "num_attention_heads": 3}))
+    expect_cli_error(["import-hf", str(d), str(tmp_path / "o")], capsys, str(d / "config.json"), "divisible")
+
+
+def test_unknown_preset(capsys):
+    expect_cli_error(["model-info", "--preset", "huge"], capsys, "unknown model preset 'huge'", "base")
+
+
+def test_tokenizer_missing_or_too_large_for_the_model(good, minilm_dir, tmp_path, capsys):
+    expect_cli_error(["export-hf", str(good), str(tmp_path / "o")], capsys, "has no tokenizer", "--tokenizer")
+    # the MiniLM vocabulary has 30,522 tokens; this model's embedding table has 64 rows
+    expect_cli_error(
+        ["export-hf", str(good), str(tmp_path / "o"), "--tokenizer", str(minilm_dir)],
+        capsys,
+        "vocab_size is 64",
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_nan_weights_are_not_exported(good, minilm_dir, tmp_path, capsys):
+    model = load_checkpoint(good).model
+    with torch.no_grad():
+        model.bert.encoder.layer[1].output.dense.weight[0, 0] = float("nan")
+    d = tmp_path / "nan"
+    write_hf_dir(model, d)
+    expect_cli_error(
+        ["export-hf", str(d), str(tmp_path / "o"), "--tokenizer", str(good)],
+        capsys,
+        "bert.encoder.layer.1.output.dense.weight",
+        "NaN",
+    )
+
+
+def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, minilm_dir, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    model = BertForPreTraining(BertConfig.from_preset("tiny"))
+    write_hf_dir(model, ckpt, minilm_dir)
+    user_dir = tmp_path / "mine"
+    user_dir.mkdir()
+    (user_dir / "thesis.tex").write_text("precious")
+    expect_cli_error(["export-hf", str(ckpt), str(user_dir)], capsys, str(user_dir), "not overwriting")
+    assert (user_dir / "thesis.tex").read_text() == "precious"
+
+    # a run killed mid-write leaves only a .tmp- sibling: never taken for the result, swept on rerun
+    out = tmp_path / "out"
+    leftover = tmp_path / ".tmp-out.killed"
+    leftover.mkdir()
+    (leftover / "model.safetensors").write_bytes(b"half")
+    assert cli(["export-hf", str(ckpt), str(out)]) == 0
+    assert not leftover.exists()
+    assert json.loads((out / "_COMPLETE.json").read_text())["command"] == "export-hf"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == []
+    with pytest.raises(UserError, match="is a file"):
+        load_checkpoint(out / "config.json")
+
+
+def test_cli_subprocess_prints_one_paragraph_and_exits_2(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "import-hf", str(tmp_path), str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("bertflow import-hf: error:") and "config.json" in proc.stderr
