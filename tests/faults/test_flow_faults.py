@@ -106,7 +106,12 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
     run_dir = tmp_path / "b" / "run"
     log = (tmp_path / "b" / "first.log").open("w")
     proc = subprocess.Popen(
-        _cmd(cfg), env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT
+        _cmd(cfg),
+        env=_env(tmp_path),
+        cwd=PROJECT_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         _wait_for(
@@ -120,6 +125,10 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
     finally:
         if proc.poll() is None:
             proc.kill()
+        try:  # what kill -9 leaves behind in its process group (Prefect's temporary API server)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     pretrain_dirs = list((run_dir / "pretrain").iterdir())
     assert len(pretrain_dirs) == 1 and not (pretrain_dirs[0] / MARKER_NAME).exists()
     completed_before = {d.parent.parent.name: d for d in run_dir.glob("*/*/" + MARKER_NAME)}
