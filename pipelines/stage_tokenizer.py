@@ -76,7 +76,9 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="pipeline YAML (section `tokenizer:`)")
     parser.add_argument("--input", action="append", help="corpus file or glob (repeatable)")
-    parser.add_argument("--output", help="output directory (default: RUN_DIR/tokenizer)")
+    parser.add_argument(
+        "--output", help="output directory (default: RUN_DIR/tokenizer/KEY, where the flow puts it)"
+    )
     parser.add_argument("--vocab-size", type=int)
     parser.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     parser.add_argument("--vocab", help="load this vocab.txt / tokenizer.json instead of training")
@@ -102,7 +104,12 @@ def main(args: argparse.Namespace) -> int:
         tcfg = TokenizerConfig.model_validate(section)
     except Exception as exc:
         raise UserError(f"invalid tokenizer settings: {exc}") from None
-    out = Path(args.output) if args.output else Path(cfg.run_dir) / "tokenizer"
+    if args.output:
+        out = Path(args.output)
+    else:  # where the flow puts it for this config (pipelines.stage_keys)
+        from pipelines.stage_keys import stage_dir
+
+        out = stage_dir(cfg.model_copy(update={"tokenizer": tcfg}), "tokenizer")
     run_tokenizer_stage(tcfg, out, cfg.data_root)
     print(out)
     return 0
