@@ -47,7 +47,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         log.info("loaded %s (%d tokens)", source, tok.get_vocab_size())
     else:
         log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
-        tok = train_tokenizer(iter_texts(files, counts), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
+        tok = train_tokenizer(_Corpus(files, counts), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
         lowercase = cfg.lowercase
         if counts["documents_read"] == 0:
             raise UserError(
@@ -113,3 +113,14 @@ def main(args: argparse.Namespace) -> int:
     run_tokenizer_stage(tcfg, out, cfg.data_root)
     print(out)
     return 0
+
+
+class _Corpus:
+    """The corpus as a re-iterable stream (training reads it twice); skips are counted once."""
+
+    def __init__(self, files: list[Path], counts: Counter) -> None:
+        self.files, self.counts, self.passes = files, counts, 0
+
+    def __iter__(self):
+        self.passes += 1
+        return iter_texts(self.files, self.counts if self.passes == 1 else Counter())

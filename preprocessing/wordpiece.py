@@ -52,17 +52,41 @@ def _set_template(tok: Tokenizer) -> Tokenizer:
 def train_tokenizer(
     texts: Iterable[str], vocab_size: int = 30522, lowercase: bool = True, min_frequency: int = 2
 ) -> Tokenizer:
-    """Train WordPiece from an iterator of texts; the corpus is streamed, never held whole."""
-    tok = _bert_pipeline(Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100)), lowercase)
+    """Train WordPiece from texts; the corpus is streamed (twice), never held whole.
+
+    `texts` must be re-iterable (a list or an object whose __iter__ restarts the stream). The Rust
+    trainer gives `##x` continuation tokens their ids in hash-map order and uses those ids to break
+    ties between equally frequent merges, so two runs on the same corpus can give different
+    vocabularies (huggingface/tokenizers#1794). A first pass collects the characters that can
+    continue a word, and their `##x` tokens are registered before training: every id, and so every
+    tie-break, is then fixed, and the same corpus always gives the same vocab.txt.
+    """
+    base = _bert_pipeline(Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100)), lowercase)
+    continuations = [f"##{c}" for c in sorted(_continuation_chars(texts, base))]
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
+        vocab_size=max(vocab_size, len(SPECIAL_TOKENS) + len(continuations)),
         min_frequency=min_frequency,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + continuations,
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    tok.train_from_iterator(_batches(texts), trainer=trainer)
+    base.train_from_iterator(_batches(texts), trainer=trainer)
+    # rebuild so that only the five real special tokens are added tokens (the `##x` were registered
+    # as "special" only to fix their ids during training)
+    vocab = base.get_vocab(with_added_tokens=True)
+    model = WordPiece(vocab=vocab, unk_token=UNK, max_input_chars_per_word=100, continuing_subword_prefix="##")
+    tok = _bert_pipeline(Tokenizer(model), lowercase)
+    tok.add_special_tokens(SPECIAL_TOKENS)
     return _set_template(tok)
+
+
+def _continuation_chars(texts: Iterable[str], tok: Tokenizer) -> set[str]:
+    """Characters that can stand inside a pre-tokenized word (after BERT normalization)."""
+    chars: set[str] = set()
+    for batch in _batches(texts):
+        for text in batch:
+            chars.update(tok.normalizer.normalize_str(text))
+    return {c for c in chars if len(tok.pre_tokenizer.pre_tokenize_str("a" + c)) == 1}
 
 
 def _batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
