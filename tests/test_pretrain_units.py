@@ -182,7 +182,7 @@ def test_phase_2_starts_from_phase_1_weights(tmp_path, minilm_dir):
     from training.train import build_model
 
     phase1 = tiny_model()
-    write_hf_dir(phase1, tmp_path / "p1", minilm_dir)
+    write_hf_dir(phase1, tmp_path / "p1")  # no tokenizer: its 30,522 tokens exceed this model's 500
     cfg = load_config(None, [f"pretrain.init_from={tmp_path / 'p1'}", "model.hidden_dropout_prob=0.0"])
     mcfg = model_config(cfg, 500, minilm_dir)
     assert mcfg.hidden_size == 128 and mcfg.hidden_dropout_prob == 0.0

@@ -3,14 +3,19 @@
 Per step, counting a multiply-add as 2 FLOPs and backward as twice the forward (so ×6 for
 weights seen once per token, Kaplan et al. 2020):
 
-    FLOPs = 6 · N_enc · B·S                    encoder weight matmuls on every (padded) token
-          + 12 · L · H · B·S²                   attention scores QKᵀ and the weighted sum AV
+    FLOPs = 6 · (L-1) · N_layer · B·S          weight matmuls of every layer but the last, all tokens
+          + 12 · (L-1) · H · B·S²               their attention scores QKᵀ and weighted sums AV
+          + 6 · 2H² · B·S                       last layer: K and V projections on all tokens
+          + 6 · (2H² + 2·H·I) · R               last layer: Q, output projection, FFN on R rows
+          + 12 · H · R · S                      last layer: attention for the R query rows
           + 6 · (H² + H·V) · M                 MLM transform + vocabulary projection, M masked tokens
           + 6 · (H² + 2H) · B                  pooler + NSP classifier, once per sequence
 
-with N_enc = L · (4H² + 2·H·I) (Q, K, V, output projection and the two FFN matrices; biases,
-LayerNorm and embedding lookups are negligible / not matmuls). The MLM head runs only on the
-masked positions (our model gathers them first), which is why it is counted per masked token.
+with N_layer = 4H² + 2·H·I (Q, K, V, output projection and the two FFN matrices; biases,
+LayerNorm and embedding lookups are negligible / not matmuls) and R = M + B: our model runs the
+MLM head, and the last encoder layer's queries and feed-forward, only at the masked positions
+(plus [CLS] for NSP), so these are the FLOPs actually executed (padded masked slots, if any, are
+not counted).
 MFU = achieved FLOP/s ÷ the device's dense peak for the training precision (GPU only).
 """
 
@@ -31,11 +36,14 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 def step_flops(cfg: BertConfig, batch: int, seq_len: int, masked_tokens: int) -> float:
     L, H, I, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size  # noqa: E741
-    n_enc = L * (4 * H * H + 2 * H * I)
-    tokens = batch * seq_len
+    n_layer = 4 * H * H + 2 * H * I
+    tokens, rows = batch * seq_len, masked_tokens + batch
     return float(
-        6 * n_enc * tokens
-        + 12 * L * H * batch * seq_len * seq_len
+        6 * (L - 1) * n_layer * tokens
+        + 12 * (L - 1) * H * batch * seq_len * seq_len
+        + 6 * 2 * H * H * tokens
+        + 6 * (2 * H * H + 2 * H * I) * rows
+        + 12 * H * rows * seq_len
         + 6 * (H * H + H * V) * masked_tokens
         + 6 * (H * H + 2 * H) * batch
     )
