@@ -84,7 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipelines.config import load_config
+    from pydantic import ValidationError
+
+    from pipelines.config import load_config, validation_message
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
@@ -100,8 +102,8 @@ def main(args: argparse.Namespace) -> int:
         section["vocab"] = args.vocab
     try:
         tcfg = TokenizerConfig.model_validate(section)
-    except Exception as exc:
-        raise UserError(f"invalid tokenizer settings: {exc}") from None
+    except ValidationError as exc:
+        raise UserError(f"invalid tokenizer settings: {validation_message(exc, 'tokenizer')}") from None
     out = Path(args.output) if args.output else Path(cfg.run_dir) / "tokenizer"
     run_tokenizer_stage(tcfg, out, cfg.data_root)
     print(out)
