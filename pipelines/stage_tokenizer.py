@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from common.atomic import MARKER_NAME, read_marker, write_marker
+from common.atomic import MARKER_NAME, read_marker, remove_temp_files, write_marker
 from common.errors import UserError
 from common.paths import resolve_data_path
 from preprocessing.config import TokenizerConfig
@@ -41,6 +41,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         log.info("tokenizer in %s is up to date", out_dir)
         return out_dir
     (out_dir / MARKER_NAME).unlink(missing_ok=True)
+    remove_temp_files(out_dir)  # leftovers of a killed run's writes
     counts: Counter = Counter()
     if cfg.vocab:
         tok, lowercase = load_tokenizer(source, lowercase=cfg.lowercase)

@@ -62,7 +62,30 @@ def train_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(_batches(texts), trainer=trainer)
-    return _set_template(tok)
+    return _set_template(_canonical_ids(tok))
+
+
+def _canonical_ids(tok: Tokenizer) -> Tokenizer:
+    """Give the trained tokens ids in a fixed order, so retraining writes the same bytes.
+
+    The trainer numbers tokens in hash-map order (a new random seed in every process), so the
+    same corpus gave the same vocabulary under different ids. WordPiece matches longest-first,
+    whatever the ids, so renumbering changes no tokenization: special tokens first, then single
+    characters, then `##` characters, then longer pieces by length and text.
+    """
+    trained = tok.get_vocab()
+    if sorted(trained, key=trained.__getitem__)[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+        raise RuntimeError("WordPiece training did not put the special tokens first")
+
+    def key(token: str) -> tuple[int, int, str]:
+        sub = token.startswith("##")
+        body = token[2:] if sub else token
+        return (0 if len(body) == 1 else 1, len(body) if len(body) > 1 else int(sub), token)
+
+    rest = sorted((t for t in trained if t not in SPECIAL_TOKENS), key=key)
+    vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *rest])}
+    tok.model = WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100, continuing_subword_prefix="##")
+    return tok
 
 
 def _batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
