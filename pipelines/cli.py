@@ -28,7 +28,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # OSErrors that mean "this path cannot be used" rather than a bug
-_PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+_PATH_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOTDIR,
+    errno.EEXIST,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EDQUOT,
+}
 
 
 def _load(name: str):

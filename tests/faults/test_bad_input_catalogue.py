@@ -28,7 +28,12 @@ def inputs(tmp_path_factory, data_dir, minilm_dir) -> dict[str, Path]:
     """Small real inputs (shards from real text, the MiniLM vocab) plus every malformed file."""
     root = tmp_path_factory.mktemp("catalogue")
     tok = make_tokenizer_dir(minilm_dir, root / "tok")
-    f = {"root": root, "tok": tok, "shards": make_shards(root / "shards", tok, data_dir, num_docs=40)}
+    f = {
+        "root": root,
+        "tok": tok,
+        "minilm": minilm_dir,
+        "shards": make_shards(root / "shards", tok, data_dir, num_docs=40),
+    }
     lines = (data_dir / "wiki" / "summaries_en.txt").read_text(encoding="utf-8").split("\n")[:60]
     f["good_txt"] = root / "good.txt"
     f["good_txt"].write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -303,9 +308,9 @@ CASES = [
     ),  # noqa: E501
     Case(
         "import-hf-output-under-a-file",
-        lambda f: ["import-hf", str(f["tok"].parent / "tok"), str(f["regular_file"] / "m")],
-        lambda f: [str(f["tok"])],
-    ),  # noqa: E501
+        lambda f: ["import-hf", str(f["minilm"]), str(f["regular_file"] / "m")],
+        lambda f: [str(f["regular_file"])],
+    ),
 ]
 
 
