@@ -136,3 +136,16 @@ def test_deleted_marker_makes_the_stage_redo_its_work(tmp_path, corpus, referenc
     run(cmd)
     assert (out / "tokenizer.json").stat().st_ino != inode  # rewritten (atomic rename), not kept
     assert outputs(out) == ref and read_marker(out) is not None
+
+
+def test_bit_flipped_output_of_a_finished_run_is_redone(tmp_path, corpus, reference):
+    """The marker records each file's sha256: a damaged vocab.txt is not taken as up to date."""
+    ref, _ = reference
+    out = tmp_path / "tok"
+    cmd = command(corpus, out)
+    run(cmd)
+    data = bytearray((out / "vocab.txt").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (out / "vocab.txt").write_bytes(bytes(data))
+    run(cmd)
+    assert outputs(out) == ref and read_marker(out) is not None
