@@ -30,6 +30,15 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(VENV)/bin/bertflow run $(CONFIG)
 
+# Register the `bert-pipeline/default` deployment (prefect.yaml) on a running Prefect server
+# (`prefect server start`; PREFECT_API_URL points at it) and create its process work pool.
+# Then: `prefect worker start --pool bertflow-process` and `prefect deployment run 'bert-pipeline/default'`.
+PREFECT_POOL ?= bertflow-process
+deploy: install
+	@test -n "$$PREFECT_API_URL" || { echo "make deploy: set PREFECT_API_URL, e.g. http://127.0.0.1:4200/api after 'prefect server start'"; exit 2; }
+	$(VENV)/bin/prefect work-pool inspect $(PREFECT_POOL) >/dev/null 2>&1 || $(VENV)/bin/prefect work-pool create $(PREFECT_POOL) --type process
+	BERTFLOW_PROJECT_DIR=$(CURDIR) $(VENV)/bin/prefect --no-prompt deploy --name default
+
 test: install
 	$(PY) -m pytest -q
 

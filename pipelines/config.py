@@ -44,6 +44,20 @@ class ReportSection(BaseModel):
     title: str = "BERT pipeline report"
 
 
+class VerifySection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    checksums: bool = Field(False, description="also compare sha256 of every input with the checksum file")
+    checksum_file: str = Field("data:SHA256SUMS", description="`sha256sum` format, paths relative to it")
+
+
+class FlowSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    retries: int = Field(1, ge=0, description="retries of a stage task after a transient failure")
+    retry_delay_seconds: float = Field(10.0, ge=0)
+
+
 class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -51,6 +65,8 @@ class PipelineConfig(BaseModel):
     run_dir: str = "runs"
     data_root: str | None = None
     wandb: WandbSection = Field(default_factory=WandbSection)
+    flow: FlowSection = Field(default_factory=FlowSection)
+    verify: VerifySection = Field(default_factory=VerifySection)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     model: ModelSection = Field(default_factory=ModelSection)

@@ -209,9 +209,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="pipeline YAML (section `preprocess:`)")
     parser.add_argument("--input", action="append", help="corpus file or glob (repeatable)")
     parser.add_argument(
-        "--vocab", help="vocab.txt, tokenizer.json or tokenizer dir (default: RUN_DIR/tokenizer)"
+        "--vocab",
+        help="vocab.txt, tokenizer.json or tokenizer dir (default: RUN_DIR/tokenizer/KEY, as in the flow)",
     )
-    parser.add_argument("--output", help="shard directory (default: RUN_DIR/shards)")
+    parser.add_argument("--output", help="shard directory (default: RUN_DIR/preprocess/KEY, as in the flow)")
     parser.add_argument("--max-seq-length", type=int)
     parser.add_argument("--max-predictions-per-seq", type=int)
     parser.add_argument("--dupe-factor", type=int)
@@ -252,8 +253,15 @@ def main(args: argparse.Namespace) -> int:
         pcfg = PreprocessConfig.model_validate(section)
     except ValidationError as exc:
         raise UserError(f"invalid preprocess settings: {validation_message(exc, 'preprocess')}") from None
-    vocab = Path(args.vocab) if args.vocab else Path(cfg.run_dir) / "tokenizer"
-    out = Path(args.output) if args.output else Path(cfg.run_dir) / "shards"
+    # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
+    from pipelines.stage_keys import stage_dir
+
+    vocab = Path(args.vocab) if args.vocab else stage_dir(cfg, "tokenizer")
+    out = (
+        Path(args.output)
+        if args.output
+        else stage_dir(cfg.model_copy(update={"preprocess": pcfg}), "preprocess")
+    )
     stats = run_preprocess_stage(pcfg, vocab, out, cfg.data_root, beam_args=list(args.extra_args or []))
     print(f"{out}: {stats['examples']} examples, IsNext ratio {stats['is_next_ratio']:.3f}")
     return 0

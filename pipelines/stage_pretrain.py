@@ -83,10 +83,13 @@ def run_pretrain_stage(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="pipeline YAML (optional)")
     parser.add_argument(
-        "--shards", required=True, help="preprocess output dir (manifest.json, train/, validation/)"
+        "--shards",
+        help="preprocess output dir (manifest.json, train/, validation/); default: the flow's for CONFIG",
     )
-    parser.add_argument("--tokenizer", required=True, help="tokenizer dir with vocab.txt")
-    parser.add_argument("--output", required=True, help="run dir for checkpoints, metrics and model/")
+    parser.add_argument("--tokenizer", help="tokenizer dir with vocab.txt; default: the flow's for CONFIG")
+    parser.add_argument(
+        "--output", help="run dir for checkpoints, metrics and model/; default: the flow's for CONFIG"
+    )
     parser.add_argument("--preset", help="model preset (tiny, mini, small, medium, base, large)")
     parser.add_argument("--zero-stage", type=int)
     parser.add_argument("--num-processes", type=int)
@@ -108,5 +111,12 @@ def main(args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(f"{key}={value}")
     cfg = load_config(args.config, overrides)
-    run_pretrain_stage(cfg, Path(args.shards), Path(args.tokenizer), Path(args.output))
+    # defaults: the directories the flow uses for this config (pipelines.stage_keys)
+    from pipelines.stage_keys import stage_dir
+
+    shards = Path(args.shards) if args.shards else stage_dir(cfg, "preprocess")
+    tokenizer = Path(args.tokenizer) if args.tokenizer else stage_dir(cfg, "tokenizer")
+    output = Path(args.output) if args.output else stage_dir(cfg, "pretrain")
+    print(f"pretrain: shards {shards}, tokenizer {tokenizer}, output {output}", flush=True)
+    run_pretrain_stage(cfg, shards, tokenizer, output)
     return 0

@@ -58,7 +58,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         log.info("loaded %s (%d tokens)", source, tok.get_vocab_size())
     else:
         log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
-        tok = train_tokenizer(iter_texts(files, counts), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
+        tok = train_tokenizer(_Corpus(files, counts), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
         lowercase = cfg.lowercase
         if counts["documents_read"] == 0:
             raise UserError(
@@ -88,7 +88,9 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="pipeline YAML (section `tokenizer:`)")
     parser.add_argument("--input", action="append", help="corpus file or glob (repeatable)")
-    parser.add_argument("--output", help="output directory (default: RUN_DIR/tokenizer)")
+    parser.add_argument(
+        "--output", help="output directory (default: RUN_DIR/tokenizer/KEY, where the flow puts it)"
+    )
     parser.add_argument("--vocab-size", type=int)
     parser.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     parser.add_argument("--vocab", help="load this vocab.txt / tokenizer.json instead of training")
@@ -116,7 +118,23 @@ def main(args: argparse.Namespace) -> int:
         tcfg = TokenizerConfig.model_validate(section)
     except ValidationError as exc:
         raise UserError(f"invalid tokenizer settings: {validation_message(exc, 'tokenizer')}") from None
-    out = Path(args.output) if args.output else Path(cfg.run_dir) / "tokenizer"
+    if args.output:
+        out = Path(args.output)
+    else:  # where the flow puts it for this config (pipelines.stage_keys)
+        from pipelines.stage_keys import stage_dir
+
+        out = stage_dir(cfg.model_copy(update={"tokenizer": tcfg}), "tokenizer")
     run_tokenizer_stage(tcfg, out, cfg.data_root)
     print(out)
     return 0
+
+
+class _Corpus:
+    """The corpus as a re-iterable stream (training reads it twice); skips are counted once."""
+
+    def __init__(self, files: list[Path], counts: Counter) -> None:
+        self.files, self.counts, self.passes = files, counts, 0
+
+    def __iter__(self):
+        self.passes += 1
+        return iter_texts(self.files, self.counts if self.passes == 1 else Counter())

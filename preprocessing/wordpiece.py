@@ -52,40 +52,43 @@ def _set_template(tok: Tokenizer) -> Tokenizer:
 def train_tokenizer(
     texts: Iterable[str], vocab_size: int = 30522, lowercase: bool = True, min_frequency: int = 2
 ) -> Tokenizer:
-    """Train WordPiece from an iterator of texts; the corpus is streamed, never held whole."""
-    tok = _bert_pipeline(Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100)), lowercase)
+    """Train WordPiece from texts; the corpus is streamed (twice), never held whole.
+
+    `texts` must be re-iterable (a list or an object whose __iter__ restarts the stream). The Rust
+    trainer gives `##x` continuation tokens their ids in hash-map order and uses those ids to break
+    ties between equally frequent merges, so two runs on the same corpus can give different
+    vocabularies (huggingface/tokenizers#1794). A first pass collects the characters that can
+    continue a word, and their `##x` tokens are registered before training: every id, and so every
+    tie-break, is then fixed, and the same corpus always gives the same vocab.txt.
+    """
+    base = _bert_pipeline(Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100)), lowercase)
+    continuations = [f"##{c}" for c in sorted(_continuation_chars(texts, base))]
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
+        vocab_size=max(vocab_size, len(SPECIAL_TOKENS) + len(continuations)),
         min_frequency=min_frequency,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + continuations,
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    tok.train_from_iterator(_batches(texts), trainer=trainer)
-    return _set_template(_canonical_ids(tok))
+    base.train_from_iterator(_batches(texts), trainer=trainer)
+    # rebuild so that only the five real special tokens are added tokens (the `##x` were registered
+    # as "special" only to fix their ids during training)
+    vocab = base.get_vocab(with_added_tokens=True)
+    model = WordPiece(
+        vocab=vocab, unk_token=UNK, max_input_chars_per_word=100, continuing_subword_prefix="##"
+    )
+    tok = _bert_pipeline(Tokenizer(model), lowercase)
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return _set_template(tok)
 
 
-def _canonical_ids(tok: Tokenizer) -> Tokenizer:
-    """Give the trained tokens ids in a fixed order, so retraining writes the same bytes.
-
-    The trainer numbers tokens in hash-map order (a new random seed in every process), so the
-    same corpus gave the same vocabulary under different ids. WordPiece matches longest-first,
-    whatever the ids, so renumbering changes no tokenization: special tokens first, then single
-    characters, then `##` characters, then longer pieces by length and text.
-    """
-    trained = tok.get_vocab()
-    if sorted(trained, key=trained.__getitem__)[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
-        raise RuntimeError("WordPiece training did not put the special tokens first")
-
-    def key(token: str) -> tuple[int, int, str]:
-        sub = token.startswith("##")
-        body = token[2:] if sub else token
-        return (0 if len(body) == 1 else 1, len(body) if len(body) > 1 else int(sub), token)
-
-    rest = sorted((t for t in trained if t not in SPECIAL_TOKENS), key=key)
-    vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *rest])}
-    tok.model = WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100, continuing_subword_prefix="##")
-    return tok
+def _continuation_chars(texts: Iterable[str], tok: Tokenizer) -> set[str]:
+    """Characters that can stand inside a pre-tokenized word (after BERT normalization)."""
+    chars: set[str] = set()
+    for batch in _batches(texts):
+        for text in batch:
+            chars.update(tok.normalizer.normalize_str(text))
+    return {c for c in chars if len(tok.pre_tokenizer.pre_tokenize_str("a" + c)) == 1}
 
 
 def _batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:

@@ -12,6 +12,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Prefect reads PREFECT_HOME at import: keep its database and results out of ~ (one per worktree).
+_PREFECT_HOME = Path(__file__).resolve().parent.parent / ".cache" / "prefect-tests"
+_PREFECT_HOME.mkdir(parents=True, exist_ok=True)
+os.environ.setdefault("PREFECT_HOME", str(_PREFECT_HOME))
 
 from common.paths import data_root  # noqa: E402
 

@@ -119,3 +119,21 @@ def test_missing_vocab_and_empty_corpus_are_user_errors(tmp_path):
         run_tokenizer_stage(TokenizerConfig(input=[str(empty)], vocab_size=100), tmp_path / "t")
     with pytest.raises(UserError, match="matches no file"):
         run_tokenizer_stage(TokenizerConfig(input=[str(tmp_path / "*.nothing")]), tmp_path / "t")
+
+
+def test_training_gives_the_same_vocabulary_in_every_process(tmp_path, data_dir):
+    """The Rust trainer alone assigns `##x` ids in hash-map order (huggingface/tokenizers#1794), so
+    two processes trained on the same text differed in ~half their ids; ours must not."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from preprocessing.wordpiece import train_tokenizer, vocab_list\n"
+        f"lines = open({str(data_dir / 'wiki' / 'summaries_en.txt')!r}, encoding='utf-8').read().split('\\n')[:4000]\n"
+        "open(sys.argv[1], 'w').write('\\n'.join(vocab_list(train_tokenizer(lines, vocab_size=2000))))\n"
+    )
+    outs = [tmp_path / f"v{i}.txt" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(o)]) for o in outs]
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    assert len(outs[0].read_text().split("\n")) == 2000

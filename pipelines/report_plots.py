@@ -1,0 +1,93 @@
+"""Pretraining curves as PNG files, from the rows of the pretrain stage's `metrics.jsonl`.
+
+Series are picked by name, so any metric the training loop logs lands on the right panel:
+losses, accuracies (MLM/NSP), the learning rate, and throughput (anything `*per_s*`/`throughput`).
+Training and evaluation rows of the same metric share a panel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common.atomic import atomic_path
+
+
+def _is_lr(key: str) -> bool:
+    leaf = key.rsplit("/", 1)[-1]
+    return leaf in ("lr", "learning_rate") or leaf.startswith("lr_")
+
+
+def _is_throughput(key: str) -> bool:
+    return any(s in key for s in ("per_s", "per_sec", "throughput", "/s"))
+
+
+def _is_loss(key: str) -> bool:
+    return "loss" in key and "scale" not in key and not _is_throughput(key)
+
+
+# (file stem, title, y label, which keys)
+PANELS: list[tuple[str, str, str, Callable[[str], bool]]] = [
+    ("loss", "Pretraining loss", "loss", _is_loss),
+    ("accuracy", "MLM / NSP accuracy", "accuracy", lambda k: "acc" in k),
+    ("lr", "Learning rate", "lr", _is_lr),
+    ("throughput", "Throughput", "per second", _is_throughput),
+]
+
+
+def series(
+    rows: list[dict[str, Any]], match: Callable[[str], bool]
+) -> dict[str, tuple[list[float], list[float]]]:
+    """key → (steps, values) for every numeric metric whose name matches."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for row in rows:
+        step = row.get("step")
+        if step is None:
+            continue
+        for key, value in row.items():
+            if key == "step" or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if value != value:  # NaN: leave a gap, do not break the axis
+                continue
+            if match(key):
+                xs, ys = out.setdefault(key, ([], []))
+                xs.append(float(step))
+                ys.append(float(value))
+    return out
+
+
+def plot_curves(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
+    """One PNG per panel that has data; returns {stem: path}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: dict[str, Path] = {}
+    for stem, title, ylabel, match in PANELS:
+        data = series(rows, match)
+        if stem == "throughput" and any("tokens" in k for k in data):
+            data = {k: v for k, v in data.items() if "tokens" in k}  # one unit per axis
+            ylabel = "tokens / s"
+        if not data:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+        for key in sorted(data):
+            xs, ys = data[key]
+            style = "o-" if len(xs) < 15 else "-"
+            ax.plot(xs, ys, style, label=key, markersize=3, linewidth=1.4)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        if stem == "lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+        fig.tight_layout()
+        path = out_dir / f"{stem}.png"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
+        written[stem] = path
+    return written

@@ -1,0 +1,214 @@
+"""Where each stage's output goes for a config: `run_dir/<stage>/<key>/`.
+
+A stage's key is a short hash of everything that determines its output: its own config section
+(plus the `model:` section where the model is built), the keys of the stages it reads from, and
+fingerprints (path + size + mtime) of the files it reads. Change any of those and the key changes,
+so the stage (and only the stages downstream of it) recompute; change nothing and every completed
+stage is found again. A stage directory is complete when its `_COMPLETE.json` marker exists (the
+marker is written last, so a killed run never looks finished).
+
+The flow AND the single-stage commands (`bertflow pretrain CONFIG`, ...) call `stage_dir` so a stage
+run alone writes exactly where the flow would look for it.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from common.atomic import read_marker
+from common.paths import PROJECT_ROOT
+from pipelines.config import PipelineConfig
+
+STAGES: tuple[str, ...] = ("verify", "tokenizer", "preprocess", "pretrain", "finetune", "report")
+KEY_LENGTH = 12
+FLOW_RECORDS = "flow_runs"  # run_dir/flow_runs/<time>-<flow run>.json: what each flow run did
+
+# Fine-tuning fields that change how units are scheduled but not what one unit computes.
+_FINETUNE_UNIT_EXCLUDE = {"tasks", "concurrency", "baselines"}
+
+
+def digest(obj: Any, length: int = KEY_LENGTH) -> str:
+    """A stable short hash of a JSON-able object (keys sorted, so dict order never matters)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+def expand_inputs(cfg: PipelineConfig, patterns: list[str]) -> list[Path]:
+    """Corpus entries (files, folders or globs; `data:` = the data root) → the sorted file list."""
+    files: list[Path] = []
+    for pattern in patterns:
+        path = cfg.data_path(pattern)
+        text = str(path)
+        if any(ch in text for ch in "*?["):
+            files.extend(Path(p) for p in sorted(glob.glob(text, recursive=True)) if Path(p).is_file())
+        elif path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")))
+        else:
+            files.append(path)
+    return files
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """path + size + mtime: cheap, and changes whenever a corpus file is replaced or edited."""
+    try:
+        st = path.stat()
+    except OSError:
+        return {"path": str(path), "missing": True}
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _content_fingerprint(path: str | None) -> str | None:
+    """For small config files (DeepSpeed JSON, task YAML): the content hash, not the mtime."""
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        p = PROJECT_ROOT / p
+    if not p.is_file():
+        return f"missing:{path}"
+    return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+
+
+def _init_fingerprint(model_dir: str | None) -> list[dict[str, Any]] | None:
+    """Phase 2 starts from a model directory: its weight files are an input of pretraining."""
+    if model_dir is None:
+        return None
+    return [file_fingerprint(p) for p in sorted(Path(model_dir).glob("*.safetensors"))] or [
+        {"path": str(model_dir), "missing": True}
+    ]
+
+
+def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """What each stage's key is a hash of (written next to the outputs as `stage_key.json`)."""
+    tok = {
+        "stage": "tokenizer",
+        "config": cfg.tokenizer.model_dump(mode="json"),
+        "inputs": [file_fingerprint(p) for p in expand_inputs(cfg, cfg.tokenizer.input)],
+        "vocab": file_fingerprint(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
+    }
+    tok_key = digest(tok)
+    prep = {
+        "stage": "preprocess",
+        "config": cfg.preprocess.model_dump(mode="json"),
+        "inputs": [file_fingerprint(p) for p in expand_inputs(cfg, cfg.preprocess.input)],
+        "tokenizer": tok_key,
+    }
+    prep_key = digest(prep)
+    pre = {
+        "stage": "pretrain",
+        "config": cfg.pretrain.model_dump(mode="json"),
+        "model": cfg.model.model_dump(mode="json"),
+        "deepspeed_config": _content_fingerprint(cfg.pretrain.deepspeed_config),
+        "hostfile": _content_fingerprint(getattr(cfg.pretrain, "hostfile", None)),
+        "init_from": _init_fingerprint(getattr(cfg.pretrain, "init_from", None)),
+        "preprocess": prep_key,
+        "tokenizer": tok_key,
+    }
+    pre_key = digest(pre)
+    fin = {
+        "stage": "finetune",
+        "config": cfg.finetune.model_dump(mode="json"),
+        "task_config": _content_fingerprint(cfg.finetune.task_config),
+        "model": cfg.model.model_dump(mode="json"),
+        "data_root": str(cfg.resolved_data_root()),
+        "pretrain": pre_key,
+        "tokenizer": tok_key,
+    }
+    fin_key = digest(fin)
+    rep = {
+        "stage": "report",
+        "config": cfg.report.model_dump(mode="json"),
+        "pretrain": pre_key,
+        "finetune": fin_key,
+    }
+    verify = {
+        "stage": "verify",
+        "config": cfg.verify.model_dump(mode="json"),
+        "tokenizer": tok["inputs"],
+        "preprocess": prep["inputs"],
+        "tasks": cfg.finetune.tasks,
+        "task_config": fin["task_config"],
+        "data_root": str(cfg.resolved_data_root()),
+    }
+    return {
+        "verify": verify,
+        "tokenizer": tok,
+        "preprocess": prep,
+        "pretrain": pre,
+        "finetune": fin,
+        "report": rep,
+    }
+
+
+def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
+    """stage name → key, for every stage in `STAGES`."""
+    return {stage: digest(inputs) for stage, inputs in stage_key_inputs(cfg).items()}
+
+
+def run_root(cfg: PipelineConfig) -> Path:
+    """The run directory (relative paths are relative to the current directory)."""
+    return Path(cfg.run_dir).expanduser().resolve()
+
+
+def stage_dir(cfg: PipelineConfig, stage: str) -> Path:
+    """THE output directory of `stage` for this config: `run_dir/<stage>/<key>/`."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    return run_root(cfg) / stage / stage_keys(cfg)[stage]
+
+
+def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
+    keys = stage_keys(cfg)
+    root = run_root(cfg)
+    return {stage: root / stage / key for stage, key in keys.items()}
+
+
+def is_complete(directory: str | os.PathLike) -> bool:
+    return read_marker(directory) is not None
+
+
+def finetune_checkpoints(
+    cfg: PipelineConfig, pretrained_model_dir: str | os.PathLike
+) -> list[tuple[str, str]]:
+    """(label, checkpoint) pairs to fine-tune: ours first, then each baseline.
+
+    `random` → `random:<preset>` (a freshly initialised model of our size, with our tokenizer);
+    anything else is a Hugging Face directory, labelled by its folder name.
+    """
+    pairs = [("ours", str(pretrained_model_dir))]
+    for baseline in cfg.finetune.baselines:
+        if baseline == "random" or baseline.startswith("random:"):
+            preset = baseline.split(":", 1)[1] if ":" in baseline else cfg.model.preset
+            pairs.append((f"random-{preset}", f"random:{preset}"))
+        else:
+            path = cfg.data_path(baseline)
+            pairs.append((path.name or "baseline", str(path)))
+    return pairs
+
+
+def finetune_unit_dir(cfg: PipelineConfig, unit_name: str, checkpoint_label: str) -> Path:
+    """Where one fine-tuning unit (task × hyper-parameters × checkpoint) writes its result.
+
+    Keyed by the unit's own settings and the checkpoint's provenance, not by the task list, so
+    adding a task leaves every finished unit reusable.
+    """
+    keys = stage_keys(cfg)
+    settings = cfg.finetune.model_dump(mode="json", exclude=_FINETUNE_UNIT_EXCLUDE)
+    provenance = keys["pretrain"] if checkpoint_label == "ours" else checkpoint_label
+    key = digest(
+        {
+            "unit": unit_name,
+            "settings": settings,
+            "task_config": _content_fingerprint(cfg.finetune.task_config),
+            "model": cfg.model.model_dump(mode="json"),
+            "checkpoint": provenance,
+            "tokenizer": keys["tokenizer"],
+        }
+    )
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{unit_name}__{checkpoint_label}")
+    return run_root(cfg) / "finetune" / "units" / f"{safe}-{key}"

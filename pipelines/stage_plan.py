@@ -1,0 +1,26 @@
+"""Which stages a flow run executes (`--only`, `--from`, `--force`), checked before Prefect starts."""
+
+from __future__ import annotations
+
+from common.errors import UserError
+from pipelines.stage_keys import STAGES
+
+
+def plan_stages(
+    only: str | None, from_stage: str | None, force: list[str] | None
+) -> tuple[list[str], set[str]]:
+    """Which stages run, and which of them recompute even when complete.
+
+    default: all stages, completed ones reused · `--only S`: just S (its inputs must be complete) ·
+    `--from S`: everything, S and all later stages recomputed · `--force S`: recompute S (repeatable).
+    """
+    for name, value in (("--only", only), ("--from", from_stage), *(("--force", f) for f in force or [])):
+        if value is not None and value not in STAGES:
+            raise UserError(f"{name} {value!r}: unknown stage; stages are {', '.join(STAGES)}.")
+    if only and from_stage:
+        raise UserError("--only and --from exclude each other; use one.")
+    forced = set(force or [])
+    if from_stage:
+        forced |= set(STAGES[STAGES.index(from_stage) :])
+    selected = [only] if only else list(STAGES)
+    return selected, forced

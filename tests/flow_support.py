@@ -1,0 +1,89 @@
+"""Helpers shared by the flow tests: a tiny pipeline config on a slice of the real corpus, and a
+clean stop of Prefect's in-process temporary API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+
+def write_small_corpus(data_dir: Path, out: Path, documents: int = 300) -> Path:
+    """The first `documents` documents of the real summaries corpus (blank line between documents)."""
+    docs, current = [], []
+    with open(data_dir / "wiki" / "summaries_en.txt", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                current.append(line)
+            elif current:
+                docs.append("".join(current))
+                current = []
+                if len(docs) == documents:
+                    break
+    out.write_text("\n".join(docs), encoding="utf-8")
+    return out
+
+
+def tiny_config(tmp_path: Path, data_dir: Path, **sections: dict) -> Path:
+    """A whole-pipeline config that runs in a couple of minutes on 2 CPU cores."""
+    corpus = write_small_corpus(data_dir, tmp_path / "corpus.txt")
+    cfg = {
+        "name": "tiny-test",
+        "run_dir": str(tmp_path / "run"),
+        "flow": {"retries": 0},
+        "tokenizer": {"input": [str(corpus)], "vocab_size": 2000},
+        "preprocess": {
+            "input": [str(corpus)],
+            "max_seq_length": 64,
+            "max_predictions_per_seq": 10,
+            "dupe_factor": 1,
+            "num_shards": 2,
+            "workers": 1,
+            "validation_fraction": 0.05,
+        },
+        "model": {"preset": "tiny"},
+        "pretrain": {
+            "num_processes": 1,
+            "micro_batch_size": 8,
+            "max_steps": 8,
+            "warmup_steps": 2,
+            "lr": 1e-3,
+            "checkpoint_every": 4,
+            "eval_every": 4,
+            "eval_batches": 2,
+            "log_every": 2,
+        },
+        "finetune": {
+            "tasks": ["rte", "stsb"],
+            "baselines": ["random"],
+            "max_train_examples": 48,
+            "max_eval_examples": 48,
+            "epochs": 1,
+            "batch_size": 16,
+            "max_seq_length": 64,
+            "concurrency": 2,
+        },
+        "report": {"title": "tiny test run"},
+    }
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def stop_ephemeral_prefect() -> None:
+    """Flush Prefect's log/event workers and stop its temporary API while pytest still owns the
+    streams (at interpreter exit Prefect would log into pytest's closed capture files)."""
+    import sys
+
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+
+    APILogWorker.drain_all()
+    EventsWorker.drain_all()
+    for server in list(SubprocessASGIServer._instances.values()):
+        server.stop()

@@ -1,0 +1,128 @@
+"""The pipeline YAML: every shipped config validates; bad input is one clear message naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from common.paths import PROJECT_ROOT
+from pipelines.config import load_config
+from pipelines.verify_data import check_data_paths, verify_data
+
+CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.yaml"))
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_validate_and_name_existing_data(path: Path, data_dir: Path) -> None:
+    cfg = load_config(path)
+    files = check_data_paths(cfg)
+    assert files and all(p.is_file() for p in files)
+
+
+def test_default_config_is_the_small_cpu_run() -> None:
+    cfg = load_config(PROJECT_ROOT / "configs" / "default.yaml")
+    assert cfg.model.preset in ("tiny", "mini")
+    assert cfg.tokenizer.input == ["data:wiki/summaries_en.txt"]
+    assert set(cfg.finetune.tasks) == {"sst2", "mrpc", "rte", "cola", "stsb"}
+    assert "random" in cfg.finetune.baselines
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, "pretrain:\n  max_step: 10\n")
+    with pytest.raises(UserError) as exc:
+        load_config(path)
+    msg = str(exc.value)
+    assert "pretrain.max_step" in msg and "unknown key" in msg and str(path) in msg
+
+
+def test_unknown_section_is_named(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="pretraining: unknown key"):
+        load_config(_write(tmp_path, "pretraining:\n  max_steps: 10\n"))
+
+
+def test_wrong_type_is_named(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as exc:
+        load_config(_write(tmp_path, "finetune:\n  batch_size: lots\n"))
+    assert "finetune.batch_size" in str(exc.value) and "'lots'" in str(exc.value)
+
+
+def test_override_wins_and_is_validated(tmp_path: Path) -> None:
+    path = _write(tmp_path, "pretrain:\n  max_steps: 10\n")
+    assert load_config(path, ["pretrain.max_steps=7"]).pretrain.max_steps == 7
+    with pytest.raises(UserError, match="pretrain.max_steps"):
+        load_config(path, ["pretrain.max_steps=-1"])
+    with pytest.raises(UserError, match="KEY=VALUE"):
+        load_config(path, ["pretrain.max_steps"])
+
+
+def test_missing_config_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(_write(tmp_path, "pretrain: [unclosed\n"))
+
+
+def test_missing_data_path_names_key_and_path(tmp_path: Path, data_dir: Path) -> None:
+    cfg = load_config(None, ["preprocess.input=[data:wiki/no_such_corpus.txt]"])
+    with pytest.raises(UserError) as exc:
+        check_data_paths(cfg)
+    msg = str(exc.value)
+    assert "preprocess.input" in msg and "no_such_corpus.txt" in msg and "BERTFLOW_DATA" in msg
+
+
+def test_empty_glob_is_a_missing_path(data_dir: Path) -> None:
+    cfg = load_config(None, ["tokenizer.input=[data:wiki/enwiki-2015/ZZ/*.gz]"])
+    with pytest.raises(UserError, match="tokenizer.input"):
+        check_data_paths(cfg)
+
+
+def test_missing_task_data_is_named(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "wiki").mkdir(parents=True)
+    (root / "wiki" / "summaries_en.txt").write_text("One. Two.\n")
+    cfg = load_config(None, [f"data_root={root}", "finetune.tasks=[rte]"])
+    with pytest.raises(UserError) as exc:
+        check_data_paths(cfg)
+    assert "finetune.tasks" in str(exc.value) and "rte" in str(exc.value)
+
+
+def test_checksums_catch_a_corrupt_file(tmp_path: Path) -> None:
+    import hashlib
+
+    root = tmp_path / "data"
+    (root / "wiki").mkdir(parents=True)
+    corpus = root / "wiki" / "summaries_en.txt"
+    corpus.write_text("First sentence. Second sentence.\n")
+    digest = hashlib.sha256(corpus.read_bytes()).hexdigest()
+    (root / "SHA256SUMS").write_text(f"{digest}  ./wiki/summaries_en.txt\n")
+    overrides = [f"data_root={root}", "finetune.tasks=[]", "verify.checksums=true"]
+    summary = verify_data(load_config(None, overrides))
+    assert summary["checksummed"] == 1 and summary["files"] == 1
+    corpus.write_text("First sentence. Second sentence changed.\n")
+    with pytest.raises(UserError, match="corrupt"):
+        verify_data(load_config(None, overrides))
+
+
+def test_cli_prints_one_paragraph_and_exits_2(tmp_path: Path) -> None:
+    path = _write(tmp_path, "finetune:\n  epoch: 3\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "finetune.epoch: unknown key" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,136 @@
+"""`make deploy` + a process worker + `prefect deployment run 'bert-pipeline/default'` against a real
+`prefect server start` on loopback; server and worker are stopped by pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from common.atomic import read_marker
+from common.paths import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow
+
+VENV_BIN = Path(PROJECT_ROOT) / ".venv" / "bin"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM the process group started for `proc`, then SIGKILL it if it lingers."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"prefect server exited early:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    pytest.fail(f"prefect server did not become healthy in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def test_deploy_and_run_on_a_local_server_and_worker(tmp_path: Path, data_dir: Path) -> None:
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_API_URL": api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "COLUMNS": "200",
+    }
+    (tmp_path / "prefect-home").mkdir()
+    server_log, worker_log = tmp_path / "server.log", tmp_path / "worker.log"
+    server = subprocess.Popen(
+        [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env={k: v for k, v in env.items() if k != "PREFECT_API_URL"},
+        stdout=server_log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    worker = None
+    try:
+        _wait_healthy(api, server, server_log)
+        deploy = subprocess.run(
+            ["make", "-o", "install", "deploy"],  # -o install: never (re)install from a test
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        assert "bert-pipeline/default" in deploy.stdout
+
+        worker = subprocess.Popen(
+            [str(VENV_BIN / "prefect"), "worker", "start", "--pool", "bertflow-process"],
+            cwd=tmp_path,
+            env=env,
+            stdout=worker_log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        run_dir = tmp_path / "run"
+        trigger = subprocess.run(
+            [
+                str(VENV_BIN / "prefect"),
+                "deployment",
+                "run",
+                "bert-pipeline/default",
+                "-p",
+                "only=verify",
+                "-p",
+                "overrides=" + json.dumps([f"run_dir={run_dir}", "finetune.tasks=[rte]"]),
+                "--watch",
+                "--watch-timeout",
+                "300",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=360,
+        )
+        out = trigger.stdout + trigger.stderr
+        assert trigger.returncode == 0 and "Completed" in out, out + worker_log.read_text()[-3000:]
+        # the worker ran the flow from the project checkout, with our parameters
+        verify_dirs = list((run_dir / "verify").iterdir())
+        assert len(verify_dirs) == 1 and read_marker(verify_dirs[0]) is not None
+        record = json.loads(next((run_dir / "flow_runs").glob("*.json")).read_text())
+        assert [s["stage"] for s in record["stages"]] == ["verify"]
+    finally:
+        if worker is not None:
+            _stop(worker)
+        _stop(server)
+    assert server.poll() is not None and (worker is None or worker.poll() is not None)

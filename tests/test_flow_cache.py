@@ -1,0 +1,98 @@
+"""Real Prefect flow runs (ephemeral API) of the cheap verify stage: the completion marker is the
+source of truth, Prefect's cache mirrors it (a rerun is `Cached`), a deleted marker or --force
+recomputes, and a stage whose inputs are missing is refused with a clear message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.atomic import MARKER_NAME
+from common.errors import UserError
+from tests.flow_support import stop_ephemeral_prefect
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_prefect():
+    yield
+    stop_ephemeral_prefect()
+
+
+def _statuses(summary: dict) -> dict[str, str]:
+    return {r["stage"]: r["status"] for r in summary["stages"]}
+
+
+def test_verify_stage_cache_marker_and_force(tmp_path: Path, data_dir: Path) -> None:
+    from pipelines.flow import bert_pipeline
+
+    overrides = [f"run_dir={tmp_path}"]
+    first = bert_pipeline(config=None, overrides=overrides, only="verify")
+    assert _statuses(first) == {"verify": "ran"}
+    out = Path(first["stages"][0]["out_dir"])
+    marker = out / MARKER_NAME
+    assert marker.is_file() and (out / "stage_key.json").is_file()
+    stamp = marker.stat().st_mtime_ns
+
+    second = bert_pipeline(config=None, overrides=overrides, only="verify")
+    assert _statuses(second) == {"verify": "cached"}
+    assert marker.stat().st_mtime_ns == stamp  # not recomputed
+
+    marker.unlink()  # the marker is the source of truth: without it the stage recomputes
+    third = bert_pipeline(config=None, overrides=overrides, only="verify")
+    assert _statuses(third) == {"verify": "ran"} and marker.is_file()
+    stamp = marker.stat().st_mtime_ns
+
+    forced = bert_pipeline(config=None, overrides=overrides, only="verify", force=["verify"])
+    assert _statuses(forced) == {"verify": "ran"} and marker.stat().st_mtime_ns != stamp
+
+    # every flow run left a record of what it did (the report's timing / cache-hit table)
+    records = sorted((tmp_path / "flow_runs").glob("*.json"))
+    assert len(records) == 4
+    assert [json.loads(p.read_text())["stages"][0]["status"] for p in records].count("cached") == 1
+
+    # a stage whose inputs were never computed is refused, naming the missing stage
+    with pytest.raises(UserError, match="'tokenizer' has no complete output"):
+        bert_pipeline(config=None, overrides=overrides, only="preprocess")
+
+
+def test_stage_command_alone_writes_where_the_flow_looks(tmp_path: Path, data_dir: Path) -> None:
+    """`bertflow tokenizer CONFIG` alone → the flow finds that output and reuses it."""
+    import os
+    import subprocess
+    import sys
+
+    from common.paths import PROJECT_ROOT
+    from pipelines.config import load_config
+    from pipelines.flow import bert_pipeline
+    from pipelines.stage_keys import stage_dir
+    from tests.flow_support import tiny_config
+
+    config = tiny_config(tmp_path, data_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "tokenizer", str(config)],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = stage_dir(load_config(config), "tokenizer")
+    assert proc.stdout.strip().splitlines()[-1] == str(expected)
+    stamp = (expected / MARKER_NAME).stat().st_mtime_ns
+    summary = bert_pipeline(config=str(config), only="tokenizer")
+    assert _statuses(summary) == {"tokenizer": "reused"}
+    assert (expected / MARKER_NAME).stat().st_mtime_ns == stamp
+
+
+def test_retries_skip_bad_input_but_not_transient_failures() -> None:
+    from prefect.states import Failed
+
+    from pipelines.flow import _retry_unless_user_error, pretrain_task
+
+    assert _retry_unless_user_error(None, None, Failed(data=RuntimeError("rank 1 lost"))) is True
+    assert _retry_unless_user_error(None, None, Failed(data=UserError("bad shard"))) is False
+    opts = pretrain_task.with_options(retries=2, retry_delay_seconds=1)
+    assert opts.retries == 2 and opts.retry_condition_fn is _retry_unless_user_error

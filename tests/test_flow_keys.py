@@ -1,0 +1,96 @@
+"""Stage keys: a change recomputes exactly the stages downstream of it; nothing else moves."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from pipelines.config import load_config
+from pipelines.stage_keys import STAGES, finetune_checkpoints, finetune_unit_dir, stage_dir, stage_keys
+from pipelines.stage_plan import plan_stages
+
+DOWNSTREAM = {
+    "tokenizer": {"tokenizer", "preprocess", "pretrain", "finetune", "report"},
+    "preprocess": {"preprocess", "pretrain", "finetune", "report"},
+    "pretrain": {"pretrain", "finetune", "report"},
+    "finetune": {"finetune", "report"},
+    "report": {"report"},
+}
+
+
+def _changed(a: dict[str, str], b: dict[str, str]) -> set[str]:
+    return {s for s in STAGES if a[s] != b[s]}
+
+
+def test_keys_are_stable_and_dict_order_free(tmp_path: Path) -> None:
+    one = load_config(None, [f"run_dir={tmp_path}", "pretrain.max_steps=5", "finetune.epochs=1"])
+    two = load_config(None, [f"run_dir={tmp_path}", "finetune.epochs=1", "pretrain.max_steps=5"])
+    assert stage_keys(one) == stage_keys(two)
+    assert stage_dir(one, "pretrain") == tmp_path / "pretrain" / stage_keys(one)["pretrain"]
+
+
+@pytest.mark.parametrize(
+    "override,stage",
+    [
+        ("tokenizer.vocab_size=4000", "tokenizer"),
+        ("preprocess.dupe_factor=2", "preprocess"),
+        ("pretrain.max_steps=7", "pretrain"),
+        ("model.hidden_dropout_prob=0.2", "pretrain"),
+        ("finetune.epochs=1.5", "finetune"),
+        ("finetune.tasks=[rte]", "finetune"),
+        ("report.title=other", "report"),
+    ],
+)
+def test_a_change_moves_exactly_the_downstream_keys(override: str, stage: str) -> None:
+    base = stage_keys(load_config(None))
+    changed = _changed(base, stage_keys(load_config(None, [override])))
+    # the data check re-runs when the set of files it checks changes (corpus, task list)
+    expected = DOWNSTREAM[stage] | ({"verify"} if "tasks" in override else set())
+    assert changed == expected, override
+
+
+def test_corpus_fingerprint_is_part_of_the_key(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("A first sentence. A second one.\n")
+    overrides = [f"tokenizer.input=[{corpus}]", f"preprocess.input=[{corpus}]"]
+    before = stage_keys(load_config(None, overrides))
+    st = corpus.stat()
+    os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    after = stage_keys(load_config(None, overrides))
+    assert _changed(before, after) == DOWNSTREAM["tokenizer"] | {"verify"}
+
+
+def test_finetune_unit_dirs_survive_adding_a_task(tmp_path: Path) -> None:
+    cfg = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte]"])
+    more = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte, mrpc]", "finetune.concurrency=4"])
+    assert finetune_unit_dir(cfg, "rte-lr5e-05-s42", "ours") == finetune_unit_dir(
+        more, "rte-lr5e-05-s42", "ours"
+    )
+    slower = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte]", "finetune.epochs=9"])
+    assert finetune_unit_dir(cfg, "rte-lr5e-05-s42", "ours") != finetune_unit_dir(
+        slower, "rte-lr5e-05-s42", "ours"
+    )
+    # ours and the random baseline never share a directory
+    assert finetune_unit_dir(cfg, "u", "ours") != finetune_unit_dir(cfg, "u", "random-tiny")
+
+
+def test_checkpoints_are_ours_then_baselines() -> None:
+    cfg = load_config(None, ["finetune.baselines=[random, 'random:mini']"])
+    assert finetune_checkpoints(cfg, "/m") == [
+        ("ours", "/m"),
+        ("random-tiny", "random:tiny"),
+        ("random-mini", "random:mini"),
+    ]
+
+
+def test_stage_selection() -> None:
+    assert plan_stages(None, None, None) == (list(STAGES), set())
+    assert plan_stages("pretrain", None, None) == (["pretrain"], set())
+    assert plan_stages(None, "finetune", ["tokenizer"]) == (list(STAGES), {"tokenizer", "finetune", "report"})
+    with pytest.raises(UserError, match="unknown stage"):
+        plan_stages("pretraining", None, None)
+    with pytest.raises(UserError, match="exclude"):
+        plan_stages("report", "report", None)
