@@ -8,6 +8,7 @@ A UserError is printed as one paragraph, exit code 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -24,6 +25,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune": ("pipelines.stage_finetune", "fine-tune and evaluate a checkpoint on tasks"),
     "report": ("pipelines.stage_report", "scorecard and curves from a run directory"),
     "run": ("pipelines.flow_command", "run the whole Prefect flow from a YAML config"),
+}
+
+# OSErrors that mean "this path cannot be used" rather than a bug
+_PATH_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOTDIR,
+    errno.EEXIST,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EDQUOT,
 }
 
 
@@ -70,6 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"bertflow {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        if exc.errno not in _PATH_ERRNOS:
+            raise
+        # e.g. an output path below a regular file, a read-only or full disk: the user's to fix
+        where = exc.filename if exc.filename is not None else "a path"
+        print(
+            f"bertflow {args.command}: error: cannot write or read {where}: {exc.strerror}. "
+            "Fix: choose an output path whose parent is a writable directory (and check free space).",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print(f"bertflow {args.command}: interrupted.", file=sys.stderr)
         return 130

@@ -108,6 +108,16 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def validation_message(exc: ValidationError, section: str | None = None) -> str:
+    """A pydantic error as one line per key: `section.key: reason (got value)`, joined by '; '."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(x) for x in ([section] if section else []) + list(err["loc"]))
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{key}: {msg} (got {err.get('input')!r})")
+    return "; ".join(lines)
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> PipelineConfig:
     """Read, merge overrides into, and validate a pipeline YAML. Errors name the file and key."""
     raw: dict[str, Any] = {}
@@ -119,8 +129,13 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             )
         try:
             raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise UserError(f"config file {p} is not valid YAML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise UserError(f"config file {p} is not UTF-8 text: {exc}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).replace("\n", " ")
+            raise UserError(f"config file {p} is not valid YAML{at}: {problem}.") from None
         if not isinstance(raw, dict):
             raise UserError(f"config file {p} must hold a mapping of sections, got {type(raw).__name__}.")
     raw = _merge(raw, parse_overrides(overrides))
@@ -128,12 +143,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
         where = f"config file {path}" if path else "config"
-        lines = []
-        for err in exc.errors():
-            key = ".".join(str(x) for x in err["loc"])
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            lines.append(f"{key}: {msg} (got {err.get('input')!r})")
-        raise UserError(f"{where} is invalid: " + "; ".join(lines)) from None
+        raise UserError(f"{where} is invalid: {validation_message(exc)}") from None
     if cfg.model.preset not in PRESETS:
         raise UserError(
             f"{path or 'config'}: model.preset {cfg.model.preset!r} is unknown; use one of {', '.join(PRESETS)}."

@@ -227,7 +227,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipelines.config import load_config
+    from pydantic import ValidationError
+
+    from pipelines.config import load_config, validation_message
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
@@ -249,8 +251,8 @@ def main(args: argparse.Namespace) -> int:
         section["max_predictions_per_seq"] = math.ceil(args.max_seq_length * 20 / 128)  # 20 at 128, 80 at 512
     try:
         pcfg = PreprocessConfig.model_validate(section)
-    except Exception as exc:
-        raise UserError(f"invalid preprocess settings: {exc}") from None
+    except ValidationError as exc:
+        raise UserError(f"invalid preprocess settings: {validation_message(exc, 'preprocess')}") from None
     # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
     from pipelines.stage_keys import stage_dir
 

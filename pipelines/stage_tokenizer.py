@@ -12,18 +12,26 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from common.atomic import MARKER_NAME, read_marker, write_marker
+from common.atomic import MARKER_NAME, read_marker, remove_temp_files, sha256_file, write_marker
 from common.errors import UserError
 from common.paths import resolve_data_path
 from preprocessing.config import TokenizerConfig
 from preprocessing.corpus import expand_inputs, iter_texts
 
 log = logging.getLogger("bertflow.tokenizer")
+OUTPUT_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
 
 def input_fingerprint(files: list[Path]) -> list[dict]:
     """Cheap identity of the inputs (name, size, mtime) for the tokenizer's rerun check."""
     return [{"path": str(p), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in files]
+
+
+def _files_intact(out_dir: Path, checksums: dict[str, str] | None) -> bool:
+    """True when every output file exists with the sha256 the marker recorded."""
+    if not checksums or set(checksums) != set(OUTPUT_FILES):
+        return False
+    return all((out_dir / n).is_file() and sha256_file(out_dir / n) == h for n, h in checksums.items())
 
 
 def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None) -> Path:
@@ -38,9 +46,12 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         identity = {"config": cfg.model_dump(), "inputs": input_fingerprint(files)}
     done = read_marker(out_dir)
     if identity is not None and done is not None and done.get("identity") == identity:
-        log.info("tokenizer in %s is up to date", out_dir)
-        return out_dir
+        if _files_intact(out_dir, done.get("files")):
+            log.info("tokenizer in %s is up to date", out_dir)
+            return out_dir
+        log.warning("tokenizer files in %s differ from their checksums: retraining", out_dir)
     (out_dir / MARKER_NAME).unlink(missing_ok=True)
+    remove_temp_files(out_dir)  # leftovers of a killed run's writes
     counts: Counter = Counter()
     if cfg.vocab:
         tok, lowercase = load_tokenizer(source, lowercase=cfg.lowercase)
@@ -64,6 +75,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         out_dir,
         {
             "identity": identity,
+            "files": {name: sha256_file(out_dir / name) for name in OUTPUT_FILES},
             "vocab_size": tok.get_vocab_size(),
             "tokenizer_sha256": sha,
             "corpus": dict(counts),
@@ -86,7 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipelines.config import load_config
+    from pydantic import ValidationError
+
+    from pipelines.config import load_config, validation_message
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
@@ -102,8 +116,8 @@ def main(args: argparse.Namespace) -> int:
         section["vocab"] = args.vocab
     try:
         tcfg = TokenizerConfig.model_validate(section)
-    except Exception as exc:
-        raise UserError(f"invalid tokenizer settings: {exc}") from None
+    except ValidationError as exc:
+        raise UserError(f"invalid tokenizer settings: {validation_message(exc, 'tokenizer')}") from None
     if args.output:
         out = Path(args.output)
     else:  # where the flow puts it for this config (pipelines.stage_keys)

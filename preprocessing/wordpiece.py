@@ -74,7 +74,9 @@ def train_tokenizer(
     # rebuild so that only the five real special tokens are added tokens (the `##x` were registered
     # as "special" only to fix their ids during training)
     vocab = base.get_vocab(with_added_tokens=True)
-    model = WordPiece(vocab=vocab, unk_token=UNK, max_input_chars_per_word=100, continuing_subword_prefix="##")
+    model = WordPiece(
+        vocab=vocab, unk_token=UNK, max_input_chars_per_word=100, continuing_subword_prefix="##"
+    )
     tok = _bert_pipeline(Tokenizer(model), lowercase)
     tok.add_special_tokens(SPECIAL_TOKENS)
     return _set_template(tok)
