@@ -2,7 +2,10 @@
 
 Attention goes through `scaled_dot_product_attention`, so PyTorch picks flash / memory-efficient
 kernels on GPU and its fused CPU kernel here. `output_rows` lets pretraining run the last layer
-only at the rows it reads (masked positions + [CLS]); the result equals the full output gathered. Module and parameter names equal Hugging Face's
+only at the rows it reads (masked positions + [CLS]); the result equals the full output gathered.
+On that path a padded batch is also *unpadded* (`Packing`): embeddings, projections, feed-forward
+and LayerNorm run on the T non-pad tokens only, and only the attention core sees the padded
+[B,S] layout. Module and parameter names equal Hugging Face's
 (`embeddings.word_embeddings`, `encoder.layer.N.attention.self.query`, ...) so a state dict
 moves between the two without renaming.
 """
@@ -35,13 +38,50 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        seq_len = input_ids.shape[1]
-        positions = torch.arange(seq_len, device=input_ids.device)
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids [B,S] (positions default to 0..S-1), or packed [T] with their `positions` [T]."""
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
         # .long(): the shard format stores int32 ids and int8 segments (no-op for int64 input)
         x = self.word_embeddings(input_ids.long()) + self.token_type_embeddings(token_type_ids.long())
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
+
+
+class Packing:
+    """Where the T non-pad tokens of a padded [B,S] batch sit once packed into [T,H] rows.
+
+    Unpadding is exact: a pad token never influences a real one (pad keys are masked out of
+    attention, and every other op is per token), so computing only real tokens changes nothing
+    but the work. Real batches are ~20-25% padding (docs/benchmarks.md §3).
+    """
+
+    def __init__(self, attention_mask: torch.Tensor) -> None:
+        self.batch, self.seq = attention_mask.shape
+        keep = attention_mask.reshape(-1).bool()
+        self.index = keep.nonzero().squeeze(1)  # [T] flat positions b*S + s, row-major
+        self.slot_of_flat = torch.cumsum(keep, 0) - 1  # flat position -> packed row (valid where kept)
+        self.key_mask = attention_mask.bool()[:, None, None, :]  # [B,1,1,S], True = attend
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B,S,...] -> [T,...]."""
+        return x.reshape(self.batch * self.seq, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[T,H] -> [B,S,H] with zeros at the pads."""
+        full = x.new_zeros(self.batch * self.seq, x.shape[-1]).index_copy(0, self.index, x)
+        return full.view(self.batch, self.seq, -1)
+
+    def positions(self) -> torch.Tensor:
+        """The position id (0..S-1) of every packed token [T]."""
+        return self.index % self.seq
+
+    def rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """Sequence positions [B,R] (each a real token) -> packed row numbers [B,R]."""
+        base = torch.arange(self.batch, device=positions.device)[:, None] * self.seq
+        return self.slot_of_flat[base + positions.long()]
 
 
 class BertSelfAttention(nn.Module):
@@ -55,22 +95,37 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, x_query: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        x_query: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
         """Keys/values from every token of `x` [B,S,H]; queries from `x_query` [B,R,H], which is `x`
-        itself or only the R rows whose outputs are needed (see BertEncoder)."""
-        x_query = x if x_query is None else x_query
-        b, s, h = x.shape
-        r = x_query.shape[1]
+        itself or only the R rows whose outputs are needed (see BertEncoder). With `packing`, `x`
+        is the packed [T,H]: projections run on the T real tokens, the attention core on [B,S]."""
+        if packing is None:
+            k, v = self.key(x), self.value(x)
+            q = self.query(x if x_query is None else x_query)
+        else:
+            k, v = packing.unpack(self.key(x)), packing.unpack(self.value(x))
+            q = packing.unpack(self.query(x)) if x_query is None else self.query(x_query)
+            attn_mask = packing.key_mask
+        b, s, h = k.shape
+        r = q.shape[1]
 
         def heads(t: torch.Tensor, n: int) -> torch.Tensor:
             return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-        q, k, v = heads(self.query(x_query), r), heads(self.key(x), s), heads(self.value(x), s)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
+            heads(q, r),
+            heads(k, s),
+            heads(v, s),
+            attn_mask=attn_mask,
+            dropout_p=self.dropout_p if self.training else 0.0,
         )
-        return out.transpose(1, 2).reshape(b, r, h)
+        out = out.transpose(1, 2).reshape(b, r, h)
+        return packing.pack(out) if packing is not None and x_query is None else out
 
 
 class BertSelfOutput(nn.Module):
@@ -91,10 +146,16 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(config)
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
-        x_query = x if rows is None else gather_rows(x, rows)
-        return self.output(self.self(x, attn_mask, x_query), x_query)
+        if rows is None:
+            return self.output(self.self(x, attn_mask, None, packing), x)
+        x_query = gather_rows(x, rows) if packing is None else x[rows]  # [B,R,H]
+        return self.output(self.self(x, attn_mask, x_query, packing), x_query)
 
 
 class BertIntermediate(nn.Module):
@@ -126,10 +187,15 @@ class BertLayer(nn.Module):
         self.output = BertOutput(config)
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
-        """With `rows` [B,R] the output holds only those positions [B,R,H]."""
-        x = self.attention(x, attn_mask, rows)
+        """With `rows` [B,R] the output holds only those rows [B,R,H] (sequence positions, or
+        packed row numbers when `packing` is given)."""
+        x = self.attention(x, attn_mask, rows, packing)
         return self.output(self.intermediate(x), x)
 
 
@@ -139,7 +205,11 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, output_rows: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        output_rows: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
         """`output_rows` [B,R]: return only these positions [B,R,H]. Every layer but the last still
         runs on all tokens (they are the keys and values of the next layer), but the last layer's
@@ -147,7 +217,7 @@ class BertEncoder(nn.Module):
         pretraining (R = 1 + ~15% of S) it skips most of the last layer's work."""
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
-            x = layer(x, attn_mask, output_rows if i == last else None)
+            x = layer(x, attn_mask, output_rows if i == last else None, packing)
         return x
 
 
@@ -181,22 +251,29 @@ class BertModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         output_rows: torch.Tensor | None = None,
+        unpad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """With `output_rows` [B,R] the sequence output holds only those positions [B,R,H] (the
-        pooler still sees [CLS]); the values equal the full output gathered at those rows."""
+        """With `output_rows` [B,R] (real tokens only) the sequence output holds only those
+        positions [B,R,H] (the pooler still sees [CLS]); the values equal the full output gathered
+        at those rows. On that path a padded batch runs unpadded unless `unpad=False`."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        attn_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            # Boolean key mask [B,1,1,S]: True = attend. Pad keys are never attended to.
-            attn_mask = attention_mask.bool()[:, None, None, :]
-        x = self.embeddings(input_ids, token_type_ids)
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        # Boolean key mask [B,1,1,S]: True = attend. Pad keys are never attended to.
+        attn_mask = attention_mask.bool()[:, None, None, :] if padded else None
         if output_rows is None:
-            x = self.encoder(x, attn_mask)
+            x = self.encoder(self.embeddings(input_ids, token_type_ids), attn_mask)
             pooled = self.pooler(x) if self.pooler is not None else None
             return x, pooled
-        cls_row = torch.zeros_like(output_rows[:, :1])
-        x = self.encoder(x, attn_mask, torch.cat([cls_row, output_rows], dim=1))
+        rows = torch.cat([output_rows.new_zeros(output_rows.shape[0], 1), output_rows], dim=1)  # row 0: [CLS]
+        packing = None
+        if padded and unpad:
+            packing = Packing(attention_mask)
+            x = self.embeddings(packing.pack(input_ids), packing.pack(token_type_ids), packing.positions())
+            rows = packing.rows(rows)
+        else:
+            x = self.embeddings(input_ids, token_type_ids)
+        x = self.encoder(x, attn_mask, rows, packing)
         pooled = self.pooler(x) if self.pooler is not None else None  # row 0 is [CLS]
         return x[:, 1:], pooled
 

@@ -79,9 +79,11 @@ class BertForPreTraining(nn.Module):
         masked_lm_positions: torch.Tensor | None = None,
         masked_lm_labels: torch.Tensor | None = None,
         next_sentence_labels: torch.Tensor | None = None,
+        unpad: bool = True,
     ) -> PreTrainingOutput:
         """`masked_lm_positions` [B,P] index into the sequence; slots whose `masked_lm_labels`
-        are -100 are padding and are skipped. Without positions, MLM logits cover every token."""
+        are -100 are padding and are skipped. Without positions, MLM logits cover every token.
+        With positions, a padded batch runs unpadded (`unpad=False` keeps the padded layout)."""
         labels = masked_lm_labels.reshape(-1).long() if masked_lm_labels is not None else None
         if masked_lm_positions is None:
             seq, pooled = self.bert(input_ids, token_type_ids, attention_mask)
@@ -89,7 +91,7 @@ class BertForPreTraining(nn.Module):
         else:
             # The encoder's last layer runs only at the masked positions (and [CLS]).
             seq, pooled = self.bert(
-                input_ids, token_type_ids, attention_mask, output_rows=masked_lm_positions
+                input_ids, token_type_ids, attention_mask, output_rows=masked_lm_positions, unpad=unpad
             )
             selected = seq.reshape(-1, seq.shape[-1])
             if labels is not None:
@@ -121,7 +123,9 @@ class BertForSequenceClassification(nn.Module):
         init_bert_weights(self, config.initializer_range)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        # Only C is read: the last layer runs at [CLS] alone and a padded batch runs unpadded.
+        no_rows = torch.zeros(input_ids.shape[0], 0, dtype=torch.long, device=input_ids.device)
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask, output_rows=no_rows)
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:

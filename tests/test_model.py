@@ -110,3 +110,39 @@ def test_shard_format_dtypes_give_the_same_loss_as_int64():
     wide = model(ids, seg, None, positions, labels, nsp)
     torch.testing.assert_close(narrow.loss, wide.loss)
     assert narrow.mlm_labels.tolist() == [5, 6, 7]
+
+
+def test_unpadded_pretraining_equals_the_padded_layout_in_loss_and_gradients():
+    """The unpadded path (embeddings, projections, FFN on real tokens only) is exact: same loss and
+    same gradients as the padded layout, for sequences with no, some and mostly padding."""
+    torch.manual_seed(3)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=300)).eval()
+    ids = torch.randint(5, 300, (3, 20))
+    seg = torch.tensor([[0] * 10 + [1] * 10] * 3)
+    mask = torch.ones_like(ids)
+    mask[1, 13:] = 0
+    mask[2, 4:] = 0
+    ids = ids * mask  # pad id 0 at the pads, as the loader writes them
+    positions = torch.tensor([[19, 3, 7], [12, 1, 0], [3, 2, 0]])
+    labels = torch.tensor([[11, 12, 13], [14, 15, -100], [16, -100, -100]])
+    nsp = torch.tensor([0, 1, 1])
+    grads = []
+    for unpad in (True, False):
+        model.zero_grad(set_to_none=True)
+        out = model(ids, seg, mask, positions, labels, nsp, unpad=unpad)
+        out.loss.backward()
+        grads.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_u, g_u), (loss_p, g_p) = grads
+    torch.testing.assert_close(loss_u, loss_p, atol=1e-6, rtol=0)
+    for name, g in g_p.items():
+        torch.testing.assert_close(g_u[name], g, atol=1e-6, rtol=1e-5, msg=name)
+    # and the work really is unpadded: the first feed-forward sees only the 20 + 13 + 4 real tokens
+    seen = []
+    hook = model.bert.encoder.layer[0].intermediate.dense.register_forward_hook(
+        lambda _m, inputs, _o: seen.append(tuple(inputs[0].shape))
+    )
+    model.train()
+    out = model(ids, seg, mask, positions, labels, nsp)
+    hook.remove()
+    assert seen == [(37, 128)]
+    assert torch.isfinite(out.loss)

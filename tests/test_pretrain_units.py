@@ -94,6 +94,18 @@ def test_step_flops_matches_torch_flop_counter():
     measured = counter.get_total_flops()
     assert step_flops(cfg, b, s, b * p) == pytest.approx(measured, rel=0.05)
 
+    # a padded batch runs unpadded: the count follows the real tokens, not B·S
+    mask = torch.ones_like(ids)
+    mask[1, 20:] = 0
+    mask[3, 9:] = 0
+    pos = pos % 9
+    with FlopCounterMode(display=False) as counter:
+        out = model(ids, None, mask, pos, ids.gather(1, pos), torch.zeros(b, dtype=torch.long))
+        out.loss.backward()
+    tokens = int(mask.sum())
+    assert step_flops(cfg, b, s, b * p, tokens) == pytest.approx(counter.get_total_flops(), rel=0.05)
+    assert step_flops(cfg, b, s, b * p, tokens) < 0.8 * step_flops(cfg, b, s, b * p)
+
 
 def test_peak_table_and_override():
     assert device_peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
@@ -115,6 +127,19 @@ def test_ds_config_fills_batch_precision_and_stage():
     assert gpu["bf16"]["enabled"]  # auto on a bf16 GPU
     fp16 = build_ds_config(_pcfg(precision="fp16"), world_size=1, on_gpu=True, bf16_ok=True)
     assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+
+
+def test_ds_config_one_process_skips_zero_unless_asked_or_offloading(tmp_path):
+    """One rank has nothing to partition: the template's ZeRO stage drops to 0, unless the stage
+    was set explicitly or the template offloads (ZeRO-Offload on one GPU is a real use)."""
+    assert build_ds_config(_pcfg(), world_size=1, on_gpu=False, bf16_ok=False)["zero_optimization"]["stage"] == 0
+    assert build_ds_config(_pcfg(), world_size=2, on_gpu=False, bf16_ok=False)["zero_optimization"]["stage"] == 2
+    explicit = build_ds_config(_pcfg(zero_stage=2), world_size=1, on_gpu=False, bf16_ok=False)
+    assert explicit["zero_optimization"]["stage"] == 2
+    path = tmp_path / "offload.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}))
+    offload = build_ds_config(_pcfg(deepspeed_config=str(path)), world_size=1, on_gpu=True, bf16_ok=True)
+    assert offload["zero_optimization"]["stage"] == 2
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,14 @@ def build_ds_config(
             f"ZeRO stage {stage} does not exist (from {'--zero-stage' if cfg.zero_stage is not None else src}).",
             fix="use a ZeRO stage of 0, 1, 2 or 3.",
         )
+    offload_asked = any(
+        zero.get(key, {}).get("device") in ("cpu", "nvme") for key in ("offload_optimizer", "offload_param")
+    )
+    if world_size == 1 and cfg.zero_stage is None and stage > 0 and not offload_asked:
+        # One process has nothing to partition: ZeRO 1-3 would only add flat-buffer copies and
+        # gradient hooks (~13% of a base step on CPU, docs/benchmarks.md §3). A stage given
+        # explicitly (pretrain.zero_stage) is kept as given.
+        stage = 0
     zero["stage"] = stage
     if stage == 0:
         for key in ("offload_optimizer", "offload_param"):

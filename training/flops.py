@@ -3,9 +3,9 @@
 Per step, counting a multiply-add as 2 FLOPs and backward as twice the forward (so ×6 for
 weights seen once per token, Kaplan et al. 2020):
 
-    FLOPs = 6 · (L-1) · N_layer · B·S          weight matmuls of every layer but the last, all tokens
+    FLOPs = 6 · (L-1) · N_layer · T            weight matmuls of every layer but the last, T real tokens
           + 12 · (L-1) · H · B·S²               their attention scores QKᵀ and weighted sums AV
-          + 6 · 2H² · B·S                       last layer: K and V projections on all tokens
+          + 6 · 2H² · T                         last layer: K and V projections on all real tokens
           + 6 · (2H² + 2·H·I) · R               last layer: Q, output projection, FFN on R rows
           + 12 · H · R · S                      last layer: attention for the R query rows
           + 6 · (H² + H·V) · M                 MLM transform + vocabulary projection, M masked tokens
@@ -14,8 +14,9 @@ weights seen once per token, Kaplan et al. 2020):
 with N_layer = 4H² + 2·H·I (Q, K, V, output projection and the two FFN matrices; biases,
 LayerNorm and embedding lookups are negligible / not matmuls) and R = M + B: our model runs the
 MLM head, and the last encoder layer's queries and feed-forward, only at the masked positions
-(plus [CLS] for NSP), so these are the FLOPs actually executed (padded masked slots, if any, are
-not counted).
+(plus [CLS] for NSP), and a padded batch runs unpadded (T = non-pad tokens ≤ B·S; only the
+attention core sees the padded [B,S] layout), so these are the FLOPs actually executed (padded
+masked slots, if any, are not counted).
 MFU = achieved FLOP/s ÷ the device's dense peak for the training precision (GPU only).
 """
 
@@ -34,10 +35,13 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
-def step_flops(cfg: BertConfig, batch: int, seq_len: int, masked_tokens: int) -> float:
+def step_flops(
+    cfg: BertConfig, batch: int, seq_len: int, masked_tokens: int, tokens: int | None = None
+) -> float:
+    """`tokens`: the non-pad tokens of the [batch, seq_len] micro batch (default: no padding)."""
     L, H, I, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size  # noqa: E741
     n_layer = 4 * H * H + 2 * H * I
-    tokens, rows = batch * seq_len, masked_tokens + batch
+    tokens, rows = batch * seq_len if tokens is None else tokens, masked_tokens + batch
     return float(
         6 * (L - 1) * n_layer * tokens
         + 12 * (L - 1) * H * batch * seq_len * seq_len

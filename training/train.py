@@ -196,6 +196,10 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
     )
+    if world == 1 and ds_config["zero_optimization"]["stage"] == 0:
+        # One rank: the gradient all-reduce would only flatten every gradient into a bucket and
+        # copy it back (~6% of a base step on CPU). ZeRO 1-3 keep their own gradient path.
+        engine.enable_backward_allreduce = False
     if pcfg["compile"] and on_gpu and hasattr(engine, "compile"):
         engine.compile()
 
@@ -283,8 +287,9 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
                 stats[4] += n
                 stats[5] += (out.nsp_logits.argmax(-1) == batch["next_sentence_labels"]).sum().item()
                 stats[6] += batch["next_sentence_labels"].numel()
-                stats[7] += batch["attention_mask"].sum().item()
-                stats[8] += step_flops(mcfg, *batch["input_ids"].shape, n)
+                real_tokens = batch["attention_mask"].sum().item()
+                stats[7] += real_tokens
+                stats[8] += step_flops(mcfg, *batch["input_ids"].shape, n, int(real_tokens))
                 stats[9] += 1  # micro batches
                 if m < len(batches) - 1:
                     engine.step()
