@@ -132,10 +132,14 @@ def test_ds_config_fills_batch_precision_and_stage():
 def test_ds_config_one_process_skips_zero_unless_asked_or_offloading(tmp_path):
     """One rank has nothing to partition: the template's ZeRO stage drops to 0, unless the stage
     was set explicitly or the template offloads (ZeRO-Offload on one GPU is a real use)."""
-    assert build_ds_config(_pcfg(), world_size=1, on_gpu=False, bf16_ok=False)["zero_optimization"]["stage"] == 0
-    assert build_ds_config(_pcfg(), world_size=2, on_gpu=False, bf16_ok=False)["zero_optimization"]["stage"] == 2
-    explicit = build_ds_config(_pcfg(zero_stage=2), world_size=1, on_gpu=False, bf16_ok=False)
-    assert explicit["zero_optimization"]["stage"] == 2
+
+    def stage(world: int, **kw) -> int:
+        return build_ds_config(_pcfg(**kw), world_size=world, on_gpu=False, bf16_ok=False)[
+            "zero_optimization"
+        ]["stage"]
+
+    assert stage(1) == 0 and stage(2) == 2
+    assert stage(1, zero_stage=2) == 2
     path = tmp_path / "offload.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}))
     offload = build_ds_config(_pcfg(deepspeed_config=str(path)), world_size=1, on_gpu=True, bf16_ok=True)
