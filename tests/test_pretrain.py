@@ -64,6 +64,8 @@ def test_zero2_two_processes_lowers_the_loss(ref_run):
     assert all(checkpoint.verify(t) is None for t in checkpoint.tag_dirs(out / "checkpoints"))
     assert list((out / "wandb_files").rglob("*.wandb"))
     assert (out / "_COMPLETE.json").is_file() and model_dir == out / "model"
+    # the ranks read a per-node memory-mapped cache, built once and removed once the run completes
+    assert any("data cache ready" in ln for ln in lines) and not (out / "data_cache").exists()
 
 
 def test_export_loads_in_transformers_with_no_missing_keys(ref_run):

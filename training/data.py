@@ -6,9 +6,10 @@ remainder of an epoch is dropped so every step is full). Within a global batch, 
 rank r is the slice `[(m * world + r) * micro, ... + micro)`, so ranks see disjoint examples and
 a resume at `consumed_samples = step * global_batch` continues with the next unseen batch.
 
-Each rank holds the token arrays of all shards in memory as flat numpy arrays plus offsets
-(~5 bytes per token); a background thread collates batches ahead of the training loop and the
-time the loop spends blocked on it is measured (`data_wait_seconds`).
+The examples are flat arrays plus offsets (~5 bytes per token): read from Parquet by `load_split`,
+or, in the pretraining stage, memory-mapped from a per-node cache (`training/example_cache.py`,
+`mapped_split`) so the ranks of a node share one copy. A background thread collates batches ahead
+of the training loop and the time the loop spends blocked on it is measured (`data_wait_seconds`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def load_split(shards_dir: str | Path, split: str = "train", verify: bool = True
         mlm_offsets=mlm_offsets,
         nsp_labels=table.column("next_sentence_label").to_numpy().astype(np.int8),
     )
+
+
+def mapped_split(cache_dir: str | Path) -> ExampleStore:
+    """An ExampleStore over the memory-mapped arrays of a complete cache (`example_cache.ensure`)."""
+    from training import example_cache
+
+    return ExampleStore(**example_cache.open_arrays(Path(cache_dir)))
 
 
 @dataclass(frozen=True)

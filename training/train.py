@@ -18,6 +18,7 @@ import os
 import random
 import resource
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -30,8 +31,8 @@ import torch.distributed as dist
 from common.errors import UserError
 from model.config import BertConfig
 from model.heads import BertForPreTraining
-from training import checkpoint
-from training.data import BatchPlan, MaskingSpec, PretrainLoader, eval_batches, load_split
+from training import checkpoint, example_cache
+from training.data import BatchPlan, MaskingSpec, PretrainLoader, eval_batches, mapped_split
 from training.ds_config import offloads_optimizer, precision_of
 from training.flops import device_peak_tflops, step_flops
 from training.optim import build_optimizer, build_scheduler
@@ -158,8 +159,19 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
     dist.broadcast_object_list(choice, src=0)
     resume = choice[0]
 
-    # --- data --------------------------------------------------------------------------------------
-    store = load_split(spec["shards_dir"], "train", verify=True)
+    # --- data: the first rank of each node builds (or verifies) the memory-mapped cache ------------
+    cache_root = out_dir / "data_cache" / socket.gethostname()
+    if local_rank == 0:
+        t0 = time.perf_counter()
+        example_cache.ensure(spec["shards_dir"], "train", cache_root, log=log0)
+        try:
+            example_cache.ensure(spec["shards_dir"], "validation", cache_root, log=log0)
+        except UserError as exc:
+            shutil.rmtree(cache_root / "validation", ignore_errors=True)
+            log0(f"warning: no validation split, held-out accuracy will not be logged ({exc})")
+        log0(f"data cache ready in {time.perf_counter() - t0:.1f}s: {cache_root}")
+    dist.barrier()
+    store = mapped_split(cache_root / "train")
     vocab_size = spec["model_config"]["vocab_size"]
     if store.max_token_id >= vocab_size:
         raise UserError(
@@ -167,11 +179,8 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
             f"vocabulary has {vocab_size} entries.",
             fix="preprocess with the same tokenizer that you pass to pretrain.",
         )
-    val_store = None
-    try:
-        val_store = load_split(spec["shards_dir"], "validation", verify=True)
-    except UserError as exc:
-        log0(f"warning: no validation split, held-out accuracy will not be logged ({exc})")
+    val_cache = cache_root / "validation"
+    val_store = mapped_split(val_cache) if (val_cache / example_cache.CACHE_META).is_file() else None
     plan = BatchPlan(
         num_examples=len(store),
         micro_batch_size=pcfg["micro_batch_size"],
@@ -373,6 +382,12 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
             tracker.summary({"final_step": pcfg["max_steps"], "checkpoint": str(last_tag)})
             tracker.finish()
     dist.barrier()
+    if local_rank == 0:  # the run is complete: its data cache is not needed again
+        shutil.rmtree(cache_root, ignore_errors=True)
+        try:
+            cache_root.parent.rmdir()  # data_cache/, once no other node's cache is left in it
+        except OSError:
+            pass
 
 
 def save(engine, ckpt_root: Path, step: int, plan: BatchPlan, spec: dict[str, Any], rank: int) -> Path:

@@ -1,0 +1,72 @@
+"""The per-node memory-mapped example cache: same data as the Parquet shards, reused only while
+it matches the shards and is intact, rebuilt otherwise."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from preprocessing import shard_format
+from tests.shard_fixtures import make_shards, make_tokenizer_dir
+from training import example_cache
+from training.data import load_split, mapped_split
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, minilm_dir, data_dir):
+    root = tmp_path_factory.mktemp("cache-data")
+    tok = make_tokenizer_dir(minilm_dir, root / "tok")
+    return make_shards(root / "shards", tok, data_dir, num_docs=300, num_train_shards=3)
+
+
+FIELDS = ("input_ids", "segment_ids", "offsets", "mlm_positions", "mlm_ids", "mlm_offsets", "nsp_labels")
+
+
+def test_mapped_split_equals_the_parquet_read_across_shards(shards, tmp_path):
+    assert len(shard_format.read_manifest(shards)["splits"]["train"]) == 3
+    path = example_cache.ensure(shards, "train", tmp_path / "cache")
+    mapped, parquet = mapped_split(path), load_split(shards, "train")
+    assert len(mapped) == len(parquet) > 100
+    for name in FIELDS:
+        a, b = getattr(mapped, name), getattr(parquet, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert isinstance(mapped.input_ids, np.memmap)  # shared through the page cache, not copied
+    meta = json.loads((path / example_cache.CACHE_META).read_text())
+    assert meta["num_examples"] == len(parquet) and meta["num_tokens"] == len(parquet.input_ids)
+
+
+def test_complete_cache_is_reused_and_a_damaged_or_stale_one_rebuilt(shards, tmp_path):
+    root = tmp_path / "cache"
+    path = example_cache.ensure(shards, "train", root)
+    stamp = (path / example_cache.CACHE_META).stat().st_mtime_ns
+    assert example_cache.ensure(shards, "train", root) == path
+    assert (path / example_cache.CACHE_META).stat().st_mtime_ns == stamp  # reused
+
+    want = load_split(shards, "train").input_ids
+    logs: list[str] = []
+    ids = path / "input_ids.bin"
+    ids.write_bytes(ids.read_bytes()[:-4])  # truncated
+    example_cache.ensure(shards, "train", root, log=logs.append)
+    assert np.array_equal(mapped_split(path).input_ids, want) and len(logs) == 1
+
+    raw = bytearray(ids.read_bytes())
+    raw[100] ^= 0x01  # same size, one bit flipped: caught by the sha256 check
+    ids.write_bytes(bytes(raw))
+    example_cache.ensure(shards, "train", root, log=logs.append)
+    assert np.array_equal(mapped_split(path).input_ids, want) and len(logs) == 2
+
+    meta = json.loads((path / example_cache.CACHE_META).read_text())
+    meta["source"][0]["sha256"] = "0" * 64  # built from other shards
+    (path / example_cache.CACHE_META).write_text(json.dumps(meta))
+    example_cache.ensure(shards, "train", root, log=logs.append)
+    assert len(logs) == 3 and example_cache.is_complete(path, shards, "train", check_hashes=True)
+    assert not list(root.glob(".*tmp*"))  # no temp directories left behind
+
+
+def test_missing_split_is_a_user_error(shards, tmp_path):
+    from common.errors import UserError
+
+    with pytest.raises(UserError, match="no 'test' (split|shards)"):
+        example_cache.ensure(shards, "test", tmp_path / "cache")
