@@ -59,6 +59,29 @@ def _flat(column: pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
     return values[offsets[0] : offsets[-1]], offsets - offsets[0]
 
 
+def flatten_table(table: pa.Table, where: str) -> dict[str, np.ndarray]:
+    """Shard rows -> the ExampleStore arrays (offsets from 0); `where` names the source in errors."""
+    input_ids, offsets = _flat(table.column("input_ids"), np.int32)
+    segment_ids, seg_offsets = _flat(table.column("segment_ids"), np.int8)
+    mlm_positions, mlm_offsets = _flat(table.column("masked_lm_positions"), np.int32)
+    mlm_ids, ids_offsets = _flat(table.column("masked_lm_ids"), np.int32)
+    if not (np.array_equal(offsets, seg_offsets) and np.array_equal(mlm_offsets, ids_offsets)):
+        raise UserError(
+            f"{where}: segment_ids / masked_lm_ids lengths differ from input_ids / masked_lm_positions "
+            "in some rows.",
+            fix="rerun preprocess; the shards were written by a broken writer.",
+        )
+    return {
+        "input_ids": input_ids,
+        "segment_ids": segment_ids,
+        "offsets": offsets,
+        "mlm_positions": mlm_positions,
+        "mlm_ids": mlm_ids,
+        "mlm_offsets": mlm_offsets,
+        "nsp_labels": table.column("next_sentence_label").to_numpy().astype(np.int8),
+    }
+
+
 def load_split(shards_dir: str | Path, split: str = "train", verify: bool = True) -> ExampleStore:
     """Read every shard of a split (checksums verified once) into one ExampleStore."""
     paths = shard_format.shard_paths(shards_dir, split, verify=verify)
@@ -67,27 +90,8 @@ def load_split(shards_dir: str | Path, split: str = "train", verify: bool = True
             f"{Path(shards_dir) / shard_format.MANIFEST_NAME} lists no {split!r} shards.",
             fix="rerun preprocess on a corpus with enough documents.",
         )
-    tables = [shard_format.read_shard(p) for p in paths]
-    table = pa.concat_tables(tables)
-    input_ids, offsets = _flat(table.column("input_ids"), np.int32)
-    segment_ids, seg_offsets = _flat(table.column("segment_ids"), np.int8)
-    mlm_positions, mlm_offsets = _flat(table.column("masked_lm_positions"), np.int32)
-    mlm_ids, ids_offsets = _flat(table.column("masked_lm_ids"), np.int32)
-    if not (np.array_equal(offsets, seg_offsets) and np.array_equal(mlm_offsets, ids_offsets)):
-        raise UserError(
-            f"shards in {shards_dir}/{split}: segment_ids / masked_lm_ids lengths differ from "
-            "input_ids / masked_lm_positions in some rows.",
-            fix="rerun preprocess; the shards were written by a broken writer.",
-        )
-    return ExampleStore(
-        input_ids=input_ids,
-        segment_ids=segment_ids,
-        offsets=offsets,
-        mlm_positions=mlm_positions,
-        mlm_ids=mlm_ids,
-        mlm_offsets=mlm_offsets,
-        nsp_labels=table.column("next_sentence_label").to_numpy().astype(np.int8),
-    )
+    table = pa.concat_tables([shard_format.read_shard(p) for p in paths])
+    return ExampleStore(**flatten_table(table, f"shards in {shards_dir}/{split}"))
 
 
 def mapped_split(cache_dir: str | Path) -> ExampleStore:

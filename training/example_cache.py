@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from common.atomic import sha256_file
 from common.errors import UserError
 from preprocessing import shard_format
+from training.data import flatten_table
 
 CACHE_META = "cache.json"
 VERSION = 1
@@ -52,13 +52,6 @@ def source_key(shards_dir: str | Path, split: str) -> list[dict[str, Any]]:
     return [{k: e.get(k) for k in ("path", "num_examples", "sha256")} for e in entries]
 
 
-def _flat_values(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    arr = column.combine_chunks()
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    values = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-    return values, offsets - offsets[0]
-
-
 def build(shards_dir: str | Path, split: str, target: Path) -> Path:
     """Flatten every shard of `split` into `target` (atomically: a temp dir renamed at the end)."""
     paths = shard_format.shard_paths(shards_dir, split, verify=True)
@@ -71,55 +64,38 @@ def build(shards_dir: str | Path, split: str, target: Path) -> Path:
     files["mlm_offsets"].write(np.zeros(1, "<i8").tobytes())
     try:
         for path in paths:
-            table = shard_format.read_shard(path)
-            ids, offsets = _flat_values(table.column("input_ids"))
-            seg, seg_offsets = _flat_values(table.column("segment_ids"))
-            pos, mlm_offsets = _flat_values(table.column("masked_lm_positions"))
-            lab, lab_offsets = _flat_values(table.column("masked_lm_ids"))
-            if not (np.array_equal(offsets, seg_offsets) and np.array_equal(mlm_offsets, lab_offsets)):
-                raise UserError(
-                    f"shard {path}: segment_ids / masked_lm_ids lengths differ from input_ids / "
-                    "masked_lm_positions in some rows.",
-                    fix="rerun preprocess; the shards were written by a broken writer.",
-                )
-            files["input_ids"].write(ids.astype("<i4", copy=False).tobytes())
-            files["segment_ids"].write(seg.astype("i1", copy=False).tobytes())
-            files["offsets"].write((offsets[1:] + token_base).astype("<i8").tobytes())
-            files["mlm_positions"].write(pos.astype("<i4", copy=False).tobytes())
-            files["mlm_ids"].write(lab.astype("<i4", copy=False).tobytes())
-            files["mlm_offsets"].write((mlm_offsets[1:] + mlm_base).astype("<i8").tobytes())
-            nsp = table.column("next_sentence_label").to_numpy()
-            files["nsp_labels"].write(nsp.astype("i1").tobytes())
-            token_base += int(offsets[-1])
-            mlm_base += int(mlm_offsets[-1])
-            rows += table.num_rows
+            arrays = flatten_table(shard_format.read_shard(path), f"shard {path}")
+            for name, dtype in ARRAYS.items():
+                values = arrays[name]
+                if name == "offsets":
+                    values = values[1:] + token_base
+                elif name == "mlm_offsets":
+                    values = values[1:] + mlm_base
+                files[name].write(values.astype(dtype, copy=False).tobytes())
+            token_base += int(arrays["offsets"][-1])
+            mlm_base += int(arrays["mlm_offsets"][-1])
+            rows += len(arrays["nsp_labels"])
     finally:
         for f in files.values():
             f.close()
-    arrays = {}
+    files_info = {}
     for name, dtype in ARRAYS.items():
         f = tmp / f"{name}.bin"
-        arrays[name] = {"dtype": dtype, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        files_info[name] = {"dtype": dtype, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
     meta = {
         "version": VERSION,
         "split": split,
         "source": source_key(shards_dir, split),
         "num_examples": rows,
         "num_tokens": token_base,
-        "arrays": arrays,
+        "arrays": files_info,
     }
     (tmp / CACHE_META).write_text(json.dumps(meta, indent=1))
     for f in tmp.iterdir():
         with f.open("rb") as fh:
             os.fsync(fh.fileno())
-    try:
-        os.replace(tmp, target)  # an empty or stale target directory is replaced whole
-    except OSError:
-        if is_complete(target, shards_dir, split, check_hashes=False):  # another node won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(tmp, target)
+    shutil.rmtree(target, ignore_errors=True)  # a stale cache (ensure() decided to rebuild)
+    os.replace(tmp, target)  # only the first rank of this node builds here (the path names the host)
     return target
 
 
