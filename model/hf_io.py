@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
+from common.jsonfile import read_json_object
 from model.config import BertConfig
 from model.heads import BertForPreTraining
 
@@ -28,17 +29,13 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
 def read_config(directory: Path) -> BertConfig:
     path = directory / "config.json"
-    if not path.is_file():
-        raise UserError(
-            f"{directory} is not a BERT checkpoint: {path} is missing.",
-            fix="pass a directory with config.json and model.safetensors (or pytorch_model.bin).",
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is not a model config (expected a JSON object).")
+    data = read_json_object(
+        path,
+        "model config",
+        missing=f"{directory} is not a BERT checkpoint: {path} is missing.",
+        missing_fix="pass a directory with config.json and model.safetensors (or pytorch_model.bin).",
+        invalid_fix="use the config.json that was saved with these weights.",
+    )
     if data.get("model_type", "bert") != "bert":
         raise UserError(
             f"{directory} is not a BERT checkpoint: {path} says model_type {data.get('model_type')!r}.",

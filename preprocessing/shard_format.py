@@ -7,7 +7,6 @@ longest sequence. Bump SCHEMA_VERSION on any change; readers refuse other versio
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pyarrow.parquet as pq
 
 from common.atomic import atomic_path, sha256_file
 from common.errors import UserError
+from common.jsonfile import read_json_object
 
 SCHEMA_VERSION = 1
 
@@ -69,17 +69,13 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     """Load `manifest.json` of a shard directory, refusing missing or foreign formats."""
     directory = Path(directory)
     path = directory / MANIFEST_NAME
-    if not path.is_file():
-        raise UserError(
-            f"no shards at {directory}: {path} is missing.",
-            fix="run `bertflow preprocess` (or the flow) to write them, or point to the right directory.",
-        )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(
-            f"{path} is corrupt ({exc}).", fix=f"delete {directory} and rerun preprocess."
-        ) from None
+    manifest = read_json_object(
+        path,
+        "shard manifest",
+        missing=f"no shards at {directory}: {path} is missing.",
+        missing_fix="run `bertflow preprocess` (or the flow) to write them, or point to the right directory.",
+        invalid_fix=f"delete {directory} and rerun preprocess.",
+    )
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
         raise UserError(

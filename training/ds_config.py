@@ -8,11 +8,11 @@ them is refused here, before a process is launched.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from common.jsonfile import read_json_object
 from common.paths import PROJECT_ROOT
 from training.config import PretrainConfig
 
@@ -25,19 +25,13 @@ def resolve_template(path: str) -> Path:
 
 
 def load_template(path: str) -> dict[str, Any]:
-    p = resolve_template(path)
-    if not p.is_file():
-        raise UserError(
-            f"DeepSpeed config {path} does not exist.",
-            fix="set pretrain.deepspeed_config to one of infra/deepspeed/zero{0,1,2,3}.json.",
-        )
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"DeepSpeed config {p} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"DeepSpeed config {p} must be a JSON object.")
-    return data
+    return read_json_object(
+        resolve_template(path),
+        "DeepSpeed config",
+        missing=f"DeepSpeed config {path} does not exist.",
+        missing_fix="set pretrain.deepspeed_config to one of infra/deepspeed/zero{0,1,2,3}.json.",
+        invalid_fix="fix the JSON, or start again from one of infra/deepspeed/zero{0,1,2,3}.json.",
+    )
 
 
 def resolve_precision(requested: str, template: dict[str, Any], on_gpu: bool, bf16_ok: bool) -> str:

@@ -1,0 +1,32 @@
+"""Reading a JSON object that a user or an earlier stage wrote, with one clear error for each way
+it can be wrong (missing, not JSON, not an object)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from common.errors import UserError
+
+
+def read_json_object(
+    path: Path,
+    what: str,
+    missing: str | None = None,
+    missing_fix: str | None = None,
+    invalid_fix: str | None = None,
+) -> dict[str, Any]:
+    """`what` names the file in errors ("DeepSpeed config", ...); `missing` replaces the default
+    message for a file that does not exist."""
+    if not path.is_file():
+        raise UserError(missing or f"{what} {path} does not exist.", fix=missing_fix)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(
+            f"{what} {path} is not valid JSON (corrupt or truncated: {exc}).", fix=invalid_fix
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path} must hold a JSON object, not {type(data).__name__}.", fix=invalid_fix)
+    return data

@@ -1,0 +1,35 @@
+"""The JSON files users and stages hand each other: each way of being wrong is one clear error
+naming the file, through the real readers (shard manifest, DeepSpeed template, model config)."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.errors import UserError
+from model.hf_io import read_config
+from preprocessing.shard_format import read_manifest
+from training.ds_config import load_template
+
+
+def test_manifest_that_is_not_an_object_or_not_json(tmp_path):
+    (tmp_path / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match=r"shard manifest .*manifest.json must hold a JSON object, not list"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"splits": ')
+    with pytest.raises(UserError, match=r"not valid JSON \(corrupt or truncated.*delete .* rerun preprocess"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").unlink()
+    with pytest.raises(UserError, match=r"no shards at .*manifest.json is missing"):
+        read_manifest(tmp_path)
+
+
+def test_deepspeed_template_and_model_config(tmp_path):
+    bad = tmp_path / "ds.json"
+    bad.write_text("{'stage': 2}")
+    with pytest.raises(UserError, match=r"DeepSpeed config .*ds.json is not valid JSON.*infra/deepspeed"):
+        load_template(str(bad))
+    with pytest.raises(UserError, match=r"DeepSpeed config .*nope.json does not exist"):
+        load_template(str(tmp_path / "nope.json"))
+    (tmp_path / "config.json").write_text('"bert"')
+    with pytest.raises(UserError, match=r"model config .*config.json must hold a JSON object, not str"):
+        read_config(tmp_path)
