@@ -50,7 +50,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 def cli_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(PROJECT_ROOT)
-    env.setdefault("TORCH_EXTENSIONS_DIR", "/work/.cache/torch_extensions")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".cache" / "torch_extensions"))
     env.update(extra)
     return env
 
