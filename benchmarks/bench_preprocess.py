@@ -68,21 +68,28 @@ def ceiling_mb_per_s(files: list[Path], vocab: Path, sample_mb: float) -> float:
 
 
 def peak_tree_rss(proc: subprocess.Popen, out: dict) -> None:
+    """Peak RSS of the whole process tree, and each process's own peak (driver vs Beam workers)."""
     parent = psutil.Process(proc.pid)
     peak = 0
+    each: dict[int, int] = {}
     while proc.poll() is None:
         try:
-            total = parent.memory_info().rss
-            for child in parent.children(recursive=True):
+            total = 0
+            for p in [parent, *parent.children(recursive=True)]:
                 try:
-                    total += child.memory_info().rss
+                    rss = p.memory_info().rss
                 except psutil.Error:
-                    pass
+                    continue
+                total += rss
+                each[p.pid] = max(each.get(p.pid, 0), rss)
         except psutil.Error:
             break
         peak = max(peak, total)
         time.sleep(0.2)
     out["peak_rss_gb"] = peak / 2**30
+    driver = each.pop(proc.pid, 0)
+    out["driver_peak_gb"] = driver / 2**30
+    out["largest_other_process_peaks_gb"] = sorted((v / 2**30 for v in each.values()), reverse=True)[:3]
 
 
 def run_preprocess(inputs: list[str], vocab: Path, workers: int, out_dir: Path) -> dict:
@@ -148,6 +155,8 @@ def main() -> None:
             f"peak RSS of process tree {r['peak_rss_gb']:.2f} GB (goal <= 2 GB)",
             flush=True,
         )
+        others = ", ".join(f"{g:.2f}" for g in r["largest_other_process_peaks_gb"])
+        print(f"{'':9s} per-process peaks: driver {r['driver_peak_gb']:.2f} GB; largest others {others} GB")
     if len(rows) < 2:
         return
     (_, _, mb1, *_, r1), (_, _, mb3, *_, r3) = rows[0], rows[-1]

@@ -1,6 +1,6 @@
 """The Beam pipeline: corpus files → tokenized documents → buckets → examples → Parquet shards.
 
-    files ─Reshuffle─▶ ReadAndTokenize ─(split/bucket, doc)─▶ GroupByKey ─▶ MakeExamples
+    files ─Reshuffle─▶ ReadAndTokenize ─(split/bucket) → doc file─▶ GroupByKey ─▶ MakeExamples
       ─(split, shard) → part file─▶ GroupByKey ─▶ MergeShard (sort by key, write_shard) ─▶ entries
 
 Scaling (as NVIDIA's LDDL): each document goes to one of `num_buckets` buckets by a hash of its id
@@ -8,8 +8,11 @@ and text; a bucket holds ~bucket_size_mb of text, so memory per worker is bounde
 corpus size, and NotNext segments are drawn from the same bucket. Every random draw is seeded from
 (seed, bucket, dupe pass) and every example gets a stable 64-bit key that picks its shard and its
 place in the shard, so the shards are byte-identical for any number of workers or runner.
-Bucket outputs are written as part files under the work dir (a filesystem the workers and the
-driver share), so the last shuffle moves only file names; MergeShard writes each final shard
+Both shuffles move only file names: tokenized documents are written per input file as Arrow
+files (rows grouped by bucket) under the work dir (a filesystem the workers and the driver share) and bucket outputs
+as Parquet part files, so no runner ever buffers the corpus itself (the local runner holds a
+GroupByKey's values in the driver and hands each worker its share as one bundle, which made
+memory grow with the corpus: docs/benchmarks.md §2). MergeShard writes each final shard
 atomically with `shard_format.write_shard`.
 """
 
@@ -39,6 +42,15 @@ from preprocessing.masking import MaskingSpec
 from preprocessing.shard_format import SCHEMA, shard_name, write_shard
 
 TOKENIZE_BATCH_DOCS = 64
+DOC_FLUSH_BYTES = 32 * 2**20  # tokenized text a worker buffers per input file before writing it out
+DOC_SCHEMA = pa.schema(
+    [
+        pa.field("hash", pa.uint64(), nullable=False),
+        pa.field("ids", pa.binary(), nullable=False),
+        pa.field("lens", pa.binary(), nullable=False),
+        pa.field("dtype", pa.string(), nullable=False),
+    ]
+)
 PART_SCHEMA = pa.schema([pa.field("key", pa.int64(), nullable=False), *SCHEMA])
 
 
@@ -52,11 +64,22 @@ def split_of(h: int, validation_fraction: float) -> str:
 
 
 class ReadAndTokenize(beam.DoFn):
-    def __init__(self, tokenizer_json: str, vocab_size: int, validation_fraction: float, num_buckets: int):
+    """One corpus file → its documents tokenized and written as Arrow files under `docs_dir`
+    (rows grouped by bucket); emits (bucket, file slice). Memory: about DOC_FLUSH_BYTES of tokens."""
+
+    def __init__(
+        self,
+        tokenizer_json: str,
+        vocab_size: int,
+        validation_fraction: float,
+        num_buckets: int,
+        docs_dir: str,
+    ):
         self.tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
         self.validation_fraction = validation_fraction
         self.num_buckets = num_buckets
+        self.docs_dir = docs_dir
 
     def setup(self) -> None:
         from tokenizers import Tokenizer
@@ -66,18 +89,26 @@ class ReadAndTokenize(beam.DoFn):
     def process(self, element: tuple[str, str]):
         path, label = element
         counts: Counter = Counter()
-        batch = []
+        # deterministic names: a rerun rewrites the same files (atomically)
+        file_id = hashlib.blake2b(path.encode(), digest_size=8).hexdigest()
+        buffered: dict[str, list] = {}
+        size, chunk, batch = 0, 0, []
         for doc in read_documents(Path(path), counts, label):
             batch.append(doc)
             if len(batch) >= TOKENIZE_BATCH_DOCS:
-                yield from self._emit(batch, counts)
+                size += self._tokenize(batch, counts, buffered)
                 batch = []
+            if size >= DOC_FLUSH_BYTES:
+                yield from self._flush(buffered, file_id, chunk)
+                buffered, size, chunk = {}, 0, chunk + 1
         if batch:
-            yield from self._emit(batch, counts)
+            self._tokenize(batch, counts, buffered)
+        yield from self._flush(buffered, file_id, chunk)
         counts["files_read"] += 1
         yield beam.pvalue.TaggedOutput("stats", dict(counts))
 
-    def _emit(self, docs, counts: Counter):
+    def _tokenize(self, docs, counts: Counter, buffered: dict[str, list]) -> int:
+        added = 0
         for doc, sentences in zip(docs, tokenize_documents(self.tok, docs, counts)):
             if not sentences:
                 counts["documents_skipped_no_tokens"] += 1
@@ -93,7 +124,49 @@ class ReadAndTokenize(beam.DoFn):
                 if split == "train"
                 else math.ceil(self.num_buckets * self.validation_fraction)
             )
-            yield f"{split}/{(h >> 24) % max(1, n):06d}", (h, pack(sentences, self.vocab_size))
+            packed = pack(sentences, self.vocab_size)
+            buffered.setdefault(f"{split}/{(h >> 24) % max(1, n):06d}", []).append((h, packed))
+            added += len(packed[0]) + len(packed[1])
+        return added
+
+    def _flush(self, buffered: dict[str, list], file_id: str, chunk: int):
+        """One Arrow file per flush, rows grouped by bucket; emits (bucket, (path, first row, rows)).
+        Work files need no fsync: a crash clears the whole work dir and the job reruns."""
+        if not buffered:
+            return
+        groups = sorted(buffered)
+        docs = [d for g in groups for d in buffered[g]]
+        table = pa.Table.from_arrays(
+            [
+                pa.array([h for h, _ in docs], type=pa.uint64()),
+                pa.array([p[0] for _, p in docs], type=pa.binary()),
+                pa.array([p[1] for _, p in docs], type=pa.binary()),
+                pa.array([p[2] for _, p in docs], type=pa.string()),
+            ],
+            schema=DOC_SCHEMA,
+        )
+        path = Path(self.docs_dir) / f"{file_id}-{chunk:05d}.arrow"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, DOC_SCHEMA) as writer:
+            writer.write_table(table)
+        os.replace(tmp, path)  # a retried bundle rewrites the same name with the same rows
+        start = 0
+        for group in groups:
+            yield group, (str(path), start, len(buffered[group]))
+            start += len(buffered[group])
+
+
+def read_docs(slices) -> list[tuple[int, tuple[bytes, bytes, str]]]:
+    """The (hash, packed sentences) records of a bucket: (path, first row, rows) slices of the
+    document files that ReadAndTokenize wrote."""
+    docs = []
+    for path, start, length in slices:
+        with pa.memory_map(str(path)) as source:
+            table = pa.ipc.open_file(source).read_all().slice(start, length)
+            cols = [table.column(name).to_pylist() for name in ("hash", "ids", "lens", "dtype")]
+        docs.extend((h, (ids, lens, dtype)) for h, ids, lens, dtype in zip(*cols))
+    return docs
 
 
 class MakeExamples(beam.DoFn):
@@ -104,8 +177,10 @@ class MakeExamples(beam.DoFn):
         self.num_shards = num_shards
 
     def process(self, element):
-        group, docs = element
-        docs = sorted(docs, key=lambda d: (d[0], d[1]))  # arrival order varies; this does not
+        group, doc_files = element
+        docs = sorted(
+            read_docs(sorted(doc_files)), key=lambda d: (d[0], d[1])
+        )  # arrival order varies; this does not
         stats: Counter = Counter()
         split = group.split("/")[0]
         n_shards = self.num_shards if split == "train" else 1
@@ -217,7 +292,9 @@ def run_pipeline(
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadAndTokenize"
             >> beam.ParDo(
-                ReadAndTokenize(tokenizer_json, len(vocab), validation_fraction, num_buckets)
+                ReadAndTokenize(
+                    tokenizer_json, len(vocab), validation_fraction, num_buckets, str(work_dir / "docs")
+                )
             ).with_outputs("stats", main="docs")
         )
         examples = (

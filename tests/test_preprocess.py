@@ -240,3 +240,37 @@ def test_runner_option_files_parse_into_beam_options(name):
     assert local["direct_num_workers"] == 3 and local["direct_running_mode"] == "multi_processing"
     with pytest.raises(UserError, match="--dupe_factr=3"):
         pipeline_options("DirectRunner", 2, ["--dupe_factr=3"])
+
+
+def test_first_shuffle_moves_file_names_not_documents(tmp_path, data_dir, minilm_dir, monkeypatch):
+    """ReadAndTokenize writes each bucket's tokenized documents to a file and emits only
+    (bucket, path), so no runner buffers the corpus in a GroupByKey; the files hold every document,
+    and a file larger than the flush size is split without losing any."""
+    from tokenizers import Tokenizer
+
+    from preprocessing import beam_job
+    from preprocessing.doc_tokens import unpack
+
+    tok_json = Tokenizer.from_file(str(minilm_dir / "tokenizer.json")).to_str()
+    source = data_dir / "wiki/enwiki-2015/AA/wiki_01.gz"
+    outputs = {}
+    monkeypatch.setattr(beam_job, "TOKENIZE_BATCH_DOCS", 4)  # this file has 53 long articles
+    for flush in (beam_job.DOC_FLUSH_BYTES, 50_000):
+        monkeypatch.setattr(beam_job, "DOC_FLUSH_BYTES", flush)
+        fn = beam_job.ReadAndTokenize(tok_json, 30522, 0.1, 4, str(tmp_path / f"docs-{flush}"))
+        fn.setup()
+        out = list(fn.process((str(source), "wikiextractor")))
+        emitted = [o for o in out if not hasattr(o, "tag")]
+        stats = next(o.value for o in out if hasattr(o, "tag"))
+        assert all(isinstance(g, str) and Path(sl[0]).is_file() for g, sl in emitted)
+        by_group: dict[str, list] = {}
+        for group, doc_slice in emitted:
+            by_group.setdefault(group, []).extend(beam_job.read_docs([doc_slice]))
+        documents = stats["documents_train"] + stats.get("documents_validation", 0)
+        assert sum(len(v) for v in by_group.values()) == documents
+        outputs[flush] = {g: sorted(v) for g, v in by_group.items()}
+        files = {sl[0] for _, sl in emitted}
+        assert (len(files) == 1) if flush > 50_000 else (len(files) > 1)  # one file per flush
+    assert outputs[max(outputs)] == outputs[50_000]  # the same records, however they were split
+    h, packed = next(iter(outputs[50_000].values()))[0]
+    assert isinstance(h, int) and all(isinstance(s, list) and s for s in unpack(packed))
