@@ -148,3 +148,21 @@ def test_zero_stages_reach_the_same_weights(ref_run, data, tmp_path, stage, laun
     ref_loss, loss = losses(ref_out), losses(out)
     assert all(abs(ref_loss[s] - loss[s]) < 1e-4 for s in ref_loss), (ref_loss, loss)
     shutil.rmtree(out / "checkpoints")
+
+
+def test_one_process_with_accumulation_equals_two_processes(data, tmp_path):
+    """The single-process path (ZeRO-0, no gradient all-reduce) with 2 accumulation steps sees the
+    same global batches as 2 ZeRO-0 processes (which must all-reduce) and reaches the same weights
+    (dropout off so the ranks' dropout streams do not differ)."""
+    no_dropout = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0", "pretrain.max_steps=4",
+                  "pretrain.checkpoint_every=4", "pretrain.eval_every=4"]  # fmt: skip
+    one, two = tmp_path / "one", tmp_path / "two"
+    lines: list[str] = []
+    run_pretrain_stage(config(*no_dropout, "pretrain.num_processes=1", "pretrain.gradient_accumulation_steps=2",
+                              "pretrain.zero_stage=null"), *data, one, log_line=lines.append)  # fmt: skip
+    assert any("ZeRO 0" in ln and "world 1" in ln for ln in lines)  # the 1-process default
+    run_pretrain_stage(config(*no_dropout, "pretrain.zero_stage=0"), *data, two, log_line=lambda _: None)
+    a, b = read_state_dict(one / "model"), read_state_dict(two / "model")
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5), (k, (a[k] - b[k]).abs().max())
+    assert max(abs(losses(one)[s] - losses(two)[s]) for s in losses(two)) < 1e-4
