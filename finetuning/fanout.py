@@ -87,6 +87,29 @@ def threads_per_worker(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
+def unit_pool(concurrency: int, n_jobs: int, threads: int | None = None) -> tuple[ProcessPoolExecutor, int]:
+    """Worker processes for fine-tuning units: up to `concurrency` of them (never more than jobs),
+    each with `threads` torch threads or its share of the CPU cores; on a GPU machine at most one
+    per GPU, each pinned to its own GPU. Returns (pool, number of workers)."""
+    import torch
+
+    n_gpus = torch.cuda.device_count()
+    workers = max(1, min(concurrency, max(n_jobs, 1), n_gpus or concurrency))
+    ctx = mp.get_context("spawn")
+    devices = None
+    if n_gpus:
+        devices = ctx.Queue()
+        for i in range(workers):
+            devices.put(i)
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(os.getpid(), threads or threads_per_worker(workers), devices),
+    )
+    return pool, workers
+
+
 def run_jobs(
     cfg: FinetuneConfig,
     jobs: list[Job],
@@ -99,23 +122,8 @@ def run_jobs(
     on_result: Any = None,
 ) -> list[dict[str, Any]]:
     """Run `jobs` in at most `workers` processes (one per GPU when GPUs exist); results in job order."""
-    import torch
-
-    n_gpus = torch.cuda.device_count()
-    workers = max(1, min(workers, len(jobs), n_gpus or workers))
-    ctx = mp.get_context("spawn")
-    devices = None
-    if n_gpus:
-        devices = ctx.Queue()
-        for i in range(workers):
-            devices.put(i)
     results: list[dict[str, Any] | None] = [None] * len(jobs)
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(os.getpid(), cfg.threads or threads_per_worker(workers), devices),
-    )
+    pool, _ = unit_pool(workers, len(jobs), cfg.threads)
     try:
         pending = {
             pool.submit(_run_job, cfg, job, tokenizer_dir, data_root, group, wandb_mode): i

@@ -369,7 +369,9 @@ def _finetune_fanout(
     if "finetune" in forced:
         for *_, unit_dir in jobs:
             _clear(unit_dir)
-    pool, workers = _unit_pool(cfg.finetune.concurrency, len(jobs))
+    from finetuning.fanout import unit_pool
+
+    pool, workers = unit_pool(cfg.finetune.concurrency, len(jobs), cfg.finetune.threads)
     pool_id = f"{id(pool)}"
     _UNIT_POOLS[pool_id] = pool
     logger.info("finetune: %d units, %d worker process(es)", len(jobs), workers)
@@ -431,33 +433,6 @@ def _finetune_fanout(
         }
     )
     call("finetune", scorecard_task, results=results)
-
-
-def _unit_pool(concurrency: int, n_jobs: int) -> tuple[Any, int]:
-    """Worker processes for fine-tuning units: `finetune.concurrency` of them, each with its share
-    of the CPU threads; on a GPU machine at most one per GPU, each pinned to its own GPU."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    import torch
-
-    from finetuning.fanout import _init_worker, threads_per_worker
-
-    n_gpus = torch.cuda.device_count()
-    workers = max(1, min(concurrency, max(n_jobs, 1), n_gpus or concurrency))
-    ctx = mp.get_context("spawn")
-    devices = None
-    if n_gpus:
-        devices = ctx.Queue()
-        for i in range(workers):
-            devices.put(i)
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(os.getpid(), threads_per_worker(workers), devices),
-    )
-    return pool, workers
 
 
 def _write_record(
