@@ -1,0 +1,125 @@
+"""`bertflow evaluate CHECKPOINT --shards DIR`: held-out masked-LM and NSP quality of any BERT.
+
+CHECKPOINT is anything `export-hf` reads: our model directory, an exported or third-party Hugging
+Face BERT with pretraining heads, a pretrain output directory or a DeepSpeed checkpoint. DIR is a
+shard directory written by `bertflow preprocess` with the same vocabulary (checked against the
+checkpoint's vocab.txt when it has one). Prints MLM accuracy/loss and NSP accuracy/loss next to the
+split's context-free baselines, and says so plainly when the model does no better than them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.atomic import atomic_write_json
+from common.errors import UserError
+from pipelines.model_commands_export import resolve_model
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", type=Path, help="model dir, HF BERT dir with heads, or pretrain output dir")
+    p.add_argument(
+        "--shards", type=Path, required=True, help="shard directory written by `bertflow preprocess`"
+    )
+    p.add_argument("--split", default="validation", help="train or validation (default: validation)")
+    p.add_argument("--max-examples", type=int, default=None, help="evaluate only the first N examples")
+    p.add_argument("--batch-size", type=int, default=64, help="examples per forward pass")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+
+
+def evaluate_checkpoint(
+    checkpoint: Path,
+    shards: Path,
+    split: str = "validation",
+    max_examples: int | None = None,
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """Load, check compatibility, evaluate; returns metrics, baselines and what was evaluated."""
+    import torch
+
+    from training.data import collate, load_split
+    from training.evaluate import beats_unigram, evaluate_pretraining, mlm_baselines
+    from training.preflight import check_shards
+
+    if batch_size < 1 or (max_examples is not None and max_examples < 1):
+        raise UserError("--batch-size and --max-examples must be positive integers.")
+    resolved = resolve_model(checkpoint)
+    heads = [n for n in resolved.fresh if n.startswith("cls.predictions")]
+    has_nsp_head = not any(n.startswith("cls.seq_relationship") for n in resolved.fresh)
+    if heads:
+        raise UserError(
+            f"{checkpoint} has no pretraining heads ({', '.join(heads[:3])}… are missing), so it cannot "
+            "predict masked tokens.",
+            fix="evaluate a checkpoint saved with its MLM/NSP heads (BertForPreTraining), e.g. a "
+            "bertflow pretrain output or its model/ directory.",
+        )
+    model = resolved.model
+    vocab_size = model.config.vocab_size
+    if resolved.tokenizer_dir is not None:
+        check_shards(shards, resolved.tokenizer_dir, vocab_size)
+    store = load_split(shards, split)
+    if store.max_token_id >= vocab_size:
+        raise UserError(
+            f"the {split} shards in {shards} hold token id {store.max_token_id}, but {checkpoint} has a "
+            f"vocabulary of {vocab_size}.",
+            fix="evaluate on shards preprocessed with the checkpoint's own tokenizer.",
+        )
+    n = len(store) if max_examples is None else min(max_examples, len(store))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    batches = (collate(store, np.arange(i, min(i + batch_size, n))) for i in range(0, n, batch_size))
+    sums = evaluate_pretraining(model, batches, device)
+    metrics = sums.metrics()
+    if not has_nsp_head:  # e.g. a BertForMaskedLM checkpoint: its NSP layer would be random
+        metrics = {k: v for k, v in metrics.items() if "nsp" not in k}
+    baselines = mlm_baselines(store, n)
+    return {
+        "checkpoint": str(checkpoint),
+        "checkpoint_kind": resolved.kind,
+        "shards": str(shards),
+        "split": split,
+        "examples": n,
+        "masked_tokens": int(sums.mlm_count),
+        "metrics": metrics,
+        "baselines": baselines.as_dict(),
+        "beats_unigram": beats_unigram(metrics, baselines),
+    }
+
+
+def format_result(r: dict[str, Any]) -> str:
+    m, b = r["metrics"], r["baselines"]
+    lines = [
+        f"{r['checkpoint']} on {r['shards']} ({r['split']}, {r['examples']:,} examples, "
+        f"{r['masked_tokens']:,} masked tokens):",
+        f"  masked LM   accuracy {m['val_mlm_acc']:.4f}   loss {m['val_mlm_loss']:.4f} nats",
+        f"  next sent.  accuracy {m['val_nsp_acc']:.4f}   loss {m['val_nsp_loss']:.4f} nats"
+        if "val_nsp_acc" in m
+        else "  next sent.  not evaluated: the checkpoint has no NSP head",
+        f"  baselines   most frequent token {b['most_frequent_token_acc']:.4f}, unigram entropy "
+        f"{b['unigram_entropy']:.4f} nats, NSP majority {b['nsp_majority_acc']:.4f}",
+    ]
+    if not math.isfinite(m["val_mlm_loss"]):
+        lines.append("  WARNING: the MLM loss is not finite: the weights are broken.")
+    elif not r["beats_unigram"]:
+        lines.append(
+            "  WARNING: the MLM loss is not below the unigram entropy: this model does no better than "
+            "predicting token frequencies without context (chance level)."
+        )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    result = evaluate_checkpoint(args.checkpoint, args.shards, args.split, args.max_examples, args.batch_size)
+    print(format_result(result))
+    if args.json is not None:
+        atomic_write_json(args.json, result)
+        print(f"wrote {args.json}")
+    else:
+        print(json.dumps({k: result[k] for k in ("metrics", "baselines", "beats_unigram")}))
+    return 0

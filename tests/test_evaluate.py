@@ -1,0 +1,112 @@
+"""`bertflow evaluate`: held-out MLM/NSP figures equal transformers', baselines, refusals."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from common.errors import UserError
+from model.config import BertConfig
+from model.heads import BertForPreTraining
+from model.model_dir import publish_model_dir
+from pipelines.cli import main as cli_main
+from pipelines.evaluate_command import evaluate_checkpoint
+from tests.shard_fixtures import make_shards, make_tokenizer_dir
+from training.data import ExampleStore, collate, load_split
+from training.evaluate import mlm_baselines
+
+
+@pytest.fixture(scope="module")
+def shards_and_tokenizer(tmp_path_factory, minilm_dir, data_dir):
+    root = tmp_path_factory.mktemp("evaluate")
+    tok = make_tokenizer_dir(minilm_dir, root / "tok")
+    return make_shards(root / "shards", tok, data_dir, num_docs=200), tok
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, shards_and_tokenizer):
+    _, tok = shards_and_tokenizer
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
+    return publish_model_dir(model, tmp_path_factory.mktemp("m") / "model", tok)
+
+
+def test_figures_equal_transformers_on_the_same_examples(shards_and_tokenizer, model_dir):
+    from transformers import BertForPreTraining as HFBert
+
+    shards, _ = shards_and_tokenizer
+    ours = evaluate_checkpoint(model_dir, shards, "validation", batch_size=7)
+    store = load_split(shards, "validation")
+    hf = HFBert.from_pretrained(model_dir, attn_implementation="eager").eval()
+    batch = collate(store, np.arange(len(store)))
+    with torch.no_grad():
+        out = hf(
+            input_ids=batch["input_ids"],
+            token_type_ids=batch["token_type_ids"],
+            attention_mask=batch["attention_mask"],
+        )
+    pos, lab = batch["masked_lm_positions"], batch["masked_lm_labels"]
+    logits = torch.take_along_dim(out.prediction_logits, pos.unsqueeze(-1), dim=1)  # [B,P,V]
+    keep = lab != -100
+    logits, lab = logits[keep], lab[keep]
+    nsp = batch["next_sentence_labels"]
+    expected = {
+        "val_mlm_acc": (logits.argmax(-1) == lab).float().mean().item(),
+        "val_mlm_loss": torch.nn.functional.cross_entropy(logits, lab).item(),
+        "val_nsp_acc": (out.seq_relationship_logits.argmax(-1) == nsp).float().mean().item(),
+        "val_nsp_loss": torch.nn.functional.cross_entropy(out.seq_relationship_logits, nsp).item(),
+    }
+    assert ours["examples"] == len(store) and ours["masked_tokens"] == int(keep.sum())
+    for key, value in expected.items():
+        assert ours["metrics"][key] == pytest.approx(value, abs=1e-4), key
+    # a random model cannot beat a context-free predictor, and the command says so
+    assert ours["beats_unigram"] is False
+
+
+def test_mlm_baselines_of_a_known_split():
+    store = ExampleStore(
+        input_ids=np.zeros(8, np.int32),
+        segment_ids=np.zeros(8, np.int8),
+        offsets=np.array([0, 4, 8]),
+        mlm_positions=np.array([1, 2, 1, 2], np.int32),
+        mlm_ids=np.array([5, 5, 5, 7], np.int32),
+        mlm_offsets=np.array([0, 2, 4]),
+        nsp_labels=np.array([0, 1], np.int8),
+    )
+    b = mlm_baselines(store)
+    assert b.most_frequent_token_acc == pytest.approx(0.75)
+    assert b.unigram_entropy == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert b.nsp_majority_acc == pytest.approx(0.5)
+    first = mlm_baselines(store, num_examples=1)  # only the first example's masked tokens
+    assert first.most_frequent_token_acc == 1.0 and first.unigram_entropy == 0.0
+
+
+def test_refuses_a_checkpoint_without_pretraining_heads(shards_and_tokenizer, minilm_dir):
+    shards, _ = shards_and_tokenizer
+    with pytest.raises(UserError, match="no pretraining heads"):
+        evaluate_checkpoint(minilm_dir, shards)
+
+
+def test_refuses_shards_of_another_vocabulary(shards_and_tokenizer, model_dir, tmp_path):
+    shards, _ = shards_and_tokenizer
+    other = tmp_path / "other"
+    shutil.copytree(model_dir, other)
+    vocab = (other / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab[1000], vocab[1001] = vocab[1001], vocab[1000]  # same size, different ids
+    (other / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match="different tokenizer"):
+        evaluate_checkpoint(other, shards)
+
+
+def test_cli_prints_figures_and_exits_2_on_missing_shards(model_dir, shards_and_tokenizer, tmp_path, capsys):
+    shards, _ = shards_and_tokenizer
+    assert cli_main(["evaluate", str(model_dir), "--shards", str(shards), "--json", str(tmp_path / "e.json")]) == 0
+    out = capsys.readouterr().out
+    assert "masked LM   accuracy" in out and "chance level" in out
+    assert (tmp_path / "e.json").is_file()
+    assert cli_main(["evaluate", str(model_dir), "--shards", str(tmp_path / "none")]) == 2
+    assert "no shards" in capsys.readouterr().err
