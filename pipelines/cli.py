@@ -22,7 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("pipelines.stage_tokenizer", "train a WordPiece vocabulary (or load vocab.txt)"),
     "preprocess": ("pipelines.stage_preprocess", "Beam job: corpus -> sharded MLM/NSP examples"),
     "pretrain": ("pipelines.stage_pretrain", "DeepSpeed pretraining on the shards"),
-    "evaluate": ("pipelines.evaluate_command", "held-out masked-LM / NSP accuracy of any checkpoint on shards"),
+    "evaluate": (
+        "pipelines.evaluate_command",
+        "held-out masked-LM / NSP accuracy of any checkpoint on shards",
+    ),
     "finetune": ("pipelines.stage_finetune", "fine-tune and evaluate a checkpoint on tasks"),
     "report": ("pipelines.stage_report", "scorecard and curves from a run directory"),
     "run": ("pipelines.flow_command", "run the whole Prefect flow from a YAML config"),

@@ -104,7 +104,10 @@ def test_refuses_shards_of_another_vocabulary(shards_and_tokenizer, model_dir, t
 
 def test_cli_prints_figures_and_exits_2_on_missing_shards(model_dir, shards_and_tokenizer, tmp_path, capsys):
     shards, _ = shards_and_tokenizer
-    assert cli_main(["evaluate", str(model_dir), "--shards", str(shards), "--json", str(tmp_path / "e.json")]) == 0
+    assert (
+        cli_main(["evaluate", str(model_dir), "--shards", str(shards), "--json", str(tmp_path / "e.json")])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "masked LM   accuracy" in out and "chance level" in out
     assert (tmp_path / "e.json").is_file()
