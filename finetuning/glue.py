@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from finetuning.chance import majority_metrics
 from finetuning.metrics import classification_metrics, regression_metrics
 from finetuning.tasks import TaskSpec, TextExample, read_tsv_examples
 from model.config import BertConfig
@@ -59,3 +60,10 @@ class SequenceTask:
         if self.spec.kind == "regression":
             return regression_metrics(self.spec.metrics, np.asarray(per_feature), labels)
         return classification_metrics(self.spec.metrics, per_feature, labels)
+
+    def chance_metrics(self) -> dict[str, float]:
+        """Majority class (most frequent training label) for classification; 0 for correlations."""
+        if self.spec.kind == "regression":
+            return {m: 0.0 for m in self.spec.metrics}
+        train = [f["label"] for f in self.train_features]
+        return majority_metrics(self.spec.metrics, train, [f["label"] for f in self.eval_features])

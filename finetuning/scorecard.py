@@ -1,17 +1,22 @@
 """The fine-tuning scorecard: one row per checkpoint, one column per task metric, the GLUE-style
-average, the BERT paper's BERT-base figures as a reference row and a "pretrained − random init"
-delta row. With several lrs the best lr per (checkpoint, task) is chosen by mean dev score over
-seeds; the table shows that lr's seed-mean.
+average, a "pretrained − random init" delta row, the chance level of every task (majority class,
+`finetuning/chance.py`) and the BERT paper's BERT-base figures as a reference row. With several lrs
+the best lr per (checkpoint, task) is chosen by mean dev score over seeds; the table shows that
+lr's seed-mean (± the standard deviation over seeds when there are several). A score that evaluation
+noise alone could reach from the chance level is marked "(chance)", and the headline says how many
+tasks the pretrained model leads random init on.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_write_json, atomic_write_text
 from common.tracking import Tracker
+from finetuning.chance import is_at_chance
 
 METRIC_SHORT = {
     "accuracy": "acc",
@@ -46,6 +51,14 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def _std(values: list[float]) -> float:
+    """Sample standard deviation (0 for a single value)."""
+    if len(values) < 2:
+        return 0.0
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
 def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """For one checkpoint's results: task -> the best lr's seed-averaged metrics."""
     by_task: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -57,11 +70,16 @@ def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         best_lr = max(sorted(lr_scores), key=lambda lr: lr_scores[lr])
         rs = by_lr[best_lr]
         first = rs[0]
+        chance = first.get("chance_metrics")
         out[task] = {
             "lr": best_lr,
             "seeds": sorted(r["seed"] for r in rs),
             "metrics": {m: _mean([r["metrics"][m] for r in rs]) for m in first["metric_names"]},
+            "metrics_std": {m: _std([r["metrics"][m] for r in rs]) for m in first["metric_names"]},
             "score": lr_scores[best_lr],
+            "score_std": _std([r["score"] for r in rs]),
+            "chance_metrics": chance,
+            "at_chance": is_at_chance(lr_scores[best_lr], chance, first["n_eval"]) if chance else None,
             "lr_scores": {f"{lr:g}": s for lr, s in sorted(lr_scores.items())},
             "glue": first.get("glue", False),
             "n_train": first["n_train"],
@@ -132,6 +150,7 @@ def build_scorecard(
                 }
             )
 
+    chance = _chance_row(rows)
     notes = sorted(
         {
             n["squad_split"]
@@ -144,6 +163,8 @@ def build_scorecard(
         "columns": [f"{t}/{m}" for t, m in columns],
         "rows": rows,
         "deltas": deltas,
+        "chance": chance,
+        "headline": _headline(rows, deltas),
         "reference": {
             "name": "BERT-base (Devlin et al. 2019)",
             "values": {f"{t}/{m}": v for t, ms in BERT_BASE_REFERENCE.items() for m, v in ms.items()},
@@ -167,6 +188,58 @@ def build_scorecard(
     return card
 
 
+def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """task/metric -> chance value (majority class), from the first row that recorded it."""
+    values: dict[str, float] = {}
+    for row in rows:
+        for t, info in row["tasks"].items():
+            for m, v in (info.get("chance_metrics") or {}).items():
+                values.setdefault(f"{t}/{m}", v)
+    return {"name": "majority class (chance)", "values": values}
+
+
+def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Pretrained vs random init in one sentence's worth of numbers (the first pretrained row)."""
+    if not deltas:
+        return None
+    d = deltas[0]
+    row = next(r for r in rows if r["checkpoint"] == d["checkpoint"])
+    base = next(r for r in rows if r["checkpoint"] == d["versus"])
+    shared = [t for t in row["tasks"] if t in base["tasks"]]
+    ahead = [t for t in shared if row["tasks"][t]["score"] > base["tasks"][t]["score"]]
+    return {
+        "checkpoint": d["checkpoint"],
+        "versus": d["versus"],
+        "glue_average_delta": d["glue_average"],
+        "tasks": shared,
+        "ahead_on": ahead,
+        "seeds": max((len(row["tasks"][t]["seeds"]) for t in shared), default=0),
+        "at_chance": [t for t in shared if row["tasks"][t]["at_chance"]],
+        "random_at_chance": [t for t in shared if base["tasks"][t]["at_chance"]],
+    }
+
+
+def headline_text(h: dict[str, Any] | None) -> str:
+    """One line a person reads first: is the pretrained model better than random init?"""
+    if not h:
+        return "No pretrained checkpoint was compared with random init."
+    avg = h["glue_average_delta"]
+    lines = [
+        f"**{h['checkpoint']} vs random init:** "
+        + (f"GLUE-style average {avg:+.1f} points, " if avg is not None else "")
+        + f"ahead on {len(h['ahead_on'])} of {len(h['tasks'])} tasks"
+        + (f" ({', '.join(h['ahead_on'])})" if h["ahead_on"] else "")
+        + f", mean of {h['seeds']} seed(s) per task."
+    ]
+    if h["at_chance"]:
+        lines.append(
+            f"**At chance (no better than the majority class within evaluation noise):** "
+            f"{', '.join(h['at_chance'])} for {h['checkpoint']}"
+            + (f"; {', '.join(h['random_at_chance'])} for random init." if h["random_at_chance"] else ".")
+        )
+    return "  \n".join(lines)
+
+
 def _fmt(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "—"
@@ -178,11 +251,15 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
     table = []
     for row in card["rows"]:
         name = row["checkpoint"] + (" (random init)" if row["kind"] == "random" else "")
-        cells = [_fmt(row["tasks"][t]["metrics"][m]) if t in row["tasks"] else "—" for t, m in columns]
+        cells = [_cell(row["tasks"][t], m) if t in row["tasks"] else "—" for t, m in columns]
         table.append([name, *cells, _fmt(row["glue_average"])])
     for d in card["deltas"]:
         cells = [_fmt(d["values"].get(f"{t}/{m}"), signed=True) for t, m in columns]
         table.append([f"Δ {d['checkpoint']} − random init", *cells, _fmt(d["glue_average"], signed=True)])
+    chance = card.get("chance", {}).get("values", {})
+    if chance:
+        cells = [_fmt(chance.get(f"{t}/{m}")) for t, m in columns]
+        table.append([card["chance"]["name"], *cells, "—"])
     ref = card["reference"]
     cells = []
     for t, m in columns:
@@ -192,10 +269,24 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
     return header, table
 
 
+def _cell(info: dict[str, Any], metric: str) -> str:
+    """'81.2', '81.2 ±1.3' over several seeds, '(chance)' appended when the task is at chance."""
+    text = _fmt(info["metrics"][metric])
+    if len(info["seeds"]) > 1:
+        text += f" ±{info.get('metrics_std', {}).get(metric, 0.0):.1f}"
+    return text + (" (chance)" if info.get("at_chance") else "")
+
+
 def render_markdown(card: dict[str, Any], columns: list[tuple[str, str]]) -> str:
     header, table = table_rows(card, columns)
     lines = ["# Fine-tuning scorecard", ""]
-    lines.append("Dev-set scores (0-100); the best lr by dev score when several were run, mean over seeds.")
+    lines.append(headline_text(card.get("headline")))
+    lines.append("")
+    lines.append(
+        "Dev-set scores (0-100); the best lr by dev score when several were run, mean ± standard deviation "
+        "over seeds. (chance): not above the majority-class score by more than evaluation noise on this "
+        "many examples (one-sided 95%; `finetuning/chance.py`)."
+    )
     lines.append("")
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))

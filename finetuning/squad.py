@@ -187,3 +187,7 @@ class SquadTask:
     def metrics(self, per_feature: list[Any]) -> dict[str, float]:
         preds = self.predictions(per_feature)
         return squad_metrics(preds, {ex.qid: list(ex.answers) for ex in self.dev})
+
+    def chance_metrics(self) -> dict[str, float]:
+        """An uninformed span guess matches (almost) no answer."""
+        return {m: 0.0 for m in self.spec.metrics}

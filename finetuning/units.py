@@ -339,6 +339,7 @@ def _run_locked(
             "metric_names": list(spec.metrics),
             "metrics": metrics,
             "score": sum(metrics.values()) / len(metrics),
+            "chance_metrics": task.chance_metrics(),
             "lr": unit.lr,
             "seed": unit.seed,
             "checkpoint": checkpoint,

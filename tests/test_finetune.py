@@ -256,3 +256,17 @@ def test_pretrained_beats_random_init_on_sst2(tmp_path, minilm_dir):
     assert pre["train_steps"] == rnd["train_steps"] == 80
     assert pre["metrics"]["accuracy"] >= 72.0, pre["metrics"]
     assert rnd["metrics"]["accuracy"] <= 62.0, rnd["metrics"]
+    # the chance level recorded with each result: the first 640 training labels' majority on the
+    # first 200 dev rows, read here straight from the TSV files
+    from finetuning.tasks import get_task
+
+    spec = get_task("sst2")
+    train = [ln.split("\t")[-1].strip() for ln in spec.path("train").read_text().splitlines()[1:641]]
+    dev = [ln.split("\t")[-1].strip() for ln in spec.path("dev").read_text().splitlines()[1:201]]
+    majority = max(set(train), key=train.count)
+    expected = 100 * sum(y == majority for y in dev) / len(dev)
+    assert pre["chance_metrics"] == rnd["chance_metrics"] == {"accuracy": pytest.approx(expected)}
+    card = build_scorecard([pre, rnd], tmp_path / "card")
+    pre_row, rnd_row = card["rows"]
+    assert pre_row["tasks"]["sst2"]["at_chance"] is False
+    assert card["chance"]["values"] == {"sst2/accuracy": pytest.approx(expected)}

@@ -1,0 +1,59 @@
+"""What an uninformed predictor scores on a task, and whether a result is distinguishable from it.
+
+The chance level of a classification task is the *majority class*: always predict the most frequent
+label of the training examples, scored on the same evaluation examples with the task's metrics
+(MRPC: 68.4 accuracy / 81.2 F1 on its dev set; CoLA: MCC 0). Correlations (STS-B) and span or
+entity scores have chance level 0.
+
+A result is "at chance" when its task score (the mean of its metrics, as in the scorecard) is not
+above the chance score by more than what evaluation noise alone produces on `n` examples, one-sided
+at 95% (z = 1.645):
+- accuracy and F1: the binomial standard error of the majority rate p0, sqrt(p0 (1 - p0) / n);
+- MCC, Pearson, Spearman: the standard error of a correlation under independence, 1 / sqrt(n - 1);
+- entity F1, exact match, span F1: one point (chance is ~0 there; anything real is far above).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from finetuning.metrics import classification_metrics
+
+Z_95_ONE_SIDED = 1.645
+CORRELATIONS = ("mcc", "pearson", "spearman")
+
+
+def majority_metrics(
+    names: Sequence[str], train_labels: Sequence[int], eval_labels: Sequence[int]
+) -> dict[str, float]:
+    """The task's metrics (0-100) when every evaluation example gets the most frequent training label."""
+    if not train_labels or not eval_labels:
+        return {n: 0.0 for n in names}
+    majority = Counter(train_labels).most_common(1)[0][0]
+    return classification_metrics(names, [majority] * len(eval_labels), eval_labels)
+
+
+def chance_margin(metric: str, n_eval: int, majority_accuracy: float | None) -> float:
+    """Points above chance that noise alone reaches with 5% probability on `n_eval` examples."""
+    if n_eval < 2:
+        return math.inf
+    if metric in CORRELATIONS:
+        return Z_95_ONE_SIDED * 100 / math.sqrt(n_eval - 1)
+    if metric in ("accuracy", "f1"):
+        p0 = 0.5 if majority_accuracy is None else majority_accuracy / 100
+        return Z_95_ONE_SIDED * 100 * math.sqrt(max(p0 * (1 - p0), 1e-4) / n_eval)
+    return 1.0
+
+
+def chance_threshold(chance: dict[str, float], n_eval: int) -> float:
+    """The task score (mean of its metrics) at or below which a result is at chance."""
+    p0 = chance.get("accuracy")
+    margins = [chance_margin(m, n_eval, p0) for m in chance]
+    return sum(chance.values()) / len(chance) + sum(margins) / len(margins)
+
+
+def is_at_chance(score: float, chance: dict[str, float], n_eval: int) -> bool:
+    """NaN scores count as at chance (nothing was learned that can be shown)."""
+    return not math.isfinite(score) or score <= chance_threshold(chance, n_eval)

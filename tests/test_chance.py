@@ -1,0 +1,66 @@
+"""Chance levels: majority-class metrics and the noise margin that marks a score "(chance)"."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from finetuning.chance import chance_threshold, is_at_chance, majority_metrics
+from finetuning.scorecard import build_scorecard
+
+
+def test_majority_class_metrics_like_mrpc():
+    train = [1] * 70 + [0] * 30
+    dev = [1] * 68 + [0] * 32
+    m = majority_metrics(["accuracy", "f1"], train, dev)
+    assert m["accuracy"] == pytest.approx(68.0)
+    assert m["f1"] == pytest.approx(100 * 2 * 68 / (2 * 68 + 32))
+    assert majority_metrics(["mcc"], train, dev) == {"mcc": 0.0}  # a constant prediction has MCC 0
+    # the majority comes from the training labels, not the evaluation labels
+    assert majority_metrics(["accuracy"], [0, 0, 1], [1, 1, 1, 0]) == {"accuracy": 25.0}
+
+
+def test_noise_margin_scales_with_examples():
+    # SST-2 dev: 872 examples, majority 50.9% -> margin 1.645 * sqrt(p0 (1 - p0) / n) = 2.79 points
+    chance = {"accuracy": 50.9}
+    assert chance_threshold(chance, 872) == pytest.approx(50.9 + 1.645 * 100 * math.sqrt(0.509 * 0.491 / 872))
+    assert is_at_chance(53.0, chance, 872) and not is_at_chance(54.0, chance, 872)
+    assert not is_at_chance(53.0, chance, 100_000)  # the same gap is real on a huge dev set
+    # correlations: chance 0, margin 1.645 / sqrt(n - 1)
+    assert is_at_chance(5.0, {"mcc": 0.0}, 500) and not is_at_chance(8.0, {"mcc": 0.0}, 500)
+    assert is_at_chance(float("nan"), {"pearson": 0.0, "spearman": 0.0}, 1500)
+
+
+def _unit(label, kind, task, seed, metrics, chance):
+    return {
+        "unit": f"{task}-lr0.0001-s{seed}", "task": task, "metric_names": list(metrics), "metrics": metrics,
+        "score": sum(metrics.values()) / len(metrics), "lr": 1e-4, "seed": seed, "checkpoint": "/x/" + label,
+        "checkpoint_label": label, "checkpoint_kind": kind, "glue": True, "n_train": 1000, "n_eval": 872,
+        "epochs": 1.0, "max_seq_length": 64, "train_examples_per_s": 1.0, "notes": {}, "chance_metrics": chance,
+    }  # fmt: skip
+
+
+def test_scorecard_marks_chance_rows_and_states_the_headline(tmp_path):
+    sst2, cola = {"accuracy": 50.9}, {"mcc": 0.0}
+    results = [
+        _unit("ours", "pretrained", "sst2", 1, {"accuracy": 70.0}, sst2),
+        _unit("ours", "pretrained", "sst2", 2, {"accuracy": 72.0}, sst2),
+        _unit("ours", "pretrained", "cola", 1, {"mcc": 1.0}, cola),
+        _unit("ours", "pretrained", "cola", 2, {"mcc": 3.0}, cola),
+        _unit("random:tiny", "random", "sst2", 1, {"accuracy": 51.0}, sst2),
+        _unit("random:tiny", "random", "sst2", 2, {"accuracy": 52.0}, sst2),
+        _unit("random:tiny", "random", "cola", 1, {"mcc": 4.0}, cola),
+        _unit("random:tiny", "random", "cola", 2, {"mcc": 4.0}, cola),
+    ]
+    card = build_scorecard(results, tmp_path)
+    ours, rnd = card["rows"]
+    assert ours["tasks"]["sst2"]["at_chance"] is False and ours["tasks"]["cola"]["at_chance"] is True
+    assert rnd["tasks"]["sst2"]["at_chance"] is True
+    assert ours["tasks"]["sst2"]["metrics_std"]["accuracy"] == pytest.approx(math.sqrt(2.0))
+    h = card["headline"]
+    assert h["ahead_on"] == ["sst2"] and h["at_chance"] == ["cola"] and h["seeds"] == 2
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "| ours | 71.0 ±1.4 | 2.0 ±1.4 (chance) | 36.5 |" in md
+    assert "| majority class (chance) | 50.9 | 0.0 | — |" in md
+    assert "ahead on 1 of 2 tasks (sst2)" in md and "**At chance" in md
