@@ -2,7 +2,8 @@
 
 W&B's offline `.wandb` file has no Python reader, so every logged row is also appended to
 `metrics.jsonl` in the run directory; the report and the tests read that file. All W&B
-directories live under the run directory. `WANDB_MODE` in the environment wins over the config.
+directories live under the run directory. `WANDB_MODE` in the environment wins over the config;
+mode `disabled` writes `metrics.jsonl` alone and never imports wandb.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Tracker:
         if not enabled:
             return
         mode = os.environ.get("WANDB_MODE", mode)
+        if mode == "disabled":
+            return  # metrics.jsonl only; wandb is not imported (a GPU image may lack it)
         wandb_dir = self.run_dir / "wandb_files"
         wandb_dir.mkdir(exist_ok=True)
         for var, sub in (
