@@ -46,8 +46,7 @@ def reference_tokens_per_s(
 ) -> float:
     """Plain loop around transformers' BertForPreTraining, or (own_model) around our model without
     DeepSpeed, which isolates what the engine + loader cost."""
-    from transformers import BertConfig as HFConfig
-    from transformers import BertForPreTraining as HFBert
+    from hf_reference import hf_inputs, hf_model
 
     from model.config import BertConfig
     from model.heads import BertForPreTraining
@@ -57,7 +56,7 @@ def reference_tokens_per_s(
     if own_model:
         model = BertForPreTraining(ours)
     else:
-        model = HFBert(HFConfig(**ours.to_hf_dict(), attn_implementation="sdpa"))
+        model = hf_model(ours)
     model.train()
     if own_model:  # the stage's own optimizer (fused AdamW on CPU): only the engine + loader differ
         from training.optim import build_optimizer
@@ -75,17 +74,7 @@ def reference_tokens_per_s(
         if own_model:
             out = model(**b)
         else:
-            labels = torch.full_like(b["input_ids"], -100)
-            keep = b["masked_lm_labels"] != -100
-            rows = torch.arange(labels.shape[0])[:, None].expand_as(keep)
-            labels[rows[keep], b["masked_lm_positions"][keep]] = b["masked_lm_labels"][keep]
-            out = model(
-                input_ids=b["input_ids"],
-                token_type_ids=b["token_type_ids"],
-                attention_mask=b["attention_mask"],
-                labels=labels,
-                next_sentence_label=b["next_sentence_labels"],
-            )
+            out = model(**hf_inputs(b))
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
