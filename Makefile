@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 CONFIG    ?= configs/default.yaml
 
-.PHONY: install run test test-fast lint bench deploy clean
+.PHONY: install run test test-fast lint bench deploy clean gpu-check-prep gpu-check
 
 install: $(STAMP)
 
@@ -51,6 +51,15 @@ lint: install
 
 bench: install
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+# The GPU check (benchmarks/gpu_check.py; docs/benchmarks.md "GPU check"). Here, once: wheels,
+# tokenizer, shards and SST-2 rows into the git-ignored .gpu_carry/. On the GPU machine (no venv,
+# no registry): `make gpu-check PARTS=base,hf,ops,kernels` or `bash benchmarks/gpu_check.sh --parts ...`.
+gpu-check-prep: install
+	$(PY) benchmarks/gpu_check_prep.py
+
+gpu-check:
+	bash benchmarks/gpu_check.sh $(if $(PARTS),--parts $(PARTS))
 
 clean:
 	rm -rf runs .cache .pytest_cache

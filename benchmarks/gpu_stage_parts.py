@@ -1,0 +1,145 @@
+"""The GPU check's stage runs: `bertflow pretrain` in a subprocess, as a user runs it, one metrics
+row per step, the figures over the steps after warm-up. `base` and `large` first probe the largest
+micro batch that fits (gpu_batch_probe.py, its own process); `fp16` logs the loss-scale trajectory."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpu_context import HERE, Context, child_env, measurement, run_logged
+
+
+def stage_rows(run_dir: Path, warmup: int) -> list[dict[str, Any]]:
+    from common.tracking import read_metrics
+
+    return [r for r in read_metrics(run_dir) if "tokens_per_s" in r and r["step"] > warmup]
+
+
+def window_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Throughput over the timed steps (one metrics row per step): sums of work over sums of time."""
+    seconds = sum(r["step_time_s"] for r in rows)
+    if not rows or seconds <= 0:
+        return {}
+    return {
+        "tokens_per_s": sum(r["tokens_per_s"] * r["step_time_s"] for r in rows) / seconds,
+        "samples_per_s": sum(r["samples_per_s"] * r["step_time_s"] for r in rows) / seconds,
+        "tflops": sum(r["tflops"] * r["step_time_s"] for r in rows) / seconds,
+        "timed_steps": len(rows),
+        "median_step_s": sorted(r["step_time_s"] for r in rows)[len(rows) // 2],
+        "peak_memory_gb": max(r.get("memory_mb", 0.0) for r in rows) / 1024,
+        "data_wait_fraction": sum(r.get("data_wait_fraction", 0.0) * r["step_time_s"] for r in rows)
+        / seconds,
+    }
+
+
+def run_stage(
+    ctx: Context, name: str, preset: str, seq: int, precision: str, micro: int, steps: int, *extra: str
+) -> dict[str, Any]:
+    """`bertflow pretrain` on one process, one metrics row per step; the figures over the steps
+    after `stage_warmup`. An out-of-memory failure is retried once at half the micro batch."""
+    warmup = ctx.plan.stage_warmup
+    while True:
+        out = ctx.work / name
+        shutil.rmtree(out, ignore_errors=True)
+        sets = [f"model.preset={preset}", "pretrain.num_processes=1", f"pretrain.zero_stage={ctx.plan.zero_stage}",
+                f"pretrain.micro_batch_size={micro}", f"pretrain.max_steps={warmup + steps}", "pretrain.log_every=1",
+                f"pretrain.checkpoint_every={warmup + steps}", f"pretrain.eval_every={10 * (warmup + steps)}",
+                "pretrain.eval_batches=2", f"pretrain.precision={precision}", "wandb.mode=disabled", *extra]  # fmt: skip
+        cmd = [sys.executable, "-m", "pipelines.cli", "pretrain", "--shards", str(ctx.shards(seq)),
+               "--tokenizer", str(ctx.tokenizer), "--output", str(out)] + [a for s in sets for a in ("--set", s)]  # fmt: skip
+        t0 = time.time()
+        rc, tail = run_logged(cmd, timeout=max(10.0, ctx.seconds_left() - 5), env=child_env())
+        wall = time.time() - t0
+        oom = rc not in (0, 124) and "out of memory" in tail.lower()
+        if oom and micro > 1 and ctx.seconds_left() > wall + 30:
+            print(f"{name}: out of memory at micro batch {micro}; retrying at {micro // 2}", flush=True)
+            micro //= 2
+            continue
+        break
+    fields: dict[str, Any] = {"micro_batch": micro, "zero_stage": ctx.plan.zero_stage, "stage_wall_s": wall,
+                              "what": "bertflow pretrain (DeepSpeed, 1 process)", "run_dir": str(out),
+                              "model_dir": str(out / "model") if rc == 0 else None}  # fmt: skip
+    fields.update(window_figures(stage_rows(out, warmup)))
+    if rc == 0:
+        fields["status"] = "ok"
+    else:
+        fields.update(status="failed" if rc != 124 else "timeout", error=f"exit code {rc}: {tail[-1500:]}")
+    return measurement(ctx, name, preset, seq, precision, **fields)
+
+
+def batch_probe(ctx: Context, preset: str, seq: int, candidates: tuple[int, ...]) -> dict[str, Any]:
+    result = ctx.work / f"probe-{preset}-{seq}.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, str(HERE / "gpu_batch_probe.py"), "--shards", str(ctx.shards(seq)),
+           "--tokenizer", str(ctx.tokenizer), "--preset", preset, "--precision", ctx.plan.precision,
+           "--zero-stage", str(ctx.plan.zero_stage), "--candidates", ",".join(map(str, candidates)),
+           "--steps", str(ctx.plan.probe_steps), "--memory-fraction", str(ctx.plan.memory_fraction),
+           "--result", str(result)]  # fmt: skip
+    rc, tail = run_logged(cmd, timeout=max(10.0, ctx.seconds_left() - 60), env=child_env())
+    if rc != 0 or not result.is_file():
+        return {"error": f"exit code {rc}: {tail[-1500:]}", "chosen": None}
+    return json.loads(result.read_text())
+
+
+def _stage_with_probe(
+    ctx: Context,
+    name: str,
+    preset: str,
+    seq: int,
+    candidates: tuple[int, ...],
+    steps: int,
+    probe_first: bool = True,
+) -> dict[str, Any]:
+    if probe_first:
+        probe = batch_probe(ctx, preset, seq, candidates)
+    else:
+        probe = {"chosen": None, "note": "not probed (dry run): the smallest candidate is used"}
+    micro = probe.get("chosen") or candidates[0]
+    row = run_stage(ctx, name, preset, seq, ctx.plan.precision, micro, steps)
+    return {"measurements": [row], "probes": {f"micro_batch_{preset}_seq{seq}": probe}}
+
+
+def part_base(ctx: Context) -> dict[str, Any]:
+    p = ctx.plan
+    return _stage_with_probe(ctx, "pretrain_base_seq128", p.base_preset, 128, p.candidates_128, p.stage_steps)
+
+
+def part_large(ctx: Context) -> dict[str, Any]:
+    p = ctx.plan
+    return _stage_with_probe(
+        ctx, "pretrain_large_seq512", p.large_preset, 512, p.candidates_512, p.large_steps, p.probe_large
+    )
+
+
+def part_fp16(ctx: Context) -> dict[str, Any]:
+    """fp16 with dynamic loss scaling (DeepSpeed's, from the ZeRO template), every step logged."""
+    p = ctx.plan
+    row = run_stage(ctx, "pretrain_base_seq128_fp16", p.base_preset, 128, p.fp16_precision, p.fp16_micro_batch,
+                    p.fp16_steps - p.stage_warmup, "pretrain.warmup_steps=30")  # fmt: skip
+    from common.tracking import read_metrics
+
+    rows = [r for r in read_metrics(row["run_dir"]) if "loss" in r]
+    scales = [(r["step"], r.get("loss_scale")) for r in rows]
+    changes = [[s, v] for i, (s, v) in enumerate(scales) if i == 0 or v != scales[i - 1][1]]
+    losses = [r["loss"] for r in rows]
+    probe = {
+        "steps_logged": len(rows),
+        "steps_asked": p.fp16_steps,
+        "non_finite_losses": sum(1 for x in losses if not _finite(x)),
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "loss_scale_changes": changes,
+        "loss_scale_final": scales[-1][1] if scales else None,
+        "status": row.get("status"),
+    }
+    return {"measurements": [row], "probes": {"fp16_loss_scale": probe}}
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)

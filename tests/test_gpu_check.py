@@ -1,0 +1,185 @@
+"""The GPU check (benchmarks/gpu_check.py): its CPU dry run end to end, and the pieces it relies on
+that can be checked without a GPU (varlen attention's packing, the summary merge, the wheel filter,
+W&B disabled without wandb)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.paths import PROJECT_ROOT
+from common.tracking import Tracker, read_metrics
+
+BENCH = PROJECT_ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import gpu_check  # noqa: E402
+import gpu_summary  # noqa: E402
+from gpu_kernels import reference_varlen_attn, use_varlen_attention  # noqa: E402
+from install_wheels import wanted  # noqa: E402
+
+FORBIDDEN = "wandb,apache_beam,prefect,blingfire"  # not on the GPU image
+MEASUREMENTS = {
+    "pretrain_base_seq128", "hf_plain_loop_base_seq128", "ours_plain_loop_base_seq128",
+    "pretrain_large_seq512", "pretrain_base_seq128_fp16",
+}  # fmt: skip
+PROBES = {"ops", "sdpa_kernels", "attention_paths", "compile", "micro_batch_tiny_seq128",
+          "micro_batch_tiny_seq512", "fp16_loss_scale", "finetune_unit"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def carry(tmp_path_factory, minilm_dir, data_dir) -> Path:
+    """What `make gpu-check-prep` writes, from the fast shard fixtures (the prep's Beam runs are the
+    preprocess stage's own tests' business)."""
+    from gpu_check_prep import copy_sst2
+
+    from tests.shard_fixtures import make_shards, make_tokenizer_dir
+
+    root = tmp_path_factory.mktemp("gpu-carry")
+    tok = make_tokenizer_dir(minilm_dir, root / "tokenizer")
+    for seq in (128, 512):
+        make_shards(root / f"shards-{seq}", tok, data_dir, num_docs=160, max_seq_length=seq)
+    copy_sst2(root / "data" / "glue" / "SST-2", 64)
+    return root
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry, tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT / "tests" / "forbid_imports"), str(PROJECT_ROOT)])
+    env["BERTFLOW_FORBID_IMPORTS"] = FORBIDDEN
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".cache" / "torch_extensions"))
+    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--dry-run", "--carry", str(carry), "--out", str(out),
+           "--work", str(work), "--peak-tflops", "1"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert summary["dry_run"] and summary["device"].startswith("cpu")
+    assert {k: p["status"] for k, p in summary["parts"].items()} == {k: "ok" for k in gpu_check.ESTIMATE_S}
+    rows = {m["name"]: m for m in summary["measurements"]}
+    assert set(rows) == MEASUREMENTS
+    for name, row in rows.items():
+        assert row["status"] == "ok", (name, row.get("error"))
+        for key in gpu_summary.MEASUREMENT_KEYS:
+            assert row[key] is not None, (name, key)
+        assert row["tokens_per_s"] > 0 and row["samples_per_s"] > 0 and row["tflops"] > 0
+        assert row["mfu_spec"] == pytest.approx(row["tflops"] / 1.0)
+    assert rows["pretrain_large_seq512"]["seq"] == 512 and rows["pretrain_base_seq128"]["micro_batch"] == 4
+    assert set(summary["probes"]) == PROBES
+    assert summary["probes"]["micro_batch_tiny_seq128"]["chosen"] == 4
+    fp16 = summary["probes"]["fp16_loss_scale"]
+    assert fp16["steps_logged"] == 3 and fp16["non_finite_losses"] == 0 and fp16["loss_scale_changes"]
+    paths = {r["path"] + f"@{r['dropout']}": r for r in summary["probes"]["attention_paths"]["rows"]}
+    assert "median_step_ms" in paths["unpadded (ours)@0.1"] and "median_step_ms" in paths["padded layout@0.1"]
+    varlen = paths["varlen_attn@0.0"]  # on CPU: an error (flash has no CPU kernel) or no padded batch
+    assert "error" in varlen or varlen["loss_rel_diff_vs_unpadded"] < 1e-5
+    assert summary["probes"]["compile"]["compiled"]["median_step_ms"] > 0
+    assert summary["probes"]["finetune_unit"]["checkpoint"].endswith("pretrain_base_seq128_fp16/model")
+    assert summary["calls"][0]["env"]["matmul_tflops"] > 0
+    md = (out / "gpu_check.md").read_text()
+    assert "Dry run on CPU" in md and all(name in md for name in MEASUREMENTS)
+
+
+def test_varlen_attention_gives_the_unpadded_models_loss_and_gradients():
+    """The varlen route (packed tokens + cumulative lengths, last layer on R query rows) computes the
+    same function as the unpadded SDPA route; checked with varlen's contract in plain SDPA."""
+    from model.config import BertConfig
+    from model.heads import BertForPreTraining
+
+    cfg = BertConfig.from_preset(
+        "tiny", vocab_size=500, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    fast = use_varlen_attention(BertForPreTraining(cfg), attn=reference_varlen_attn)
+    fast.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([12, 5, 9])
+    ids = torch.randint(5, 500, (3, 12), generator=g)
+    mask = (torch.arange(12)[None, :] < lengths[:, None]).long()
+    positions = torch.tensor([[1, 3, 10], [2, 4, 0], [1, 8, 0]])
+    labels = torch.tensor([[7, 8, 9], [10, 11, -100], [12, 13, -100]])
+    batch = dict(input_ids=ids * mask, token_type_ids=torch.zeros_like(ids), attention_mask=mask,
+                 masked_lm_positions=positions, masked_lm_labels=labels,
+                 next_sentence_labels=torch.tensor([0, 1, 0]))  # fmt: skip
+    ref, got = model(**batch), fast(**batch)
+    ref.loss.backward()
+    got.loss.backward()
+    assert got.loss.item() == pytest.approx(ref.loss.item(), rel=1e-5)
+    grads = dict(model.named_parameters())
+    for name, p in fast.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_merge_joins_calls_and_keeps_a_part_that_ran_earlier():
+    first = gpu_summary.new_summary(False, ["env", "base"])
+    gpu_summary.add_part(first, "env", {"status": "ok", "seconds": 1.0}, {"device": "NVIDIA H100 80GB HBM3",
+                         "env": {"torch": "2.11.0", "matmul_tflops": 790.0}})  # fmt: skip
+    gpu_summary.add_part(first, "base", {"status": "ok", "seconds": 90.0},
+                         {"measurements": [{"name": "pretrain_base_seq128", "tflops": 500.0}]})  # fmt: skip
+    second = gpu_summary.new_summary(False, ["env", "base", "large"])
+    gpu_summary.add_part(second, "env", {"status": "ok", "seconds": 1.0}, {"device": "NVIDIA H100 80GB HBM3"})
+    gpu_summary.add_part(second, "base", {"status": "skipped", "seconds": 0.0}, {})
+    gpu_summary.add_part(second, "large", {"status": "ok", "seconds": 200.0},
+                         {"measurements": [{"name": "pretrain_large_seq512"}], "probes": {"x": {"a": 1}}})  # fmt: skip
+    merged = gpu_summary.merge([first, second])
+    assert len(merged["calls"]) == 2 and merged["device"] == "NVIDIA H100 80GB HBM3"
+    assert merged["parts"]["base"] == {"status": "ok", "seconds": 90.0, "call": 0}
+    assert merged["parts"]["large"]["call"] == 1
+    assert [(m["name"], m["call"]) for m in merged["measurements"]] == [
+        ("pretrain_base_seq128", 0), ("pretrain_large_seq512", 1)]  # fmt: skip
+    assert all(k in m for m in merged["measurements"] for k in gpu_summary.MEASUREMENT_KEYS)
+    assert merged["probes"]["x"] == {"a": 1, "call": 1}
+    assert gpu_summary.default_stem(merged).endswith("-nvidia-h100-80gb-hbm3")
+    assert "pretrain_large_seq512" in gpu_summary.render_markdown(merged)
+
+
+def test_missing_carry_is_one_message_naming_the_prep_target(tmp_path, capsys):
+    rc = gpu_check.main(["--dry-run", "--carry", str(tmp_path / "none"), "--out", str(tmp_path / "out"),
+                         "--work", str(tmp_path / "work"), "--parts", "base,large"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "shards-512/manifest.json" in err and "make gpu-check-prep" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_wheel_filter_installs_only_what_is_missing_or_older():
+    from importlib.metadata import version
+
+    have = version("pydantic")
+    wheels = [Path(f"pydantic-{have}-py3-none-any.whl"), Path("pydantic-999.0-py3-none-any.whl"),
+              Path("no_such_dist_bertflow-1.0-py3-none-any.whl")]  # fmt: skip
+    install, skipped = wanted(wheels)
+    assert [w.name for w in install] == [wheels[1].name, wheels[2].name]
+    assert skipped == [f"pydantic {have} (have {have})"]
+
+
+def test_tracker_disabled_logs_metrics_without_importing_wandb(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails, as on the GPU image
+    tracker = Tracker(tmp_path, mode="disabled")
+    tracker.log({"loss": 1.5}, step=3)
+    tracker.summary({"x": 1})
+    tracker.finish()
+    assert read_metrics(tmp_path) == [{"step": 3, "loss": 1.5}]
+    assert not (tmp_path / "wandb_files").exists()
+
+
+def test_the_documented_device_calls_cover_every_part_within_one_calls_budget():
+    """Each documented call must fit the 10-minute device call (budget 540 s by the part estimates),
+    and together they run every part once."""
+    args = gpu_check.parse_args([])
+    seen = []
+    for call in gpu_check.CALLS:
+        parts = ["env", *call.split(",")]
+        assert sum(gpu_check.ESTIMATE_S[p] for p in parts) <= args.budget_s, call
+        seen += call.split(",")
+    assert sorted(seen) == sorted(p for p in gpu_check.ESTIMATE_S if p != "env")
+    assert set(gpu_check.ESTIMATE_S) == set(gpu_check.PARTS)
