@@ -15,9 +15,11 @@ import statistics
 import time
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from gpu_context import guarded
 
 from model.bert import BertSelfAttention, Packing
 from model.config import BertConfig
@@ -76,21 +78,34 @@ def batch_flops(config: BertConfig, batch: dict[str, torch.Tensor]) -> tuple[flo
     return step_flops(config, b, s, masked, tokens), tokens
 
 
+@dataclass
+class Steps:
+    """What the timed probes share: the model shape, real batches on the device, the training dtype,
+    and how many steps to warm up and to time (cycling through `batches`)."""
+
+    config: BertConfig
+    batches: list[dict[str, torch.Tensor]]
+    dtype: torch.dtype
+    device: torch.device
+    warmup: int
+    steps: int
+
+    def model(self) -> BertForPreTraining:
+        torch.manual_seed(0)
+        return BertForPreTraining(self.config).to(self.device, self.dtype)
+
+
 def timed_steps(
-    model: torch.nn.Module,
-    config: BertConfig,
-    batches: list[dict[str, torch.Tensor]],
-    warmup: int,
-    steps: int,
-    device: torch.device,
-    **kwargs: Any,
+    model: torch.nn.Module, run: Steps, warmup: int | None = None, **kwargs: Any
 ) -> dict[str, Any]:
-    """Median step time over `steps` batches (cycling through `batches`) after `warmup` steps."""
+    """Median step time over `run.steps` batches after `warmup` steps (default `run.warmup`)."""
+    warmup = run.warmup if warmup is None else warmup
+    batches = run.batches
     for i in range(warmup):
         train_step(model, batches[i % len(batches)], **kwargs)
-    picked = [batches[(warmup + i) % len(batches)] for i in range(steps)]
-    seconds = time_calls(lambda i: train_step(model, picked[i], **kwargs), steps, device)
-    flops, tokens = zip(*(batch_flops(config, b) for b in picked))
+    picked = [batches[(warmup + i) % len(batches)] for i in range(run.steps)]
+    seconds = time_calls(lambda i: train_step(model, picked[i], **kwargs), run.steps, run.device)
+    flops, tokens = zip(*(batch_flops(run.config, b) for b in picked))
     total = sum(seconds)
     return {
         "median_step_ms": 1000 * statistics.median(seconds),
@@ -206,70 +221,49 @@ def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k):
     return torch.cat(outs)
 
 
-def attention_paths(
-    config: BertConfig,
-    batches: list[dict[str, torch.Tensor]],
-    dtype: torch.dtype,
-    device: torch.device,
-    warmup: int,
-    steps: int,
-) -> dict[str, Any]:
+def attention_paths(run: Steps) -> dict[str, Any]:
     """Unpadded (ours) vs padded layout with the recipe's dropout; then, with dropout 0 (varlen has
     none), unpadded vs `torch.nn.attention.varlen` on the same weights, their losses compared."""
+    model = run.model()
     rows: list[dict[str, Any]] = []
-    torch.manual_seed(0)
-    model = BertForPreTraining(config).to(device, dtype)
     for name, kwargs in (("unpadded (ours)", {}), ("padded layout", {"unpad": False})):
-        rows.append({"path": name, "dropout": config.attention_probs_dropout_prob,
-                     **_guarded(lambda kw=kwargs: timed_steps(model, config, batches, warmup, steps, device, **kw))})  # fmt: skip
-    plain = copy.deepcopy(model)
-    for m in plain.modules():
+        row = {"path": name, "dropout": run.config.attention_probs_dropout_prob}
+        rows.append({**row, **guarded(lambda kw=kwargs: timed_steps(model, run, **kw))})
+    plain = without_dropout(copy.deepcopy(model))
+    rows.append({"path": "unpadded (ours)", "dropout": 0.0, **guarded(lambda: timed_steps(plain, run))})
+    varlen = {"path": "varlen_attn", "dropout": 0.0, **guarded(lambda: _varlen_row(plain, run))}
+    rows.append(varlen)
+    masks = [b["attention_mask"] for b in run.batches]
+    padding = 1 - sum(int(m.sum()) for m in masks) / sum(m.numel() for m in masks)
+    if padding == 0:
+        varlen["note"] = "no padded batch: the packed (and varlen) route was never taken"
+    timed = [r for r in rows if "median_step_ms" in r and r["dropout"] == 0.0]
+    fastest = min(timed, key=lambda r: r["median_step_ms"], default=None)
+    return {"rows": rows, "fastest_at_dropout_0": fastest and fastest["path"], "padding_fraction": padding}
+
+
+def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
         if isinstance(m, BertSelfAttention):
             m.dropout_p = 0.0
-    rows.append({"path": "unpadded (ours)", "dropout": 0.0,
-                 **_guarded(lambda: timed_steps(plain, config, batches, warmup, steps, device))})  # fmt: skip
-    varlen = {"path": "varlen_attn", "dropout": 0.0}
-    try:
-        fast = use_varlen_attention(copy.deepcopy(plain))
-        with torch.no_grad():
-            ref = float(plain(**batches[0]).loss)
-            got = float(fast(**batches[0]).loss)
-        varlen["loss_rel_diff_vs_unpadded"] = abs(got - ref) / max(abs(ref), 1e-12)
-        varlen.update(timed_steps(fast, config, batches, warmup, steps, device))
-    except Exception as exc:
-        varlen["error"] = f"{type(exc).__name__}: {exc}"
-    rows.append(varlen)
-    padding = 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(
-        b["attention_mask"].numel() for b in batches
-    )
-    if padding == 0:
-        varlen["note"] = "no padded batch: the packed (and varlen) route was never taken"
-    fastest = min((r for r in rows if "median_step_ms" in r and r["dropout"] == 0.0),
-                  key=lambda r: r["median_step_ms"], default=None)  # fmt: skip
-    return {
-        "rows": rows,
-        "fastest_at_dropout_0": fastest["path"] if fastest else None,
-        "padding_fraction": padding,
-    }
+    return model
 
 
-def compile_on_off(
-    config: BertConfig,
-    batches: list[dict[str, torch.Tensor]],
-    dtype: torch.dtype,
-    device: torch.device,
-    warmup: int,
-    steps: int,
-    backend: str,
-    compile_warmup: int,
-) -> dict[str, Any]:
+def _varlen_row(plain: torch.nn.Module, run: Steps) -> dict[str, Any]:
+    fast = use_varlen_attention(copy.deepcopy(plain))
+    with torch.no_grad():
+        ref = float(plain(**run.batches[0]).loss)
+        got = float(fast(**run.batches[0]).loss)
+    return {"loss_rel_diff_vs_unpadded": abs(got - ref) / max(abs(ref), 1e-12), **timed_steps(fast, run)}
+
+
+def compile_on_off(run: Steps, backend: str, compile_warmup: int) -> dict[str, Any]:
     """Eager vs `torch.compile(model)` (the unpadding's nonzero() makes shapes data-dependent:
     graph breaks and recompiles are counted). Warm-up of the compiled model is timed separately."""
-    torch.manual_seed(0)
-    model = BertForPreTraining(config).to(device, dtype)
-    eager = timed_steps(model, config, batches, warmup, steps, device)
+    model = run.model()
+    eager = timed_steps(model, run)
     result: dict[str, Any] = {"backend": backend, "eager": eager}
     try:
         from torch import _dynamo
@@ -278,10 +272,10 @@ def compile_on_off(
         compiled = torch.compile(copy.deepcopy(model), backend=backend)
         t0 = time.perf_counter()
         for i in range(compile_warmup):
-            train_step(compiled, batches[i % len(batches)])
-        synchronize(device)
+            train_step(compiled, run.batches[i % len(run.batches)])
+        synchronize(run.device)
         result["compile_warmup_s"] = time.perf_counter() - t0
-        result["compiled"] = timed_steps(compiled, config, batches, 0, steps, device)
+        result["compiled"] = timed_steps(compiled, run, warmup=0)
         result["speedup"] = eager["median_step_ms"] / result["compiled"]["median_step_ms"]
         from torch._dynamo.utils import counters
 
@@ -290,10 +284,3 @@ def compile_on_off(
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     return result
-
-
-def _guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    try:
-        return fn()
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}

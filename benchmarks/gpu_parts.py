@@ -128,61 +128,47 @@ def _check_fused_step(name: str) -> dict[str, Any]:
     return {"reference": type(ref_opt).__name__, "update_rel_diff_vs_reference": diff}
 
 
-def _kernel_batches(ctx: Context, count: int) -> tuple[Any, list[dict[str, Any]]]:
-    """The model config and `count` real micro batches (the stage's order, seed 42) on the device."""
-    import torch
+def base_batches(ctx: Context, micro: int, count: int, device: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """The base preset's config (tiny in a dry run; the carried vocabulary) and the first `count`
+    micro batches of the carried seq-128 shards in the stage's order (seed 42), on `device`."""
     from gpu_kernels import to_device
 
     from model.config import BertConfig
     from training.data import BatchPlan, collate, load_split
 
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     store = load_split(ctx.shards(128), "train")
     vocab = len((ctx.tokenizer / "vocab.txt").read_text(encoding="utf-8").splitlines())
     config = BertConfig.from_preset(ctx.plan.base_preset, vocab_size=vocab)
-    plan = BatchPlan(len(store), ctx.plan.kernel_batch, 1, 1, 0, seed=42)
-    batches = [to_device(collate(store, plan.micro_batch_indices(i, 0)), device) for i in range(count)]
-    return config, batches
+    plan = BatchPlan(len(store), micro, 1, 1, 0, seed=42)
+    return config, [to_device(collate(store, plan.micro_batch_indices(i, 0)), device) for i in range(count)]
+
+
+def _kernel_steps(ctx: Context) -> Any:
+    """The model in the training dtype and real micro batches on the device, for gpu_kernels."""
+    import gpu_kernels as gk
+    import torch
+
+    p = ctx.plan
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+    config, batches = base_batches(ctx, p.kernel_batch, p.kernel_warmup + p.kernel_steps, device)
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    return gk.Steps(config, batches, dtype, device, p.kernel_warmup, p.kernel_steps)
 
 
 def part_kernels(ctx: Context) -> dict[str, Any]:
     import gpu_kernels as gk
-    import torch
 
-    on_gpu = torch.cuda.is_available()
-    device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
-    dtype = torch.bfloat16 if on_gpu else torch.float32
     p = ctx.plan
-    config, batches = _kernel_batches(ctx, p.kernel_warmup + p.kernel_steps)
+    run = _kernel_steps(ctx)
     probes: dict[str, Any] = {}
-
-    def sdpa() -> dict[str, Any]:
-        torch.manual_seed(0)
-        from model.heads import BertForPreTraining
-
-        model = BertForPreTraining(config).to(device, dtype)
-        return gk.sdpa_kernels(model, batches[0], device)
-
-    probes["sdpa_kernels"] = guarded(sdpa)
+    probes["sdpa_kernels"] = guarded(lambda: gk.sdpa_kernels(run.model(), run.batches[0], run.device))
     save_partial({"probes": probes})
-    probes["attention_paths"] = guarded(
-        lambda: gk.attention_paths(config, batches, dtype, device, p.kernel_warmup, p.kernel_steps)
-    )
+    probes["attention_paths"] = guarded(lambda: gk.attention_paths(run))
     save_partial({"probes": probes})
-    probes["compile"] = guarded(
-        lambda: gk.compile_on_off(
-            config,
-            batches,
-            dtype,
-            device,
-            p.kernel_warmup,
-            p.kernel_steps,
-            p.compile_backend,
-            p.compile_warmup,
-        )
-    )
+    probes["compile"] = guarded(lambda: gk.compile_on_off(run, p.compile_backend, p.compile_warmup))
     for probe in probes.values():
-        probe.update(preset=p.base_preset, micro_batch=p.kernel_batch, dtype=str(dtype)[6:])
+        probe.update(preset=p.base_preset, micro_batch=p.kernel_batch, dtype=str(run.dtype)[6:])
     return {"probes": probes}
 
 
@@ -215,26 +201,17 @@ def part_hf(ctx: Context) -> dict[str, Any]:
 
 def _plain_loop(ctx: Context, which: str, micro: int) -> dict[str, Any]:
     import torch
-    from gpu_kernels import batch_flops, synchronize, to_device
+    from gpu_kernels import batch_flops, synchronize
     from hf_reference import hf_inputs, hf_model
 
-    from model.config import BertConfig
     from model.heads import BertForPreTraining
-    from training.data import BatchPlan, collate, load_split
 
     p = ctx.plan
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
-    store = load_split(ctx.shards(128), "train")
-    vocab = len((ctx.tokenizer / "vocab.txt").read_text(encoding="utf-8").splitlines())
-    config = BertConfig.from_preset(p.base_preset, vocab_size=vocab)
-    plan = BatchPlan(len(store), micro, 1, 1, 0, seed=42)
-    batches = [
-        to_device(collate(store, plan.micro_batch_indices(i, 0)), device)
-        for i in range(p.hf_warmup + p.hf_steps)
-    ]
+    config, batches = base_batches(ctx, micro, p.hf_warmup + p.hf_steps, device)
     torch.manual_seed(0)
     model = (hf_model(config) if which == "transformers" else BertForPreTraining(config)).to(device)
     model.train()
