@@ -221,8 +221,8 @@ def _render_probe(probe: dict[str, Any]) -> list[str]:
                 "",
             ]
         elif isinstance(value, dict):
-            inner = "; ".join(f"{k}: {_short(_fmt(v), 120)}" for k, v in value.items())
-            out.append(f"- {key}: {inner}")
+            out.append(f"- {key}:")
+            out += [f"  - {k}: {_short(_fmt(v), 300)}" for k, v in value.items()]
         else:
             out.append(f"- {key}: {_short(_fmt(value), 400)}")
     return out
