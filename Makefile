@@ -59,7 +59,7 @@ gpu-check-prep: install
 	$(PY) benchmarks/gpu_check_prep.py
 
 gpu-check:
-	bash benchmarks/gpu_check.sh $(if $(PARTS),--parts $(PARTS))
+	PYTHON=$$(test -x $(PY) && echo $(CURDIR)/$(PY) || echo python3) bash benchmarks/gpu_check.sh $(if $(PARTS),--parts $(PARTS))
 
 clean:
 	rm -rf runs .cache .pytest_cache

@@ -79,6 +79,13 @@ def check_carry(carry: Path, parts: list[str]) -> str | None:
     return None
 
 
+def check_gpu() -> str | None:
+    probe = [sys.executable, "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"]
+    if subprocess.run(probe, capture_output=True).returncode != 0:
+        return "torch sees no CUDA GPU here: on a machine without one, run the CPU dry run (--dry-run)."
+    return None
+
+
 def prepare_environment() -> None:
     """What every part's process needs on a bare machine: no W&B, no hub, JIT builds for this GPU."""
     os.environ["WANDB_MODE"] = "disabled"  # the GPU image has no wandb; metrics.jsonl is kept
@@ -129,7 +136,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     if unknown:
         print(f"gpu_check: unknown part(s) {unknown}; use some of {', '.join(PARTS)}.", file=sys.stderr)
         return 2
-    problem = check_carry(args.carry, parts)
+    problem = check_carry(args.carry, parts) or (None if args.dry_run else check_gpu())
     if problem:
         print(f"gpu_check: {problem}", file=sys.stderr)
         return 2

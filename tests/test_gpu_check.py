@@ -150,6 +150,14 @@ def test_missing_carry_is_one_message_naming_the_prep_target(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_gpu_plan_without_a_gpu_is_one_message_naming_the_dry_run(carry, tmp_path, capsys):
+    rc = gpu_check.main(
+        ["--carry", str(carry), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    )
+    assert rc == 2 and "--dry-run" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_wheel_filter_installs_only_what_is_missing_or_older():
     from importlib.metadata import version
 
