@@ -58,7 +58,9 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         log.info("loaded %s (%d tokens)", source, tok.get_vocab_size())
     else:
         log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
-        tok = train_tokenizer(_Corpus(files, counts), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
+        tok = train_tokenizer(
+            _Corpus(files, counts), cfg.vocab_size, cfg.lowercase, cfg.min_frequency, cfg.limit_alphabet
+        )
         lowercase = cfg.lowercase
         if counts["documents_read"] == 0:
             raise UserError(

@@ -16,6 +16,9 @@ class TokenizerConfig(BaseModel):
     vocab_size: int = Field(30522, gt=5)
     lowercase: bool = True
     min_frequency: int = Field(2, ge=1)
+    limit_alphabet: int = Field(
+        1000, ge=1, description="keep the N most frequent characters (BERT: 1000); rarer ones become [UNK]"
+    )
 
 
 class PreprocessConfig(BaseModel):

@@ -7,6 +7,7 @@ bert-base-uncased `vocab.txt` tokenizes exactly like `transformers.BertTokenizer
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -50,23 +51,38 @@ def _set_template(tok: Tokenizer) -> Tokenizer:
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int = 30522, lowercase: bool = True, min_frequency: int = 2
+    texts: Iterable[str],
+    vocab_size: int = 30522,
+    lowercase: bool = True,
+    min_frequency: int = 2,
+    limit_alphabet: int = 1000,
 ) -> Tokenizer:
     """Train WordPiece from texts; the corpus is streamed (twice), never held whole.
 
-    `texts` must be re-iterable (a list or an object whose __iter__ restarts the stream). The Rust
-    trainer gives `##x` continuation tokens their ids in hash-map order and uses those ids to break
-    ties between equally frequent merges, so two runs on the same corpus can give different
-    vocabularies (huggingface/tokenizers#1794). A first pass collects the characters that can
-    continue a word, and their `##x` tokens are registered before training: every id, and so every
-    tie-break, is then fixed, and the same corpus always gives the same vocab.txt.
+    `texts` must be re-iterable (a list or an object whose __iter__ restarts the stream).
+
+    The alphabet is the `limit_alphabet` most frequent characters (BERT's vocabulary and
+    transformers' BertWordPieceTokenizer keep 1,000): without a limit every character seen once
+    takes two entries (`x` and `##x`), and on Wikipedia that was over half of a 16k vocabulary,
+    leaving common words split (`worst` -> `wor ##st`). A word with a character outside the
+    alphabet becomes [UNK], as in BERT.
+
+    The Rust trainer gives `##x` continuation tokens their ids in hash-map order and uses those ids
+    to break ties between equally frequent merges, so two runs on the same corpus can give
+    different vocabularies (huggingface/tokenizers#1794). The first pass (which also counts the
+    characters) collects those that can continue a word, and their `##x` tokens are registered
+    before training: every id, and so every tie-break, is then fixed, and the same corpus always
+    gives the same vocab.txt.
     """
     base = _bert_pipeline(Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100)), lowercase)
-    continuations = [f"##{c}" for c in sorted(_continuation_chars(texts, base))]
+    alphabet, continuing = _alphabet(texts, base, limit_alphabet)
+    continuations = [f"##{c}" for c in sorted(continuing)]
     trainer = trainers.WordPieceTrainer(
         vocab_size=max(vocab_size, len(SPECIAL_TOKENS) + len(continuations)),
         min_frequency=min_frequency,
         special_tokens=SPECIAL_TOKENS + continuations,
+        limit_alphabet=len(alphabet),
+        initial_alphabet=sorted(alphabet),  # counted as most frequent: exactly these are kept
         continuing_subword_prefix="##",
         show_progress=False,
     )
@@ -82,13 +98,16 @@ def train_tokenizer(
     return _set_template(tok)
 
 
-def _continuation_chars(texts: Iterable[str], tok: Tokenizer) -> set[str]:
-    """Characters that can stand inside a pre-tokenized word (after BERT normalization)."""
-    chars: set[str] = set()
+def _alphabet(texts: Iterable[str], tok: Tokenizer, limit: int) -> tuple[set[str], set[str]]:
+    """The `limit` most frequent word characters (after BERT normalization; ties by code point),
+    and those of them that can continue a pre-tokenized word."""
+    counts: Counter[str] = Counter()
     for batch in _batches(texts):
         for text in batch:
-            chars.update(tok.normalizer.normalize_str(text))
-    return {c for c in chars if len(tok.pre_tokenizer.pre_tokenize_str("a" + c)) == 1}
+            counts.update(tok.normalizer.normalize_str(text))
+    word_chars = [c for c in counts if not c.isspace()]
+    alphabet = set(sorted(word_chars, key=lambda c: (-counts[c], c))[:limit])
+    return alphabet, {c for c in alphabet if len(tok.pre_tokenizer.pre_tokenize_str("a" + c)) == 1}
 
 
 def _batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:

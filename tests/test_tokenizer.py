@@ -137,3 +137,30 @@ def test_training_gives_the_same_vocabulary_in_every_process(tmp_path, data_dir)
     assert all(p.wait(timeout=300) == 0 for p in procs)
     assert outs[0].read_bytes() == outs[1].read_bytes()
     assert len(outs[0].read_text().split("\n")) == 2000
+
+
+def test_alphabet_keeps_only_the_most_frequent_characters(data_dir):
+    """Rare characters do not take vocabulary entries (BERT keeps 1,000 characters): a word made
+    of them becomes [UNK], and the freed entries go to whole words."""
+    from collections import Counter
+
+    from tokenizers.normalizers import BertNormalizer
+
+    from preprocessing.wordpiece import train_tokenizer, vocab_list
+
+    common = real_lines(data_dir, 400)
+    counts = Counter(BertNormalizer(lowercase=True).normalize_str("".join(common)))
+    limit = len([c for c, n in counts.items() if n >= 2 and not c.isspace()])
+    rare = [chr(0x4E00 + i) for i in range(600)]  # 600 CJK characters, each seen once
+    texts = common + [f"word{c}" for c in rare]
+    tok = train_tokenizer(texts, vocab_size=3000, limit_alphabet=limit)
+    vocab = vocab_list(tok)
+    assert len([t for t in vocab if len(t) == 1]) <= limit and not set(rare) & set(vocab)
+    unlimited = vocab_list(train_tokenizer(texts, vocab_size=3000, limit_alphabet=10_000))
+    assert set(rare) <= set(unlimited)  # the limit is what removed them
+
+    def words(v: list[str]) -> int:
+        return len([t for t in v if len(t) > 1 and not t.startswith(("##", "["))])
+
+    assert words(vocab) > words(unlimited)
+    assert tok.encode(f"the {rare[0]} city", add_special_tokens=False).tokens == ["the", "[UNK]", "city"]
