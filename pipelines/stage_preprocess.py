@@ -3,6 +3,8 @@
 Output layout and format: preprocessing/shard_format.py. A rerun of a finished output with the
 same config, tokenizer and inputs is a no-op; an unfinished or different one is recomputed from
 scratch (the marker is removed first, shards are replaced atomically), which gives the same bytes.
+Inputs and the output may be local paths or URLs of any filesystem Beam knows (`s3://`, `gs://`,
+`hdfs://`): every read and write goes through `preprocessing.storage` (Beam's FileSystems).
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ import argparse
 import hashlib
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 
-from common.atomic import MARKER_NAME, atomic_write_json, read_marker, remove_temp_files, write_marker
+from common.atomic import MARKER_NAME, TMP_PREFIX
 from common.errors import UserError
+from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels
-from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, shard_paths
+from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME
 
 log = logging.getLogger("bertflow.preprocess")
 
@@ -29,38 +31,61 @@ WORK_DIR = "_work"
 RUN_ONLY_KEYS = ("workers", "runner", "beam_options")
 
 
-def text_size(path: Path) -> int:
+def text_size(path: str) -> int:
     """Uncompressed size: a gzip file's ISIZE trailer (exact below 4 GiB), else the file size."""
-    size = path.stat().st_size
+    size = storage.size(path)
     if size >= 18:
-        with open(path, "rb") as fh:
+        with storage.open_read(path) as fh:
             if fh.read(2) == b"\x1f\x8b":
                 fh.seek(-4, 2)
                 return int.from_bytes(fh.read(4), "little")
     return size
 
 
-def input_fingerprint(files: list[Path]) -> list[dict]:
+def input_fingerprint(files: list[str]) -> list[dict]:
     """Name, size and sha256 of each input file, so any change of content is noticed."""
     labels = file_labels(files)
-    return [{"path": labels[p], "size": p.stat().st_size, "sha256": _sha(p)} for p in files]
+    return [{"path": labels[p], "size": storage.size(p), "sha256": storage.sha256(p)} for p in files]
 
 
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+def work_dir_for(out_dir: str, temp_location: str | None) -> str:
+    """Where the workers exchange files: under --temp_location when the pipeline declares one
+    (a folder of its own per output), else OUTPUT/_work."""
+    if temp_location:
+        tag = hashlib.sha256(out_dir.encode()).hexdigest()[:12]
+        return storage.join(temp_location, f"bertflow-preprocess-{tag}")
+    return storage.join(out_dir, WORK_DIR)
 
 
-def _clear_outputs(out_dir: Path) -> None:
-    (out_dir / MARKER_NAME).unlink(missing_ok=True)
-    for name in (*SPLITS, WORK_DIR):
-        shutil.rmtree(out_dir / name, ignore_errors=True)
-    for name in (MANIFEST_NAME, STATS_NAME):
-        (out_dir / name).unlink(missing_ok=True)
-    remove_temp_files(out_dir)
+def _clear_outputs(out_dir: str, work_dir: str) -> None:
+    storage.delete_tree(storage.join(out_dir, MARKER_NAME))
+    for name in (*SPLITS, MANIFEST_NAME, STATS_NAME):
+        storage.delete_tree(storage.join(out_dir, name))
+    storage.delete_tree(work_dir)
+    if storage.exists(out_dir):
+        for leftover, _ in storage.match(storage.join(out_dir, TMP_PREFIX + "*")):
+            storage.delete_tree(leftover)
+
+
+def _finished_stats(out_dir: str, identity: dict) -> dict | None:
+    """stats.json of a complete output made from the same identity with intact shards, else None."""
+    if not storage.exists(storage.join(out_dir, MARKER_NAME)):
+        return None
+    try:
+        manifest = storage.read_json(storage.join(out_dir, MANIFEST_NAME))
+        if {k: manifest.get(k) for k in identity} != identity:
+            log.info("%s holds other shards: recomputing", out_dir)
+            return None
+        for split in SPLITS:
+            for entry in manifest["splits"].get(split, []):
+                path = storage.join(out_dir, split, entry["path"])
+                if storage.sha256(path) != entry["sha256"]:
+                    log.warning("shard %s is corrupt (checksum differs from the manifest): recomputing", path)
+                    return None
+        return storage.read_json(storage.join(out_dir, STATS_NAME))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("%s holds damaged shards (%s): recomputing", out_dir, exc)
+        return None
 
 
 def _summarize(counts: dict[str, int], input_bytes: int, seconds: float, entries) -> dict:
@@ -99,19 +124,18 @@ def _summarize(counts: dict[str, int], input_bytes: int, seconds: float, entries
 def run_preprocess_stage(
     cfg: PreprocessConfig,
     tokenizer_path: Path,
-    out_dir: Path,
+    out_dir: Path | str,
     data_root: str | None = None,
     beam_args: list[str] | None = None,
 ) -> dict:
-    """Write the shard directory `out_dir`; returns the stats (also in stats.json)."""
-    import json
-
+    """Write the shard directory `out_dir` (a local path or a URL); returns the stats (also in
+    stats.json)."""
     from preprocessing.beam_job import pipeline_options, run_pipeline
     from preprocessing.examples import ExampleParams
     from preprocessing.masking import MaskingSpec
     from preprocessing.wordpiece import SPECIAL_TOKENS, load_tokenizer, vocab_list
 
-    out_dir = Path(out_dir)
+    out_dir = str(out_dir)
     if cfg.max_predictions_per_seq > cfg.max_seq_length - 3:
         raise UserError(
             f"preprocess.max_predictions_per_seq={cfg.max_predictions_per_seq} exceeds the "
@@ -119,8 +143,9 @@ def run_preprocess_stage(
             fix="use 20 at 128 or 80 at 512.",
         )
     options = pipeline_options(cfg.runner, cfg.workers, [*cfg.beam_options, *(beam_args or [])])
-    files = expand_inputs(cfg.input, data_root)
-    if all(p.stat().st_size == 0 for p in files):
+    storage.use_options(options)  # the driver's own reads and writes (S3 endpoint, credentials)
+    files = [str(p) for p in expand_inputs(cfg.input, data_root, remote_ok=True)]
+    if all(storage.size(p) == 0 for p in files):
         raise UserError(
             f"the corpus is empty: every input file is 0 bytes ({', '.join(map(str, files))}).",
             fix="check --input / preprocess.input.",
@@ -139,20 +164,12 @@ def run_preprocess_stage(
         "tokenizer_json_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
         "input_fingerprint": fingerprint,
     }
-    if read_marker(out_dir) is not None and (out_dir / MANIFEST_NAME).is_file():
-        try:
-            manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
-            if {k: manifest.get(k) for k in identity} == identity:
-                for split in SPLITS:
-                    shard_paths(out_dir, split, verify=True)  # a damaged shard means: recompute
-                log.info("shards in %s are up to date", out_dir)
-                return json.loads((out_dir / STATS_NAME).read_text())
-        except (OSError, json.JSONDecodeError, UserError) as exc:
-            log.warning("%s", exc)
-        log.info("%s holds other or damaged shards: recomputing", out_dir)
-    _clear_outputs(out_dir)
-    work_dir = out_dir / WORK_DIR
-    work_dir.mkdir(parents=True)
+    work_dir = work_dir_for(out_dir, options.get_all_options()["temp_location"])
+    stats = _finished_stats(out_dir, identity)
+    if stats is not None:
+        log.info("shards in %s are up to date", out_dir)
+        return stats
+    _clear_outputs(out_dir, work_dir)
 
     input_bytes = sum(text_size(p) for p in files)
     num_buckets = max(1, math.ceil(input_bytes / (cfg.bucket_size_mb * 2**20)))
@@ -175,14 +192,14 @@ def run_preprocess_stage(
     )  # fmt: skip
     seconds = time.perf_counter() - start
     if counts.get("documents_read", 0) == 0:
-        _clear_outputs(out_dir)
+        _clear_outputs(out_dir, work_dir)
         raise UserError(
             f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
             f"{ {k: v for k, v in counts.items() if k != 'files_read'} }).",
             fix="check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
         )
     if counts.get("examples", 0) == 0:
-        _clear_outputs(out_dir)
+        _clear_outputs(out_dir, work_dir)
         raise UserError(
             f"the corpus {', '.join(map(str, files))} gave no examples ({counts.get('documents_read')} documents).",
             fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
@@ -190,10 +207,10 @@ def run_preprocess_stage(
     stats = _summarize(counts, input_bytes, seconds, entries)
     splits = {s: [e for sp, _, e in sorted(entries, key=lambda x: (x[0], x[1])) if sp == s] for s in SPLITS}
     manifest = {**identity, "num_buckets": num_buckets, "splits": splits}
-    atomic_write_json(out_dir / STATS_NAME, stats)
-    atomic_write_json(out_dir / MANIFEST_NAME, manifest)
-    shutil.rmtree(work_dir, ignore_errors=True)
-    write_marker(out_dir, {"examples": stats["examples"]})
+    storage.write_json(storage.join(out_dir, STATS_NAME), stats)
+    storage.write_json(storage.join(out_dir, MANIFEST_NAME), manifest)
+    storage.delete_tree(work_dir)
+    storage.write_json(storage.join(out_dir, MARKER_NAME), {"examples": stats["examples"]})  # last
     log.info(
         "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
         stats["examples"], stats["examples_per_split"], out_dir, seconds, stats["mb_per_second"] or 0,
@@ -258,7 +275,7 @@ def main(args: argparse.Namespace) -> int:
 
     vocab = Path(args.vocab) if args.vocab else stage_dir(cfg, "tokenizer")
     out = (
-        Path(args.output)
+        (args.output if storage.is_remote(args.output) else Path(args.output))
         if args.output
         else stage_dir(cfg.model_copy(update={"preprocess": pcfg}), "preprocess")
     )

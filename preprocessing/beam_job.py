@@ -1,29 +1,39 @@
 """The Beam pipeline: corpus files → tokenized documents → buckets → examples → Parquet shards.
 
-    files ─Reshuffle─▶ ReadAndTokenize ─(split/bucket) → doc file─▶ GroupByKey ─▶ MakeExamples
-      ─(split, shard) → part file─▶ GroupByKey ─▶ MergeShard (sort by key, write_shard) ─▶ entries
+    files ─Reshuffle─▶ ReadAndTokenize ─(bucket, doc batch)─▶ GroupByKey ─▶ MakeExamples
+      ─((split, shard), part file)─▶ GroupByKey ─▶ MergeShard (merge the sorted parts, write the shard)
 
 Scaling (as NVIDIA's LDDL): each document goes to one of `num_buckets` buckets by a hash of its id
 and text; a bucket holds ~bucket_size_mb of text, so memory per worker is bounded whatever the
 corpus size, and NotNext segments are drawn from the same bucket. Every random draw is seeded from
 (seed, bucket, dupe pass) and every example gets a stable 64-bit key that picks its shard and its
 place in the shard, so the shards are byte-identical for any number of workers or runner.
-Both shuffles move only file names: tokenized documents are written per input file as Arrow
-files (rows grouped by bucket) under the work dir (a filesystem the workers and the driver share) and bucket outputs
-as Parquet part files, so no runner ever buffers the corpus itself (the local runner holds a
-GroupByKey's values in the driver and hands each worker its share as one bundle, which made
-memory grow with the corpus: docs/benchmarks.md §2). MergeShard writes each final shard
-atomically with `shard_format.write_shard`.
+
+Portable I/O: every byte goes through `preprocessing.storage` (Beam's FileSystems), so inputs,
+shards and work files may be local paths or `s3://`, `gs://`, `hdfs://` URLs. What one worker
+writes for another lives under `work_dir` (the pipeline's --temp_location, else OUTPUT/_work) and
+is named in the pipeline's own elements: both shuffles move file names, never the corpus
+(tokenized documents are written per input file as Arrow IPC files, one record batch per bucket;
+bucket outputs as sorted Parquet part files), so no runner buffers the corpus in a GroupByKey.
+
+One chain of transforms, no tagged outputs, no global combine: each unit of work writes its
+counters to work_dir/stats/ and each shard its manifest entry to work_dir/entries/ (names fixed by
+the input, so a retried bundle overwrites its own file) and the driver sums them after the run.
+This is what every runner executes the same way (Beam's DaskRunner computes only the last
+transform's ancestors and does not separate tagged outputs).
+
+Memory of the merge is bounded: a shard of up to MERGE_IN_MEMORY_ROWS examples is sorted in memory
+and written as one row group (the layout of earlier versions, byte for byte); a larger one is
+merged from its sorted parts batch by batch and written in row groups of SHARD_ROW_GROUP_ROWS.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections import Counter
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -32,9 +42,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from common.atomic import atomic_path, atomic_write_json
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
+from preprocessing import storage
 from preprocessing.corpus import read_documents
 from preprocessing.doc_tokens import pack, tokenize_documents, unpack
 from preprocessing.examples import Example, ExampleParams, create_examples
@@ -52,6 +62,11 @@ DOC_SCHEMA = pa.schema(
     ]
 )
 PART_SCHEMA = pa.schema([pa.field("key", pa.int64(), nullable=False), *SCHEMA])
+MERGE_IN_MEMORY_ROWS = 1 << 17  # larger shards are merged batch by batch (~100 MB of examples at seq 128)
+MERGE_BATCH_ROWS = 256  # rows read at a time from each sorted part while merging
+SHARD_ROW_GROUP_ROWS = 1 << 16  # row group size of merged shards
+STATS_DIR, ENTRIES_DIR = "stats", "entries"
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
 
 def document_hash(doc_id: str, text: str) -> int:
@@ -64,8 +79,9 @@ def split_of(h: int, validation_fraction: float) -> str:
 
 
 class ReadAndTokenize(beam.DoFn):
-    """One corpus file → its documents tokenized and written as Arrow files under `docs_dir`
-    (rows grouped by bucket); emits (bucket, file slice). Memory: about DOC_FLUSH_BYTES of tokens."""
+    """One corpus file → its documents tokenized and written as Arrow IPC files under
+    work_dir/docs (one record batch per bucket); emits (bucket, (file, batch index)) and writes the
+    file's counters to work_dir/stats. Memory: about DOC_FLUSH_BYTES of tokens."""
 
     def __init__(
         self,
@@ -73,17 +89,20 @@ class ReadAndTokenize(beam.DoFn):
         vocab_size: int,
         validation_fraction: float,
         num_buckets: int,
-        docs_dir: str,
+        work_dir: str,
+        fs_options: dict[str, Any],
     ):
         self.tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
         self.validation_fraction = validation_fraction
         self.num_buckets = num_buckets
-        self.docs_dir = docs_dir
+        self.work_dir = work_dir
+        self.fs_options = fs_options
 
     def setup(self) -> None:
         from tokenizers import Tokenizer
 
+        storage.use_options(self.fs_options)
         self.tok = Tokenizer.from_str(self.tokenizer_json)
 
     def process(self, element: tuple[str, str]):
@@ -93,7 +112,7 @@ class ReadAndTokenize(beam.DoFn):
         file_id = hashlib.blake2b(path.encode(), digest_size=8).hexdigest()
         buffered: dict[str, list] = {}
         size, chunk, batch = 0, 0, []
-        for doc in read_documents(Path(path), counts, label):
+        for doc in read_documents(path, counts, label):
             batch.append(doc)
             if len(batch) >= TOKENIZE_BATCH_DOCS:
                 size += self._tokenize(batch, counts, buffered)
@@ -105,7 +124,7 @@ class ReadAndTokenize(beam.DoFn):
             self._tokenize(batch, counts, buffered)
         yield from self._flush(buffered, file_id, chunk)
         counts["files_read"] += 1
-        yield beam.pvalue.TaggedOutput("stats", dict(counts))
+        storage.write_json(storage.join(self.work_dir, STATS_DIR, f"read-{file_id}.json"), dict(counts))
 
     def _tokenize(self, docs, counts: Counter, buffered: dict[str, list]) -> int:
         added = 0
@@ -130,51 +149,71 @@ class ReadAndTokenize(beam.DoFn):
         return added
 
     def _flush(self, buffered: dict[str, list], file_id: str, chunk: int):
-        """One Arrow file per flush, rows grouped by bucket; emits (bucket, (path, first row, rows)).
-        Work files need no fsync: a crash clears the whole work dir and the job reruns."""
+        """One Arrow IPC file per flush, one record batch per bucket; emits (bucket, (path, batch)).
+        A retried bundle rewrites the same name with the same rows; the work dir goes at the end."""
         if not buffered:
             return
         groups = sorted(buffered)
-        docs = [d for g in groups for d in buffered[g]]
-        table = pa.Table.from_arrays(
-            [
-                pa.array([h for h, _ in docs], type=pa.uint64()),
-                pa.array([p[0] for _, p in docs], type=pa.binary()),
-                pa.array([p[1] for _, p in docs], type=pa.binary()),
-                pa.array([p[2] for _, p in docs], type=pa.string()),
-            ],
-            schema=DOC_SCHEMA,
-        )
-        path = Path(self.docs_dir) / f"{file_id}-{chunk:05d}.arrow"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, DOC_SCHEMA) as writer:
-            writer.write_table(table)
-        os.replace(tmp, path)  # a retried bundle rewrites the same name with the same rows
-        start = 0
-        for group in groups:
-            yield group, (str(path), start, len(buffered[group]))
-            start += len(buffered[group])
+        path = storage.join(self.work_dir, "docs", f"{file_id}-{chunk:05d}.arrow")
+
+        def write(sink) -> None:
+            with pa.ipc.new_file(sink, DOC_SCHEMA) as writer:
+                for group in groups:
+                    docs = buffered[group]
+                    writer.write_batch(
+                        pa.record_batch(
+                            [
+                                pa.array([h for h, _ in docs], type=pa.uint64()),
+                                pa.array([p[0] for _, p in docs], type=pa.binary()),
+                                pa.array([p[1] for _, p in docs], type=pa.binary()),
+                                pa.array([p[2] for _, p in docs], type=pa.string()),
+                            ],
+                            schema=DOC_SCHEMA,
+                        )
+                    )
+
+        storage.write_atomically(path, write)
+        for index, group in enumerate(groups):
+            yield group, (path, index)
 
 
 def read_docs(slices) -> list[tuple[int, tuple[bytes, bytes, str]]]:
-    """The (hash, packed sentences) records of a bucket: (path, first row, rows) slices of the
-    document files that ReadAndTokenize wrote."""
+    """The (hash, packed sentences) records of a bucket: its (path, record batch) slices of the
+    document files that ReadAndTokenize wrote (each file opened once)."""
+    by_path: dict[str, list[int]] = {}
+    for path, index in slices:
+        by_path.setdefault(path, []).append(index)
     docs = []
-    for path, start, length in slices:
-        with pa.memory_map(str(path)) as source:
-            table = pa.ipc.open_file(source).read_all().slice(start, length)
-            cols = [table.column(name).to_pylist() for name in ("hash", "ids", "lens", "dtype")]
-        docs.extend((h, (ids, lens, dtype)) for h, ids, lens, dtype in zip(*cols))
+    for path, indices in sorted(by_path.items()):
+        with storage.open_read(path) as source:
+            reader = pa.ipc.open_file(source)
+            for index in sorted(indices):
+                batch = reader.get_batch(index)
+                cols = [batch.column(name).to_pylist() for name in ("hash", "ids", "lens", "dtype")]
+                docs.extend((h, (ids, lens, dtype)) for h, ids, lens, dtype in zip(*cols))
     return docs
 
 
 class MakeExamples(beam.DoFn):
-    def __init__(self, parts_dir: str, params: ExampleParams, spec: MaskingSpec, num_shards: int):
-        self.parts_dir = parts_dir
+    """One bucket → its examples, one sorted Parquet part file per (dupe pass, shard) under
+    work_dir/parts; emits ((split, shard), part path) and writes the bucket's counters."""
+
+    def __init__(
+        self,
+        work_dir: str,
+        params: ExampleParams,
+        spec: MaskingSpec,
+        num_shards: int,
+        fs_options: dict[str, Any],
+    ):
+        self.work_dir = work_dir
         self.params = params
         self.spec = spec
         self.num_shards = num_shards
+        self.fs_options = fs_options
+
+    def setup(self) -> None:
+        storage.use_options(self.fs_options)
 
     def process(self, element):
         group, doc_files = element
@@ -191,11 +230,14 @@ class MakeExamples(beam.DoFn):
                 by_shard.setdefault(ex.key % n_shards, []).append(ex)
             for shard, examples in sorted(by_shard.items()):
                 name = f"{group.replace('/', '-')}-{dupe:03d}.parquet"
-                path = Path(self.parts_dir) / split / f"{shard:05d}" / name
-                with atomic_path(path) as tmp:
-                    pq.write_table(examples_to_table(examples), tmp, compression="zstd")
-                yield (split, shard), str(path)
-        yield beam.pvalue.TaggedOutput("stats", dict(stats))
+                path = storage.join(self.work_dir, "parts", split, f"{shard:05d}", name)
+                table = examples_to_table(examples)
+                storage.write_atomically(
+                    path, lambda sink, t=table: pq.write_table(t, sink, compression="zstd")
+                )
+                yield (split, shard), path
+        name = f"examples-{group.replace('/', '-')}.json"
+        storage.write_json(storage.join(self.work_dir, STATS_DIR, name), dict(stats))
 
 
 def examples_to_table(examples: list[Example]) -> pa.Table:
@@ -214,19 +256,90 @@ def examples_to_table(examples: list[Example]) -> pa.Table:
 
 
 class MergeShard(beam.DoFn):
-    def __init__(self, out_dir: str, num_shards: int):
+    """The sorted part files of one shard → the shard (see the module docstring for the memory
+    bound); writes its manifest entry to work_dir/entries and emits (split, shard)."""
+
+    def __init__(self, out_dir: str, work_dir: str, num_shards: int, fs_options: dict[str, Any]):
         self.out_dir = out_dir
+        self.work_dir = work_dir
         self.num_shards = num_shards
+        self.fs_options = fs_options
+
+    def setup(self) -> None:
+        storage.use_options(self.fs_options)
 
     def process(self, element):
         (split, shard), paths = element
         paths = sorted(p for p in paths if p)
-        tables = [pq.read_table(p, schema=PART_SCHEMA) for p in paths]
-        table = pa.concat_tables(tables) if tables else PART_SCHEMA.empty_table()
-        table = table.take(pc.sort_indices(table, sort_keys=[("key", "ascending")])).drop_columns(["key"])
         count = self.num_shards if split == "train" else 1
-        entry = write_shard(Path(self.out_dir) / split / shard_name(shard, count), table)
-        yield split, shard, entry
+        target = storage.join(self.out_dir, split, shard_name(shard, count))
+        rows = 0
+        for p in paths:
+            with storage.open_read(p) as fh:
+                rows += pq.ParquetFile(fh).metadata.num_rows
+        if rows <= MERGE_IN_MEMORY_ROWS:
+            tables = []
+            for p in paths:
+                with storage.open_read(p) as fh:
+                    tables.append(pq.read_table(fh, schema=PART_SCHEMA))
+            table = pa.concat_tables(tables) if tables else PART_SCHEMA.empty_table()
+            order = pc.sort_indices(table, sort_keys=[("key", "ascending")])
+            entry = write_shard(target, table.take(order).drop_columns(["key"]))
+        else:
+            entry = write_shard(target, merge_sorted_parts(paths))
+        storage.write_json(
+            storage.join(self.work_dir, ENTRIES_DIR, f"{split}-{shard:05d}.json"),
+            {"split": split, "shard": shard, "entry": entry},
+        )
+        yield split, shard
+
+
+def merge_sorted_parts(paths: list[str], batch_rows: int = MERGE_BATCH_ROWS) -> Iterator[pa.Table]:
+    """K-way merge of part files (each sorted by key) into row groups of SHARD_ROW_GROUP_ROWS
+    rows, in key order, without the key column. Memory: one batch per part plus one row group."""
+    files = [storage.open_read(p) for p in paths]
+    readers = [pq.ParquetFile(fh).iter_batches(batch_size=batch_rows) for fh in files]
+    heads: list[pa.Table | None] = [None] * len(readers)
+
+    def refill(i: int) -> None:
+        while heads[i] is None or heads[i].num_rows == 0:
+            batch = next(readers[i], None)
+            if batch is None:
+                heads[i] = None
+                return
+            heads[i] = pa.Table.from_batches([batch]).cast(PART_SCHEMA)
+
+    for i in range(len(readers)):
+        refill(i)
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    try:
+        while any(h is not None for h in heads):
+            live = [i for i, h in enumerate(heads) if h is not None]
+            # every row at or below the smallest last key of the loaded batches is final
+            fence = min(heads[i].column("key")[-1].as_py() for i in live)
+            taken = []
+            for i in live:
+                keys = heads[i].column("key").to_numpy()
+                n = int(keys.searchsorted(fence, side="right"))
+                if n:
+                    taken.append(heads[i].slice(0, n))
+                    heads[i] = heads[i].slice(n)
+                    refill(i)
+            merged = pa.concat_tables(taken)
+            merged = merged.take(pc.sort_indices(merged, sort_keys=[("key", "ascending")]))
+            pending.append(merged)
+            pending_rows += merged.num_rows
+            while pending_rows >= SHARD_ROW_GROUP_ROWS:
+                table = pa.concat_tables(pending)
+                yield table.slice(0, SHARD_ROW_GROUP_ROWS).drop_columns(["key"]).combine_chunks()
+                rest = table.slice(SHARD_ROW_GROUP_ROWS)
+                pending, pending_rows = [rest], rest.num_rows
+        if pending_rows:
+            yield pa.concat_tables(pending).drop_columns(["key"]).combine_chunks()
+    finally:
+        for fh in files:
+            fh.close()
 
 
 def _sum_counts(dicts) -> dict[str, int]:
@@ -236,15 +349,15 @@ def _sum_counts(dicts) -> dict[str, int]:
     return dict(total)
 
 
-def _write_json(obj: Any, path: str) -> None:
-    atomic_write_json(path, obj)
-
-
 def pipeline_options(runner: str, workers: int, extra: list[str]) -> PipelineOptions:
     """Local default: DirectRunner, one worker process per `workers`; any flag in `extra` wins.
     A flag no Beam option knows is an error (Beam itself would only warn and drop it)."""
     from apache_beam.options.pipeline_options import _BeamArgumentParser
 
+    if runner in ("DaskRunner", DASK_RUNNER):
+        import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions: --dask_*)
+
+        runner = DASK_RUNNER  # Beam knows it only by its full name
     parser = _BeamArgumentParser(allow_abbrev=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         cls._add_argparse_args(parser)
@@ -255,6 +368,12 @@ def pipeline_options(runner: str, workers: int, extra: list[str]) -> PipelineOpt
             f"unknown option(s) {' '.join(unknown)}: neither a bertflow preprocess flag nor a Beam pipeline option.",
             fix="check the spelling (`bertflow preprocess --help`; Beam options are --name=value).",
         )
+    if runner == DASK_RUNNER and not any(
+        f.startswith(("--dask_npartitions", "--dask_partition_size")) for f in extra
+    ):
+        # DaskRunner's default puts up to 128 input files in one dask partition (one task, one
+        # worker): one file per partition spreads reading and tokenizing over the cluster
+        extra = ["--dask_partition_size=1", *extra]
     flags = [
         f"--runner={runner}",
         "--direct_running_mode=multi_processing",
@@ -263,6 +382,11 @@ def pipeline_options(runner: str, workers: int, extra: list[str]) -> PipelineOpt
         *extra,
     ]
     return PipelineOptions(flags)
+
+
+def filesystem_options(options: PipelineOptions) -> dict[str, Any]:
+    """The options the workers' filesystems need (all non-default ones: S3/GCS/HDFS settings)."""
+    return options.get_all_options(drop_default=True, retain_unknown_options=False)
 
 
 def run_pipeline(
@@ -274,8 +398,8 @@ def run_pipeline(
     validation_fraction: float,
     num_shards: int,
     num_buckets: int,
-    out_dir: Path,
-    work_dir: Path,
+    out_dir: str,
+    work_dir: str,
     options: PipelineOptions,
 ) -> tuple[dict[str, int], list[tuple[str, int, dict]]]:
     """Run the job; returns (summed counters, [(split, shard, manifest entry)])."""
@@ -283,46 +407,35 @@ def run_pipeline(
     path = os.environ.get("PYTHONPATH", "")
     if str(PROJECT_ROOT) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), path) if p)
-    stats_path, entries_path = work_dir / "stats.json", work_dir / "entries.json"
+    fs = filesystem_options(options)
     empty_shards = [(("train", s), "") for s in range(num_shards)] + [(("validation", 0), "")]
     with beam.Pipeline(options=options) as p:
-        docs = (
+        slices = (
             p
             | "Files" >> beam.Create(files)
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadAndTokenize"
             >> beam.ParDo(
-                ReadAndTokenize(
-                    tokenizer_json, len(vocab), validation_fraction, num_buckets, str(work_dir / "docs")
-                )
-            ).with_outputs("stats", main="docs")
-        )
-        examples = (
-            docs.docs
-            | "GroupBuckets" >> beam.GroupByKey()
-            | "MakeExamples"
-            >> beam.ParDo(MakeExamples(str(work_dir / "parts"), params, spec, num_shards)).with_outputs(
-                "stats", main="parts"
+                ReadAndTokenize(tokenizer_json, len(vocab), validation_fraction, num_buckets, work_dir, fs)
             )
         )
+        parts = (
+            slices
+            | "GroupBuckets" >> beam.GroupByKey()
+            | "MakeExamples" >> beam.ParDo(MakeExamples(work_dir, params, spec, num_shards, fs))
+        )
         every_shard = p | "AllShards" >> beam.Create(empty_shards)
-        entries = (
-            (examples.parts, every_shard)
+        _ = (
+            (parts, every_shard)
             | "WithEmptyShards" >> beam.Flatten()
             | "GroupShards" >> beam.GroupByKey()
-            | "MergeShards" >> beam.ParDo(MergeShard(str(out_dir), num_shards))
+            | "MergeShards" >> beam.ParDo(MergeShard(out_dir, work_dir, num_shards, fs))
         )
-        _ = (
-            entries
-            | "AllEntries" >> beam.combiners.ToList()
-            | "WriteEntries" >> beam.Map(_write_json, str(entries_path))
-        )
-        _ = (
-            (docs.stats, examples.stats)
-            | "AllStats" >> beam.Flatten()
-            | "SumStats" >> beam.CombineGlobally(_sum_counts)
-            | "WriteStats" >> beam.Map(_write_json, str(stats_path))
-        )
-    stats = json.loads(stats_path.read_text())
-    entries = [tuple(e) for e in json.loads(entries_path.read_text())]
-    return stats, entries
+    client = getattr(p.result, "client", None)  # DaskRunner leaves its dask Client open
+    if client is not None:
+        client.close()
+    stats = _sum_counts(
+        storage.read_json(f) for f, _ in storage.match(storage.join(work_dir, STATS_DIR, "*.json"))
+    )
+    entries = [storage.read_json(f) for f, _ in storage.match(storage.join(work_dir, ENTRIES_DIR, "*.json"))]
+    return stats, [(e["split"], e["shard"], e["entry"]) for e in entries]

@@ -1,6 +1,7 @@
 """Corpus readers: WikiExtractor `<doc>` files, plain text (blank line between documents) and JSONL.
 
-Files may be gzip-compressed. Every irregularity is counted in a `Counter` (it ends up in
+Files may be gzip-compressed, on local disk or on any filesystem Beam knows (`s3://`, `gs://`,
+`hdfs://`): every read goes through `preprocessing.storage` (Beam's FileSystems). Every irregularity is counted in a `Counter` (it ends up in
 stats.json) and logged, never silently dropped, never a traceback:
 non-UTF-8 bytes (replaced), empty and binary files, lines over 1 MB, unclosed `<doc>` tags,
 text outside `<doc>`, bad JSON lines, empty documents.
@@ -12,7 +13,6 @@ import glob
 import gzip
 import json
 import logging
-import os
 import re
 import zlib
 from collections import Counter
@@ -43,14 +43,20 @@ class Document:
         return "\n".join(self.paragraphs)
 
 
-def expand_inputs(patterns: list[str], data_root: str | None = None) -> list[Path]:
-    """Expand globs (and `data:` paths) into a sorted, de-duplicated list of files."""
+def expand_inputs(
+    patterns: list[str], data_root: str | None = None, remote_ok: bool = False
+) -> list[Path | str]:
+    """Expand globs (and `data:` paths) into a sorted, de-duplicated list of files: local ones as
+    Paths, object-store ones (`s3://...`, only with `remote_ok`) as URL strings."""
     if not patterns:
         raise UserError(
             "no corpus input given.", fix="pass --input GLOB or set preprocess.input / tokenizer.input."
         )
-    files: set[Path] = set()
+    files: set[Path | str] = set()
     for pattern in patterns:
+        if "://" in pattern:
+            files.update(_expand_remote(pattern, remote_ok))
+            continue
         resolved = str(resolve_data_path(pattern, data_root))
         matches = [Path(m) for m in glob.glob(resolved, recursive=True)]
         matches = [m for m in matches if m.is_file()]
@@ -60,26 +66,62 @@ def expand_inputs(patterns: list[str], data_root: str | None = None) -> list[Pat
                 fix="check the path or glob; `data:` paths are relative to the data root (BERTFLOW_DATA).",
             )
         files.update(m.resolve() for m in matches)
-    return sorted(files)
+    return sorted(files, key=str)
 
 
-def file_labels(paths: list[Path]) -> dict[Path, str]:
+def _expand_remote(pattern: str, remote_ok: bool) -> list[str]:
+    if not remote_ok:
+        raise UserError(
+            f"input {pattern!r} is on an object store; only the preprocess stage reads those.",
+            fix="give the tokenizer stage a local copy of (part of) the corpus, or an existing --vocab.",
+        )
+    from preprocessing import storage
+
+    try:
+        matches = [path for path, _ in storage.match(pattern)]
+    except Exception as exc:  # Beam raises BeamIOError, or ValueError for an unknown scheme
+        raise UserError(
+            f"cannot list input {pattern!r}: {exc}",
+            fix="check the URL and the filesystem's options (e.g. --s3_endpoint_url, credentials).",
+        ) from None
+    if not matches:
+        raise UserError(f"input {pattern!r} matches no file.", fix="check the URL or glob.")
+    return matches
+
+
+def file_labels(paths: list[Path | str]) -> dict[Path | str, str]:
     """Short, stable names for document ids: each path relative to the inputs' common folder."""
-    if len(paths) == 1:
-        return {paths[0]: paths[0].name}
-    common = Path(os.path.commonpath([str(p.parent) for p in paths]))
-    return {p: str(p.relative_to(common)) for p in paths}
+    from preprocessing.storage import relative_labels
+
+    labels = relative_labels([str(p) for p in paths])
+    return {p: labels[str(p)] for p in paths}
 
 
-def _open_binary(path: Path) -> BinaryIO:
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
+def _open_binary(path: Path | str) -> BinaryIO:
+    """The file's bytes through Beam's filesystems, gunzipped when it starts with gzip's magic."""
+    from preprocessing import storage
+
+    fh = storage.open_read(str(path))
+    if fh.read(2) == b"\x1f\x8b":
+        fh.seek(0)
+        return _GzipClosingSource(fileobj=fh, mode="rb")  # type: ignore[return-value]
+    fh.seek(0)
+    return fh
 
 
-def _lines(path: Path, counts: Counter, quiet: bool = False) -> Iterator[str]:
+class _GzipClosingSource(gzip.GzipFile):
+    """GzipFile that also closes the stream it reads from."""
+
+    def close(self) -> None:
+        source = self.fileobj
+        try:
+            super().close()
+        finally:
+            if source is not None:
+                source.close()
+
+
+def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[str]:
     """Decoded lines (without newline) of one file; handles binary, long lines, bad bytes."""
     warn = (lambda *a: None) if quiet else log.warning
     try:
@@ -125,10 +167,11 @@ def _lines(path: Path, counts: Counter, quiet: bool = False) -> Iterator[str]:
         warn("%s: empty file", path)
 
 
-def detect_format(path: Path) -> str:
+def detect_format(path: Path | str) -> str:
     """'jsonl' by suffix, else 'wiki' when one of the first 100 non-blank lines is a `<doc ...>` tag,
     else 'plain'."""
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    name = str(path).rsplit("/", 1)[-1]
+    name = name[:-3] if name.endswith(".gz") else name
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
     seen = 0
@@ -143,10 +186,10 @@ def detect_format(path: Path) -> str:
 
 
 def read_documents(
-    path: Path, counts: Counter, label: str | None = None, fmt: str | None = None
+    path: Path | str, counts: Counter, label: str | None = None, fmt: str | None = None
 ) -> Iterator[Document]:
     """Documents of one corpus file, in file order."""
-    label = label or path.name
+    label = label or str(path).rsplit("/", 1)[-1]
     fmt = fmt or detect_format(path)
     reader = {"wiki": _read_wiki, "plain": _read_plain, "jsonl": _read_jsonl}[fmt]
     ordinal = 0
@@ -160,7 +203,7 @@ def read_documents(
         ordinal += 1
 
 
-def _read_plain(path: Path, counts: Counter) -> Iterator[list[str]]:
+def _read_plain(path: Path | str, counts: Counter) -> Iterator[list[str]]:
     doc: list[str] = []
     for line in _lines(path, counts):
         if line.strip():
@@ -172,7 +215,7 @@ def _read_plain(path: Path, counts: Counter) -> Iterator[list[str]]:
         yield doc
 
 
-def _read_wiki(path: Path, counts: Counter) -> Iterator[list[str]]:
+def _read_wiki(path: Path | str, counts: Counter) -> Iterator[list[str]]:
     doc: list[str] | None = None
     title: str | None = None
     for line in _lines(path, counts):
@@ -206,7 +249,7 @@ def _read_wiki(path: Path, counts: Counter) -> Iterator[list[str]]:
         yield doc
 
 
-def _read_jsonl(path: Path, counts: Counter, field: str = "text") -> Iterator[list[str]]:
+def _read_jsonl(path: Path | str, counts: Counter, field: str = "text") -> Iterator[list[str]]:
     for line in _lines(path, counts):
         if not line.strip():
             continue

@@ -8,13 +8,14 @@ longest sequence. Bump SCHEMA_VERSION on any change; readers refuse other versio
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.atomic import atomic_path, sha256_file
+from common.atomic import sha256_file
 from common.errors import UserError
 from common.jsonfile import read_json_object
 
@@ -52,13 +53,29 @@ def shard_name(index: int, count: int) -> str:
     return SHARD_PATTERN.format(index=index, count=count)
 
 
-def write_shard(path: str | os.PathLike, table: pa.Table) -> dict[str, Any]:
-    """Write one shard atomically; returns its manifest entry (name, rows, sha256)."""
-    table = table.cast(SCHEMA)
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
-    return {"path": path.name, "num_examples": table.num_rows, "sha256": sha256_file(path)}
+def write_shard(path: str | os.PathLike, table: pa.Table | Iterable[pa.Table]) -> dict[str, Any]:
+    """Write one shard atomically on any filesystem Beam knows (local path or URL); returns its
+    manifest entry (name, rows, sha256). A Table is written whole (one row group up to pyarrow's
+    default of 1M rows); an iterable of Tables is streamed, one row group each."""
+    from preprocessing import storage
+
+    rows = 0
+
+    def write(sink) -> None:
+        nonlocal rows
+        if isinstance(table, pa.Table):
+            whole = table.cast(SCHEMA)
+            rows = whole.num_rows
+            pq.write_table(whole, sink, compression="zstd")
+            return
+        with pq.ParquetWriter(sink, SCHEMA, compression="zstd") as writer:
+            for group in table:
+                group = group.cast(SCHEMA)
+                rows += group.num_rows
+                writer.write_table(group, row_group_size=group.num_rows)
+
+    sha = storage.write_atomically(str(path), write)
+    return {"path": storage.basename(str(path)), "num_examples": rows, "sha256": sha}
 
 
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -243,12 +244,13 @@ def test_runner_option_files_parse_into_beam_options(name):
 
 
 def test_first_shuffle_moves_file_names_not_documents(tmp_path, data_dir, minilm_dir, monkeypatch):
-    """ReadAndTokenize writes each bucket's tokenized documents to a file and emits only
-    (bucket, path), so no runner buffers the corpus in a GroupByKey; the files hold every document,
-    and a file larger than the flush size is split without losing any."""
+    """ReadAndTokenize writes each input file's tokenized documents to Arrow files (one record batch
+    per bucket) and emits only (bucket, (file, batch)), so no runner buffers the corpus in a
+    GroupByKey; the files hold every document, and a file larger than the flush size is split
+    without losing any. Its counters go to the work dir, not through the pipeline."""
     from tokenizers import Tokenizer
 
-    from preprocessing import beam_job
+    from preprocessing import beam_job, storage
     from preprocessing.doc_tokens import unpack
 
     tok_json = Tokenizer.from_file(str(minilm_dir / "tokenizer.json")).to_str()
@@ -257,11 +259,13 @@ def test_first_shuffle_moves_file_names_not_documents(tmp_path, data_dir, minilm
     monkeypatch.setattr(beam_job, "TOKENIZE_BATCH_DOCS", 4)  # this file has 53 long articles
     for flush in (beam_job.DOC_FLUSH_BYTES, 50_000):
         monkeypatch.setattr(beam_job, "DOC_FLUSH_BYTES", flush)
-        fn = beam_job.ReadAndTokenize(tok_json, 30522, 0.1, 4, str(tmp_path / f"docs-{flush}"))
+        work = str(tmp_path / f"work-{flush}")
+        fn = beam_job.ReadAndTokenize(tok_json, 30522, 0.1, 4, work, {})
         fn.setup()
-        out = list(fn.process((str(source), "wikiextractor")))
-        emitted = [o for o in out if not hasattr(o, "tag")]
-        stats = next(o.value for o in out if hasattr(o, "tag"))
+        emitted = list(fn.process((str(source), "wikiextractor")))
+        (stats_file, _), *more = storage.match(f"{work}/stats/*.json")
+        stats = storage.read_json(stats_file)
+        assert not more and stats["files_read"] == 1
         assert all(isinstance(g, str) and Path(sl[0]).is_file() for g, sl in emitted)
         by_group: dict[str, list] = {}
         for group, doc_slice in emitted:
@@ -274,3 +278,66 @@ def test_first_shuffle_moves_file_names_not_documents(tmp_path, data_dir, minilm
     assert outputs[max(outputs)] == outputs[50_000]  # the same records, however they were split
     h, packed = next(iter(outputs[50_000].values()))[0]
     assert isinstance(h, int) and all(isinstance(s, list) and s for s in unpack(packed))
+
+
+def _part_files(root: Path, num_parts: int, rows_per_part: int, seed: int) -> list[str]:
+    """Sorted part files as MakeExamples writes them (random keys, real example columns)."""
+    import random
+
+    from preprocessing import beam_job
+    from preprocessing.examples import Example
+
+    rng = random.Random(seed)
+    paths = []
+    for p in range(num_parts):
+        examples = []
+        for _ in range(rows_per_part):
+            n = rng.randint(5, 40)
+            ids = [rng.randrange(30522) for _ in range(n)]
+            examples.append(
+                Example(rng.getrandbits(62), ids, [0] * n, [1, 2], ids[1:3], rng.randint(0, 1), [])
+            )
+        path = root / f"part-{p:03d}.parquet"
+        pq.write_table(beam_job.examples_to_table(examples), path, compression="zstd")
+        paths.append(str(path))
+    return paths
+
+
+def test_large_shards_are_merged_in_bounded_batches_with_the_same_rows(tmp_path, monkeypatch):
+    """Above MERGE_IN_MEMORY_ROWS a shard is merged from its sorted parts batch by batch into row
+    groups of SHARD_ROW_GROUP_ROWS: the same rows in the same key order as the in-memory sort, and
+    the manifest entry (rows, sha256) agrees with the file."""
+    from common.atomic import sha256_file
+    from preprocessing import beam_job
+
+    paths = _part_files(tmp_path, num_parts=7, rows_per_part=300, seed=3)
+    monkeypatch.setattr(beam_job, "SHARD_ROW_GROUP_ROWS", 500)
+    results = {}
+    for limit in (10**9, 1000):  # in memory, then merged (2,100 rows > 1,000)
+        monkeypatch.setattr(beam_job, "MERGE_IN_MEMORY_ROWS", limit)
+        out, work = tmp_path / f"out-{limit}", tmp_path / f"work-{limit}"
+        merge = beam_job.MergeShard(str(out), str(work), 1, {})
+        merge.setup()
+        assert list(merge.process((("train", 0), ["", *paths]))) == [("train", 0)]
+        shard = out / "train" / "shard-00000-of-00001.parquet"
+        entry = json.loads((work / "entries" / "train-00000.json").read_text())["entry"]
+        assert entry == {"path": shard.name, "num_examples": 2100, "sha256": sha256_file(shard)}
+        results[limit] = (read_shard(shard).to_pylist(), pq.ParquetFile(shard).metadata.num_row_groups)
+    (in_memory, groups_in_memory), (merged, groups_merged) = results[10**9], results[1000]
+    assert merged == in_memory and groups_in_memory == 1 and groups_merged == 5  # 4 x 500 + 100
+    keys = sorted(pq.read_table(paths[0]).column("key").to_pylist())
+    assert keys == pq.read_table(paths[0]).column("key").to_pylist()  # parts are sorted by key
+
+
+def test_merge_of_sorted_parts_yields_key_order_whatever_the_batch_size(tmp_path):
+    from preprocessing import beam_job
+
+    paths = _part_files(tmp_path, num_parts=5, rows_per_part=97, seed=8)
+    keys = sorted(k for p in paths for k in pq.read_table(p).column("key").to_pylist())
+    expected = pa.concat_tables([pq.read_table(p) for p in paths])
+    by_key = dict(zip(expected.column("key").to_pylist(), expected.column("input_ids").to_pylist()))
+    for batch_rows in (1, 7, 64, 1000):
+        groups = list(beam_job.merge_sorted_parts(paths, batch_rows=batch_rows))
+        ids = [row for g in groups for row in g.column("input_ids").to_pylist()]
+        assert ids == [by_key[k] for k in keys], batch_rows
+        assert all("key" not in g.column_names for g in groups)
