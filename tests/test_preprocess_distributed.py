@@ -1,0 +1,197 @@
+"""Stage 2 on a real distributed engine: Beam's DaskRunner against a dask.distributed cluster of
+separate processes (a scheduler and 2 workers, each with its own working and temp directory, no
+shared work dir), reading the corpus from and writing the shards to an S3-compatible object store
+(moto in server mode), everything on 127.0.0.1 and started and stopped here by pid. The shards
+must equal the DirectRunner's on local disk byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.paths import PROJECT_ROOT
+from pipelines.stage_preprocess import run_preprocess_stage
+from preprocessing.config import PreprocessConfig
+from preprocessing.shard_format import read_manifest
+from tests.test_preprocess import make_corpus
+from training.launch import free_port
+
+pytestmark = pytest.mark.slow
+
+HOST = "127.0.0.1"
+BUCKET = "bertflow-test"
+S3_CREDENTIALS = [
+    "--s3_access_key_id=testing",
+    "--s3_secret_access_key=testing",
+    "--s3_region_name=us-east-1",
+]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((HOST, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"{what} did not listen on {HOST}:{port} within {timeout}s")
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Stop the servers this module started, by pid: SIGTERM, then SIGKILL after 20 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
+def start(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    cwd.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory):
+    """moto's S3 server on loopback, with one empty bucket."""
+    root = tmp_path_factory.mktemp("moto")
+    port = free_port()
+    proc = start([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)], root, root / "moto.log")
+    try:
+        wait_for_port(port, proc, "moto server")
+        endpoint = f"http://{HOST}:{port}"
+        s3_client(endpoint).create_bucket(Bucket=BUCKET)
+        yield endpoint
+    finally:
+        stop([proc])
+
+
+def s3_client(endpoint: str):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
+    """`dask scheduler` + 2 `dask worker` processes (no nanny: one process each, stopped by pid),
+    each worker with its own working directory, --local-directory and TMPDIR."""
+    from distributed import Client
+
+    root = tmp_path_factory.mktemp("dask")
+    port = free_port()
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    scheduler = start(
+        [*dask, "--host", HOST, "--port", str(port), "--no-dashboard"],
+        root / "scheduler",
+        root / "scheduler.log",
+    )
+    procs = [scheduler]
+    try:
+        wait_for_port(port, scheduler, "dask scheduler")
+        address = f"tcp://{HOST}:{port}"
+        for i in range(2):
+            home = root / f"worker{i}"
+            (home / "tmp").mkdir(parents=True)
+            env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "TMPDIR": str(home / "tmp")}
+            env["OMP_NUM_THREADS"] = "1"
+            cmd = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--host", HOST,
+                   "--nthreads", "1", "--no-nanny", "--no-dashboard", "--name", f"worker{i}",
+                   "--local-directory", str(home / "local")]  # fmt: skip
+            procs.append(start(cmd, home, root / f"worker{i}.log", env))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+            pids = client.run(os.getpid)
+        assert sorted(pids.values()) == sorted(p.pid for p in procs[1:])  # our processes, no others
+        yield address, root
+    finally:
+        stop(procs[::-1])
+
+
+def config(inputs: list[str]) -> PreprocessConfig:
+    return PreprocessConfig(
+        input=inputs, dupe_factor=2, num_shards=3, validation_fraction=0.05, bucket_size_mb=0.5, seed=11
+    )
+
+
+def test_dask_cluster_on_s3_writes_the_directrunner_shards_byte_for_byte(
+    s3_endpoint, dask_cluster, tmp_path, data_dir, minilm_dir
+):
+    from distributed import Client
+
+    address, dask_root = dask_cluster
+    corpus = make_corpus(tmp_path, data_dir)
+    s3 = s3_client(s3_endpoint)
+    for f in sorted(corpus.iterdir()):
+        s3.upload_file(str(f), BUCKET, f"corpus/{f.name}")
+
+    local_out = tmp_path / "local"
+    local_stats = run_preprocess_stage(config([str(corpus / "*")]), minilm_dir, local_out)
+
+    options = [
+        f"--dask_client_address={address}",
+        f"--temp_location=s3://{BUCKET}/tmp",
+        f"--s3_endpoint_url={s3_endpoint}",
+        *S3_CREDENTIALS,
+    ]
+    cfg = config([f"s3://{BUCKET}/corpus/*"]).model_copy(
+        update={"runner": "DaskRunner", "beam_options": options}
+    )
+    stats = run_preprocess_stage(cfg, minilm_dir, f"s3://{BUCKET}/shards")
+
+    def s3_bytes(key: str) -> bytes:
+        return s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+    shards = sorted(p.relative_to(local_out).as_posix() for p in local_out.rglob("*.parquet"))
+    assert len(shards) == 4  # 3 train + 1 validation
+    for rel in shards:
+        assert s3_bytes(f"shards/{rel}") == (local_out / rel).read_bytes(), rel
+    # the same manifest but for the input setting (same inputs by relative name and content)
+    manifest, local_manifest = json.loads(s3_bytes("shards/manifest.json")), read_manifest(local_out)
+    assert manifest["config"].pop("input") == [f"s3://{BUCKET}/corpus/*"]
+    local_manifest["config"].pop("input")
+    assert manifest == local_manifest
+    timing = ("seconds", "mb_per_second")
+    assert {k: v for k, v in stats.items() if k not in timing} == {
+        k: v for k, v in local_stats.items() if k not in timing
+    }
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])}
+    assert "shards/_COMPLETE.json" in keys
+    assert not [k for k in keys if k.startswith("tmp/")]  # the work files under temp_location are gone
+    assert not [k for k in keys if "/.tmp-" in k]  # no temp object left behind
+    # both workers ran tasks; neither left a work file in its own directories
+    with Client(address, timeout=60) as client:
+        transitions = client.run(lambda dask_worker: dask_worker.state.transition_counter)
+    assert len(transitions) == 2 and all(n > 0 for n in transitions.values()), transitions
+    for i in range(2):
+        leftovers = [
+            p for p in (dask_root / f"worker{i}").rglob("*") if p.suffix in (".arrow", ".parquet", ".json")
+        ]
+        assert not leftovers, leftovers
+
+    # a rerun finds the finished output on S3 and does nothing
+    before = s3.head_object(Bucket=BUCKET, Key=f"shards/{shards[0]}")["LastModified"]
+    assert run_preprocess_stage(cfg, minilm_dir, f"s3://{BUCKET}/shards") == stats
+    assert s3.head_object(Bucket=BUCKET, Key=f"shards/{shards[0]}")["LastModified"] == before
