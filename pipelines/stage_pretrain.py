@@ -8,6 +8,11 @@ Validates everything first (one UserError, nothing written), then launches `trai
 Output: OUT/checkpoints/global_stepN (last K), OUT/metrics.jsonl, OUT/wandb_files, OUT/model (HF
 format), OUT/_COMPLETE.json last. Rerunning after a kill resumes from the newest verified
 checkpoint; rerunning after completion does nothing.
+
+Several nodes without a hostfile: run the same command on every node with `--node-rank R`
+(0 .. pretrain.nnodes-1) and the same `pretrain.master_addr` / `master_port`; the output dir must
+be one shared folder (checkpoints), the data cache may be node-local (`pretrain.data_cache_dir`).
+Node 0 writes the model and the completion marker; the other nodes return once their ranks are done.
 """
 
 from __future__ import annotations
@@ -34,21 +39,23 @@ def run_pretrain_stage(
     tokenizer_dir: Path,
     out_dir: Path,
     log_line: Callable[[str], None] = print,
+    node_rank: int = 0,
 ) -> Path:
     from training import launch, preflight
 
     out_dir = Path(out_dir)
     on_gpu, bf16_ok = _device_caps()
     p = cfg.pretrain
-    world = p.num_processes
+    check_nodes(cfg, node_rank)
+    world = p.num_processes * p.nnodes
     if p.hostfile:
         world = launch.hostfile_slots(Path(p.hostfile))
     if on_gpu and not p.hostfile:
         import torch
 
-        if world > torch.cuda.device_count():
+        if p.num_processes > torch.cuda.device_count():
             raise UserError(
-                f"pretrain.num_processes {world} > {torch.cuda.device_count()} visible GPUs.",
+                f"pretrain.num_processes {p.num_processes} > {torch.cuda.device_count()} visible GPUs.",
                 fix="lower --num-processes or use a hostfile for several nodes.",
             )
     spec = preflight.build_spec(cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world)
@@ -67,10 +74,16 @@ def run_pretrain_stage(
     spec_path = out_dir / "run_spec.json"
     atomic_write_json(spec_path, spec)
     port = p.master_port or launch.free_port()
-    cmd = launch.build_command(p.launcher, world, spec_path, port, p.hostfile)
-    launch.run_launcher(cmd, launch.child_env(world, on_gpu), log_line)
+    local = p.num_processes if p.nnodes > 1 else world
+    cmd = launch.build_command(
+        p.launcher, local, spec_path, port, p.hostfile, p.nnodes, node_rank, p.master_addr
+    )
+    launch.run_launcher(cmd, launch.child_env(local, on_gpu), log_line)
 
     model_dir = out_dir / "model"
+    if node_rank > 0:
+        log_line(f"pretrain: node {node_rank} done (node 0 writes {model_dir})")
+        return model_dir
     if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
         raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
     write_marker(
@@ -78,6 +91,27 @@ def run_pretrain_stage(
     )
     log_line(f"pretrain: done, model at {model_dir}")
     return model_dir
+
+
+def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
+    """Multi-node settings that cannot work, refused before anything starts."""
+    p = cfg.pretrain
+    if not 0 <= node_rank < p.nnodes:
+        raise UserError(
+            f"--node-rank {node_rank} is outside 0..{p.nnodes - 1} (pretrain.nnodes {p.nnodes}).",
+            fix="start node R of N with --node-rank R and the same pretrain.nnodes on every node.",
+        )
+    if p.nnodes > 1 and (p.master_addr is None or p.master_port is None):
+        raise UserError(
+            f"pretrain.nnodes {p.nnodes} needs pretrain.master_addr and pretrain.master_port: every node "
+            "must meet node 0 at the same address.",
+            fix="set both, e.g. --set pretrain.master_addr=node-001 --set pretrain.master_port=29500.",
+        )
+    if p.nnodes > 1 and p.hostfile:
+        raise UserError(
+            "pretrain.nnodes and pretrain.hostfile both describe the nodes.",
+            fix="use one: a hostfile (DeepSpeed's launcher starts every node) or nnodes with --node-rank per node.",
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +129,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-processes", type=int)
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument("--nnodes", type=int, help="nodes in the run (each runs this command)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0 .. nnodes-1")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
 
@@ -106,6 +142,7 @@ def main(args: argparse.Namespace) -> int:
         ("num_processes", "pretrain.num_processes"),
         ("max_steps", "pretrain.max_steps"),
         ("micro_batch_size", "pretrain.micro_batch_size"),
+        ("nnodes", "pretrain.nnodes"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -118,5 +155,5 @@ def main(args: argparse.Namespace) -> int:
     tokenizer = Path(args.tokenizer) if args.tokenizer else stage_dir(cfg, "tokenizer")
     output = Path(args.output) if args.output else stage_dir(cfg, "pretrain")
     print(f"pretrain: shards {shards}, tokenizer {tokenizer}, output {output}", flush=True)
-    run_pretrain_stage(cfg, shards, tokenizer, output)
+    run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank)
     return 0

@@ -55,7 +55,16 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start_cli(shards: Path, tok: Path, out: Path, sets: list[str], **env: str) -> subprocess.Popen:
+def start_cli(
+    shards: Path,
+    tok: Path,
+    out: Path,
+    sets: list[str],
+    args: tuple[str, ...] = (),
+    log: Path | None = None,
+    **env: str,
+) -> subprocess.Popen:
+    """`bertflow pretrain` as its own process tree (output to `log`, else discarded)."""
     cmd = [
         sys.executable,
         "-m",
@@ -66,15 +75,20 @@ def start_cli(shards: Path, tok: Path, out: Path, sets: list[str], **env: str) -
         "--tokenizer",
         str(tok),
     ]
-    cmd += ["--output", str(out)] + [x for s in sets for x in ("--set", s)]
-    return subprocess.Popen(
-        cmd,
-        cwd=PROJECT_ROOT,
-        env=cli_env(**env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    cmd += ["--output", str(out), *args] + [x for s in sets for x in ("--set", s)]
+    sink = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115  (the child holds it)
+    try:
+        return subprocess.Popen(
+            cmd,
+            cwd=PROJECT_ROOT,
+            env=cli_env(**env),
+            stdout=sink,
+            stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        if log:
+            sink.close()
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:

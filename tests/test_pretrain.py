@@ -8,16 +8,19 @@ ZeRO-1 and ZeRO-3 reach the same weights.
 from __future__ import annotations
 
 import shutil
+import socket
 
 import pytest
 import torch
 
+from common.errors import UserError
 from model.hf_io import load_pretraining_model, read_state_dict
 from pipelines.stage_pretrain import run_pretrain_stage
 from tests.pretrain_runs import config, kill_tree, losses, settings, start_cli, wait_for
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
 from training import checkpoint
 from training.consolidate import load_model_from_deepspeed_checkpoint
+from training.launch import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -166,3 +169,62 @@ def test_one_process_with_accumulation_equals_two_processes(data, tmp_path):
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5), (k, (a[k] - b[k]).abs().max())
     assert max(abs(losses(one)[s] - losses(two)[s]) for s in losses(two)) < 1e-4
+
+
+# the reference's 2 ranks on one node get 1 thread each (launch.child_env); so must the 2 nodes here,
+# or matmul reductions split differently and losses differ in the last bit
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def two_node_settings(port: int, *extra: str) -> list[str]:
+    return settings("pretrain.num_processes=1", "pretrain.nnodes=2", "pretrain.master_addr=127.0.0.1",
+                    f"pretrain.master_port={port}", "pretrain.dist_timeout_s=60", *extra)  # fmt: skip
+
+
+def test_two_nodes_train_like_one_and_resume_exactly_after_one_is_killed(ref_run, data, tmp_path):
+    """Two `bertflow pretrain --node-rank R` invocations, one process each, meet over loopback
+    (torchrun, static rendezvous) and train exactly like one node with 2 processes (the reference).
+    First run: each node caches its data in its own folder (no shared directory); node 1 (CLI,
+    launcher and rank) is killed -9 after checkpoint 8 and node 0 stops with an error. Rerun of both,
+    now sharing OUT/data_cache on this one host: each node its own folder, no race; the run resumes
+    and every loss and the final weights equal the reference's. Resuming the finished 2-rank run on
+    1 rank is refused, naming the fix."""
+    ref_out, ref_model, _ = ref_run
+    shards, tok = data
+    out, host = tmp_path / "run", socket.gethostname()
+    scratch = [tmp_path / "node0", tmp_path / "node1"]
+    sets = two_node_settings(free_port(), "pretrain.data_cache_dir=$NODE_SCRATCH/cache")
+    procs = [
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), tmp_path / f"first{r}.log",
+                  NODE_SCRATCH=str(scratch[r]), BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
+        for r in (0, 1)
+    ]  # fmt: skip
+    wait_for(out / "checkpoints" / "global_step8" / checkpoint.VERIFIED_NAME, procs[0])
+    kill_tree(procs[1])
+    assert procs[0].wait(timeout=180) != 0  # node 0 cannot go on without node 1
+    assert [sorted(p.name for p in (s / "cache").iterdir()) for s in scratch] == [
+        [f"{host}-rank0"],
+        [f"{host}-rank1"],
+    ]
+    assert not (out / "model").exists() and not (out / "_COMPLETE.json").exists()
+
+    sets = two_node_settings(free_port())  # default cache folder OUT/data_cache, shared by both
+    logs = [tmp_path / f"rerun{r}.log" for r in (0, 1)]
+    procs = [
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], **ONE_THREAD) for r in (0, 1)
+    ]
+    assert [p.wait(timeout=600) for p in procs] == [0, 0], [log.read_text()[-3000:] for log in logs]
+    text = logs[0].read_text() + logs[1].read_text()
+    assert "resumed from" in text and "global_step8" in text
+    for rank in (0, 1):
+        assert (
+            f"rank {rank}: data cache ready" in text
+            and str(out / "data_cache" / f"{host}-rank{rank}") in text
+        )
+    assert losses(out) == losses(ref_out)  # bit-exact, every step
+    a, b = read_state_dict(ref_model), read_state_dict(out / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (out / "_COMPLETE.json").is_file() and not (out / "data_cache").exists()
+
+    with pytest.raises(UserError, match="written by 2 processes.*export-hf.*init_from"):
+        run_pretrain_stage(config("pretrain.num_processes=1"), shards, tok, out, log_line=lambda _: None)

@@ -39,7 +39,18 @@ class PretrainConfig(BaseModel):
     hostfile: str | None = Field(
         None, description="multi-node: DeepSpeed hostfile (see infra/hostfile.example)"
     )
-    master_port: int | None = Field(None, gt=0, lt=65536, description="default: a free port")
+    master_port: int | None = Field(None, gt=0, lt=65536, description="default: a free port (one node)")
+    nnodes: int = Field(
+        1,
+        ge=1,
+        description="nodes, each started with `bertflow pretrain --node-rank R` (torchrun, static rendezvous)",
+    )
+    master_addr: str | None = Field(None, description="multi-node: address of node 0, where every node meets")
+    data_cache_dir: str | None = Field(
+        None,
+        description="node-local folder for the memory-mapped data cache ($VARS expanded on each node); "
+        "default OUTPUT/data_cache",
+    )
     dist_timeout_s: int = Field(600, ge=10, description="collective timeout: a hung rank fails all ranks")
     peak_tflops: float | None = Field(None, gt=0, description="MFU denominator override (dense TFLOP/s)")
     prefetch_batches: int = Field(4, ge=1)

@@ -4,9 +4,11 @@ One node (default, `launcher: auto`): `python -m torch.distributed.run --nproc_p
 training.train --spec ...` (it starts faster than DeepSpeed's launcher, which imports DeepSpeed
 twice before the ranks do); `launcher: deepspeed` gives `python -m deepspeed.launcher.runner
 --num_gpus N --module training.train ...` (on a CPU-only machine DeepSpeed's CPU accelerator starts
-N gloo processes). Multi-node: DeepSpeed's launcher with `--hostfile` (see infra/hostfile.example;
-the runner reaches the other nodes through pdsh and starts the same command there, so the project
-and data must be at the same path on every node) or torchrun under Slurm (infra/slurm/).
+N gloo processes). Multi-node: one torchrun per node (`pretrain.nnodes`, `--node-rank R` on each node, static
+rendezvous at `pretrain.master_addr:master_port`: what `bertflow pretrain --node-rank R` starts and
+infra/slurm/ runs), or DeepSpeed's launcher with `--hostfile` (see infra/hostfile.example; the
+runner reaches the other nodes through pdsh and starts the same command there, so the project and
+data must be at the same path on every node).
 Both launchers stop every local rank as soon as one exits with an error.
 """
 
@@ -54,8 +56,16 @@ def hostfile_slots(path: Path) -> int:
 
 
 def build_command(
-    launcher: str, num_processes: int, spec_path: Path, port: int, hostfile: str | None = None
+    launcher: str,
+    num_processes: int,
+    spec_path: Path,
+    port: int,
+    hostfile: str | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
 ) -> list[str]:
+    """`num_processes` ranks on this node (with a hostfile: in all)."""
     py = sys.executable
     if launcher == "auto":
         launcher = "deepspeed" if hostfile else "torchrun"
@@ -63,8 +73,16 @@ def build_command(
     if launcher == "torchrun":
         if hostfile:
             raise UserError("pretrain.hostfile needs launcher 'deepspeed'; torchrun takes --nnodes per node.")
-        return [py, "-m", "torch.distributed.run", f"--nproc_per_node={num_processes}",
+        nodes = []
+        if nnodes > 1:  # static rendezvous: node ranks are given, global rank = node rank x N + local rank
+            nodes = [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={master_addr}"]
+        return [py, "-m", "torch.distributed.run", f"--nproc_per_node={num_processes}", *nodes,
                 f"--master_port={port}", "--max_restarts=0", "-m", *script]  # fmt: skip
+    if nnodes > 1:
+        raise UserError(
+            "pretrain.nnodes > 1 starts one torchrun per node; DeepSpeed's launcher takes a hostfile instead.",
+            fix="set pretrain.launcher to torchrun (or auto), or use pretrain.hostfile with nnodes 1.",
+        )
     cmd = [py, "-m", "deepspeed.launcher.runner", f"--master_port={port}"]
     if hostfile:
         cmd += ["--hostfile", hostfile]

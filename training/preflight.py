@@ -168,7 +168,9 @@ def check_existing_checkpoints(ckpt_root: Path, model_cfg: BertConfig, world: in
                 f"checkpoint {tag} was written by {info.get('world_size')} processes with global batch "
                 f"{info.get('global_batch')}; this run has {world} processes and global batch {global_batch}. "
                 "ZeRO partitions and the data position cannot be carried over.",
-                fix="resume with the same --num-processes and batch settings, or use a new --output.",
+                fix="resume with the same number of processes (pretrain.num_processes x pretrain.nnodes) and "
+                "batch settings; or continue on the new size from its weights: `bertflow export-hf "
+                f"{ckpt_root.parent} DIR`, then a new --output with --set pretrain.init_from=DIR (fresh optimizer).",
             )
         return  # the newest recorded one decides
 
@@ -224,6 +226,7 @@ def build_spec(
     same = {
         k: spec[k] for k in ("pretrain", "model_config", "ds_config", "masking", "shards_manifest_sha256")
     }
-    same["pretrain"] = {k: v for k, v in pretrain.items() if k not in ("log_every", "master_port")}
+    where = ("log_every", "master_port", "master_addr", "data_cache_dir")
+    same["pretrain"] = {k: v for k, v in pretrain.items() if k not in where}
     spec["fingerprint"] = fingerprint(same)
     return spec

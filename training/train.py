@@ -94,6 +94,20 @@ def memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def node_cache_dir(configured: str | None, out_dir: Path, first_rank: int) -> Path:
+    """This node's data cache: under `pretrain.data_cache_dir` ($VARS expanded here, so each node
+    may name its own local disk) or OUT/data_cache, in a folder named by the host and the global
+    rank of the node's first process. Two nodes never build into the same folder, whether they
+    share the cache folder (same host, or a shared filesystem) or not."""
+    if configured and "$" in os.path.expandvars(configured):
+        raise UserError(
+            f"pretrain.data_cache_dir {configured!r} names a variable that is not set on {socket.gethostname()}.",
+            fix="export it on every node, or give a plain path.",
+        )
+    root = Path(os.path.expandvars(configured)).expanduser() if configured else out_dir / "data_cache"
+    return root / f"{socket.gethostname()}-rank{first_rank}"
+
+
 def reduce_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
@@ -160,7 +174,7 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
     resume = choice[0]
 
     # --- data: the first rank of each node builds (or verifies) the memory-mapped cache ------------
-    cache_root = out_dir / "data_cache" / socket.gethostname()
+    cache_root = node_cache_dir(pcfg.get("data_cache_dir"), out_dir, rank - local_rank)
     if local_rank == 0:
         t0 = time.perf_counter()
         example_cache.ensure(spec["shards_dir"], "train", cache_root, log=log0)
@@ -169,7 +183,7 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
         except UserError as exc:
             shutil.rmtree(cache_root / "validation", ignore_errors=True)
             log0(f"warning: no validation split, held-out accuracy will not be logged ({exc})")
-        log0(f"data cache ready in {time.perf_counter() - t0:.1f}s: {cache_root}")
+        print(f"rank {rank}: data cache ready in {time.perf_counter() - t0:.1f}s: {cache_root}", flush=True)
     dist.barrier()
     store = mapped_split(cache_root / "train")
     vocab_size = spec["model_config"]["vocab_size"]
@@ -384,10 +398,11 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
     dist.barrier()
     if local_rank == 0:  # the run is complete: its data cache is not needed again
         shutil.rmtree(cache_root, ignore_errors=True)
-        try:
-            cache_root.parent.rmdir()  # data_cache/, once no other node's cache is left in it
-        except OSError:
-            pass
+        if not pcfg.get("data_cache_dir"):
+            try:
+                cache_root.parent.rmdir()  # OUT/data_cache, once no other node's cache is left in it
+            except OSError:
+                pass
 
 
 def save(engine, ckpt_root: Path, step: int, plan: BatchPlan, spec: dict[str, Any], rank: int) -> Path:
