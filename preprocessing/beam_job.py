@@ -22,9 +22,12 @@ the input, so a retried bundle overwrites its own file) and the driver sums them
 This is what every runner executes the same way (Beam's DaskRunner computes only the last
 transform's ancestors and does not separate tagged outputs).
 
-Memory of the merge is bounded: a shard of up to MERGE_IN_MEMORY_ROWS examples is sorted in memory
-and written as one row group (the layout of earlier versions, byte for byte); a larger one is
-merged from its sorted parts batch by batch and written in row groups of SHARD_ROW_GROUP_ROWS.
+Memory of the merge is bounded: part files are Arrow IPC files sorted by key in record batches of
+PART_BATCH_ROWS rows, and each part's element carries its row count and the first key of every
+batch. A shard of up to MERGE_IN_MEMORY_ROWS examples is sorted in memory and written as one row
+group (the layout of earlier versions, byte for byte); a larger one is written one key range at a
+time (keys are uniform hashes: ranges of ~SHARD_ROW_GROUP_ROWS rows), reading from each part only
+the batches that overlap the range, one file open at a time, one row group per range.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.errors import UserError
@@ -62,9 +64,10 @@ DOC_SCHEMA = pa.schema(
     ]
 )
 PART_SCHEMA = pa.schema([pa.field("key", pa.int64(), nullable=False), *SCHEMA])
-MERGE_IN_MEMORY_ROWS = 1 << 17  # larger shards are merged batch by batch (~100 MB of examples at seq 128)
-MERGE_BATCH_ROWS = 256  # rows read at a time from each sorted part while merging
-SHARD_ROW_GROUP_ROWS = 1 << 16  # row group size of merged shards
+MERGE_IN_MEMORY_ROWS = 1 << 17  # larger shards are merged by key range (~100 MB of examples at seq 128)
+PART_BATCH_ROWS = 256  # record batch size of part files: what the merge reads at least
+SHARD_ROW_GROUP_ROWS = 1 << 16  # rows per key range (and row group) of shards merged by key range
+KEY_SPACE = 1 << 63  # example keys are uniform in [0, 2**63)
 STATS_DIR, ENTRIES_DIR = "stats", "entries"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
@@ -229,15 +232,26 @@ class MakeExamples(beam.DoFn):
             for ex in create_examples(documents, self.params, self.spec, group, stats, passes=[dupe]):
                 by_shard.setdefault(ex.key % n_shards, []).append(ex)
             for shard, examples in sorted(by_shard.items()):
-                name = f"{group.replace('/', '-')}-{dupe:03d}.parquet"
+                name = f"{group.replace('/', '-')}-{dupe:03d}.arrow"
                 path = storage.join(self.work_dir, "parts", split, f"{shard:05d}", name)
-                table = examples_to_table(examples)
-                storage.write_atomically(
-                    path, lambda sink, t=table: pq.write_table(t, sink, compression="zstd")
-                )
-                yield (split, shard), path
+                yield (split, shard), write_part(path, examples_to_table(examples))
         name = f"examples-{group.replace('/', '-')}.json"
         storage.write_json(storage.join(self.work_dir, STATS_DIR, name), dict(stats))
+
+
+def write_part(path: str, table: pa.Table) -> tuple[str, int, list[int]]:
+    """A key-sorted part as an Arrow IPC file (zstd buffers, batches of PART_BATCH_ROWS rows);
+    returns (path, rows, first key of each batch): what MergeShard plans its reads from."""
+    batches = table.to_batches(max_chunksize=PART_BATCH_ROWS)
+
+    def write(sink) -> None:
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_file(sink, PART_SCHEMA, options=options) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+
+    storage.write_atomically(path, write)
+    return path, table.num_rows, [b.column(0)[0].as_py() for b in batches]
 
 
 def examples_to_table(examples: list[Example]) -> pa.Table:
@@ -269,24 +283,21 @@ class MergeShard(beam.DoFn):
         storage.use_options(self.fs_options)
 
     def process(self, element):
-        (split, shard), paths = element
-        paths = sorted(p for p in paths if p)
+        (split, shard), parts = element
+        parts = sorted(tuple(p) for p in parts if p)  # (path, rows, first keys); "" = no part
         count = self.num_shards if split == "train" else 1
         target = storage.join(self.out_dir, split, shard_name(shard, count))
-        rows = 0
-        for p in paths:
-            with storage.open_read(p) as fh:
-                rows += pq.ParquetFile(fh).metadata.num_rows
+        rows = sum(r for _, r, _ in parts)
         if rows <= MERGE_IN_MEMORY_ROWS:
             tables = []
-            for p in paths:
-                with storage.open_read(p) as fh:
-                    tables.append(pq.read_table(fh, schema=PART_SCHEMA))
+            for path, _, _ in parts:
+                with storage.open_read(path) as fh:
+                    tables.append(pa.ipc.open_file(fh).read_all())
             table = pa.concat_tables(tables) if tables else PART_SCHEMA.empty_table()
             order = pc.sort_indices(table, sort_keys=[("key", "ascending")])
             entry = write_shard(target, table.take(order).drop_columns(["key"]))
         else:
-            entry = write_shard(target, merge_sorted_parts(paths))
+            entry = write_shard(target, merge_by_key_range(parts, rows))
         storage.write_json(
             storage.join(self.work_dir, ENTRIES_DIR, f"{split}-{shard:05d}.json"),
             {"split": split, "shard": shard, "entry": entry},
@@ -294,52 +305,38 @@ class MergeShard(beam.DoFn):
         yield split, shard
 
 
-def merge_sorted_parts(paths: list[str], batch_rows: int = MERGE_BATCH_ROWS) -> Iterator[pa.Table]:
-    """K-way merge of part files (each sorted by key) into row groups of SHARD_ROW_GROUP_ROWS
-    rows, in key order, without the key column. Memory: one batch per part plus one row group."""
-    files = [storage.open_read(p) for p in paths]
-    readers = [pq.ParquetFile(fh).iter_batches(batch_size=batch_rows) for fh in files]
-    heads: list[pa.Table | None] = [None] * len(readers)
-
-    def refill(i: int) -> None:
-        while heads[i] is None or heads[i].num_rows == 0:
-            batch = next(readers[i], None)
-            if batch is None:
-                heads[i] = None
-                return
-            heads[i] = pa.Table.from_batches([batch]).cast(PART_SCHEMA)
-
-    for i in range(len(readers)):
-        refill(i)
-    pending: list[pa.Table] = []
-    pending_rows = 0
-    try:
-        while any(h is not None for h in heads):
-            live = [i for i, h in enumerate(heads) if h is not None]
-            # every row at or below the smallest last key of the loaded batches is final
-            fence = min(heads[i].column("key")[-1].as_py() for i in live)
-            taken = []
-            for i in live:
-                keys = heads[i].column("key").to_numpy()
-                n = int(keys.searchsorted(fence, side="right"))
-                if n:
-                    taken.append(heads[i].slice(0, n))
-                    heads[i] = heads[i].slice(n)
-                    refill(i)
-            merged = pa.concat_tables(taken)
-            merged = merged.take(pc.sort_indices(merged, sort_keys=[("key", "ascending")]))
-            pending.append(merged)
-            pending_rows += merged.num_rows
-            while pending_rows >= SHARD_ROW_GROUP_ROWS:
-                table = pa.concat_tables(pending)
-                yield table.slice(0, SHARD_ROW_GROUP_ROWS).drop_columns(["key"]).combine_chunks()
-                rest = table.slice(SHARD_ROW_GROUP_ROWS)
-                pending, pending_rows = [rest], rest.num_rows
-        if pending_rows:
-            yield pa.concat_tables(pending).drop_columns(["key"]).combine_chunks()
-    finally:
-        for fh in files:
-            fh.close()
+def merge_by_key_range(
+    parts: list[tuple[str, int, list[int]]], rows: int, range_rows: int | None = None
+) -> Iterator[pa.Table]:
+    """The rows of sorted part files in key order, as one table per key range (without the key
+    column). The key space is cut into ceil(rows / range_rows) equal ranges; for each range only
+    the part batches that overlap it are read, each file opened for as long as its batches take."""
+    ranges = max(1, math.ceil(rows / (range_rows or SHARD_ROW_GROUP_ROWS)))
+    bounds = [KEY_SPACE * i // ranges for i in range(ranges)] + [KEY_SPACE]
+    for lo, hi in zip(bounds, bounds[1:]):
+        pieces = []
+        for path, _, first_keys in parts:
+            # batch i holds keys in [first_keys[i], first_keys[i + 1]]
+            wanted = [
+                i
+                for i, first in enumerate(first_keys)
+                if first < hi and (i + 1 == len(first_keys) or first_keys[i + 1] >= lo)
+            ]
+            if not wanted:
+                continue
+            with storage.open_read(path) as fh:
+                reader = pa.ipc.open_file(fh)
+                for i in wanted:
+                    batch = reader.get_batch(i)
+                    keys = batch.column(0).to_numpy()
+                    a, b = int(keys.searchsorted(lo)), int(keys.searchsorted(hi))
+                    if b > a:  # a copy: a slice would keep the whole batch alive
+                        pieces.append(batch.take(pa.array(range(a, b), pa.int64())))
+        if not pieces:
+            continue
+        table = pa.Table.from_batches(pieces, schema=PART_SCHEMA)
+        table = table.take(pc.sort_indices(table, sort_keys=[("key", "ascending")]))
+        yield table.drop_columns(["key"]).combine_chunks()
 
 
 def _sum_counts(dicts) -> dict[str, int]:

@@ -280,7 +280,9 @@ def test_first_shuffle_moves_file_names_not_documents(tmp_path, data_dir, minilm
     assert isinstance(h, int) and all(isinstance(s, list) and s for s in unpack(packed))
 
 
-def _part_files(root: Path, num_parts: int, rows_per_part: int, seed: int) -> list[str]:
+def _part_files(
+    root: Path, num_parts: int, rows_per_part: int, seed: int
+) -> list[tuple[str, int, list[int]]]:
     """Sorted part files as MakeExamples writes them (random keys, real example columns)."""
     import random
 
@@ -288,56 +290,54 @@ def _part_files(root: Path, num_parts: int, rows_per_part: int, seed: int) -> li
     from preprocessing.examples import Example
 
     rng = random.Random(seed)
-    paths = []
+    parts = []
     for p in range(num_parts):
         examples = []
         for _ in range(rows_per_part):
             n = rng.randint(5, 40)
             ids = [rng.randrange(30522) for _ in range(n)]
             examples.append(
-                Example(rng.getrandbits(62), ids, [0] * n, [1, 2], ids[1:3], rng.randint(0, 1), [])
+                Example(rng.getrandbits(63), ids, [0] * n, [1, 2], ids[1:3], rng.randint(0, 1), [])
             )
-        path = root / f"part-{p:03d}.parquet"
-        pq.write_table(beam_job.examples_to_table(examples), path, compression="zstd")
-        paths.append(str(path))
-    return paths
+        table = beam_job.examples_to_table(examples)
+        parts.append(beam_job.write_part(str(root / f"part-{p:03d}.arrow"), table))
+    return parts
 
 
-def test_large_shards_are_merged_in_bounded_batches_with_the_same_rows(tmp_path, monkeypatch):
-    """Above MERGE_IN_MEMORY_ROWS a shard is merged from its sorted parts batch by batch into row
-    groups of SHARD_ROW_GROUP_ROWS: the same rows in the same key order as the in-memory sort, and
-    the manifest entry (rows, sha256) agrees with the file."""
+def test_large_shards_are_merged_by_key_range_with_the_same_rows(tmp_path, monkeypatch):
+    """Above MERGE_IN_MEMORY_ROWS a shard is written one key range at a time (a row group each):
+    the same rows in the same key order as the in-memory sort, and the manifest entry (rows,
+    sha256) agrees with the file."""
     from common.atomic import sha256_file
     from preprocessing import beam_job
 
-    paths = _part_files(tmp_path, num_parts=7, rows_per_part=300, seed=3)
+    parts = _part_files(tmp_path, num_parts=7, rows_per_part=300, seed=3)
+    assert all(rows == 300 and len(keys) == 2 and keys == sorted(keys) for _, rows, keys in parts)  # 256 + 44
     monkeypatch.setattr(beam_job, "SHARD_ROW_GROUP_ROWS", 500)
     results = {}
-    for limit in (10**9, 1000):  # in memory, then merged (2,100 rows > 1,000)
+    for limit in (10**9, 1000):  # in memory, then by key range (2,100 rows > 1,000)
         monkeypatch.setattr(beam_job, "MERGE_IN_MEMORY_ROWS", limit)
         out, work = tmp_path / f"out-{limit}", tmp_path / f"work-{limit}"
         merge = beam_job.MergeShard(str(out), str(work), 1, {})
         merge.setup()
-        assert list(merge.process((("train", 0), ["", *paths]))) == [("train", 0)]
+        assert list(merge.process((("train", 0), ["", *parts]))) == [("train", 0)]
         shard = out / "train" / "shard-00000-of-00001.parquet"
         entry = json.loads((work / "entries" / "train-00000.json").read_text())["entry"]
         assert entry == {"path": shard.name, "num_examples": 2100, "sha256": sha256_file(shard)}
         results[limit] = (read_shard(shard).to_pylist(), pq.ParquetFile(shard).metadata.num_row_groups)
     (in_memory, groups_in_memory), (merged, groups_merged) = results[10**9], results[1000]
-    assert merged == in_memory and groups_in_memory == 1 and groups_merged == 5  # 4 x 500 + 100
-    keys = sorted(pq.read_table(paths[0]).column("key").to_pylist())
-    assert keys == pq.read_table(paths[0]).column("key").to_pylist()  # parts are sorted by key
+    assert merged == in_memory and groups_in_memory == 1 and groups_merged == 5  # ceil(2100 / 500) ranges
 
 
-def test_merge_of_sorted_parts_yields_key_order_whatever_the_batch_size(tmp_path):
+def test_merge_by_key_range_yields_every_row_in_key_order_for_any_range_size(tmp_path):
     from preprocessing import beam_job
 
-    paths = _part_files(tmp_path, num_parts=5, rows_per_part=97, seed=8)
-    keys = sorted(k for p in paths for k in pq.read_table(p).column("key").to_pylist())
-    expected = pa.concat_tables([pq.read_table(p) for p in paths])
+    parts = _part_files(tmp_path, num_parts=5, rows_per_part=600, seed=8)
+    expected = pa.concat_tables([pa.ipc.open_file(path).read_all() for path, _, _ in parts])
+    keys = sorted(expected.column("key").to_pylist())
     by_key = dict(zip(expected.column("key").to_pylist(), expected.column("input_ids").to_pylist()))
-    for batch_rows in (1, 7, 64, 1000):
-        groups = list(beam_job.merge_sorted_parts(paths, batch_rows=batch_rows))
+    for range_rows in (1, 7, 640, 10**6):
+        groups = list(beam_job.merge_by_key_range(parts, 3000, range_rows=range_rows))
         ids = [row for g in groups for row in g.column("input_ids").to_pylist()]
-        assert ids == [by_key[k] for k in keys], batch_rows
-        assert all("key" not in g.column_names for g in groups)
+        assert ids == [by_key[k] for k in keys], range_rows
+        assert all("key" not in g.column_names and g.num_rows for g in groups)
