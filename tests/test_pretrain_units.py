@@ -4,6 +4,7 @@ DeepSpeed JSON checks, checkpoint verification."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -226,3 +227,37 @@ def test_phase_2_starts_from_phase_1_weights(tmp_path, minilm_dir):
     assert not torch.equal(
         fresh.bert.embeddings.word_embeddings.weight, ref["bert.embeddings.word_embeddings.weight"]
     )
+
+
+def test_multi_node_launch_command_and_refused_node_settings(tmp_path):
+    """One torchrun per node with a static rendezvous at node 0; settings that cannot meet are
+    refused before anything starts, naming the fix."""
+    from pipelines.stage_pretrain import check_nodes
+    from tests.pretrain_runs import config
+    from training.launch import build_command
+    from training.train import node_cache_dir
+
+    cmd = build_command(
+        "auto", 1, tmp_path / "spec.json", 29500, nnodes=2, node_rank=1, master_addr="10.0.0.1"
+    )
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc_per_node=1"]
+    assert {"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29500"} <= set(cmd)
+    assert "--nnodes=2" not in build_command("auto", 2, tmp_path / "spec.json", 29500)
+    with pytest.raises(UserError, match="DeepSpeed's launcher takes a hostfile"):
+        build_command("deepspeed", 1, tmp_path / "spec.json", 29500, nnodes=2, master_addr="h")
+    two = ["pretrain.nnodes=2", "pretrain.master_addr=127.0.0.1", "pretrain.master_port=29500"]
+    check_nodes(config(*two), 1)
+    with pytest.raises(UserError, match="--node-rank 2 is outside 0..1"):
+        check_nodes(config(*two), 2)
+    with pytest.raises(UserError, match="needs pretrain.master_addr and pretrain.master_port"):
+        check_nodes(config("pretrain.nnodes=2"), 0)
+    # each node's cache folder is named by host and first rank; $VARS are this node's
+    assert node_cache_dir(None, tmp_path, 4).parent == tmp_path / "data_cache"
+    assert node_cache_dir(None, tmp_path, 4).name.endswith("-rank4")
+    os.environ["BERTFLOW_TEST_SCRATCH"] = str(tmp_path / "scratch")
+    try:
+        assert node_cache_dir("$BERTFLOW_TEST_SCRATCH/c", tmp_path, 0).parent == tmp_path / "scratch" / "c"
+    finally:
+        del os.environ["BERTFLOW_TEST_SCRATCH"]
+    with pytest.raises(UserError, match="not set on"):
+        node_cache_dir("$BERTFLOW_UNSET_VARIABLE/c", tmp_path, 0)
