@@ -197,7 +197,9 @@ def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple
                 buckets.setdefault(group, []).append(doc_slice)
         make = beam_job.MakeExamples(f"{tmp}/work", params, spec, 8, {})
         shards: dict[tuple, list] = {}
-        run = timed.wrap("example stage: reading docs, bookkeeping", lambda e: list(make.process(e)))
+        run = timed.wrap(
+            "example stage: reading docs, building rows, counters", lambda e: list(make.process(e))
+        )
         for group, slices in sorted(buckets.items()):
             for key, part in run((group, slices)):
                 shards.setdefault(key, []).append(part)
@@ -220,9 +222,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument(
         "--runs",
-        nargs="+",
+        nargs="*",
         default=["AA:1", "AA+AB+AC:1", "AA+AB+AC:5"],
-        help="FOLDERS:DUPE_FACTOR runs, e.g. AA:1 AA+AB+AC:5",
+        help="FOLDERS:DUPE_FACTOR runs, e.g. AA:1 AA+AB+AC:5 (none: only the profile)",
     )
     ap.add_argument("--ceiling-sample-mb", type=float, default=30.0)
     ap.add_argument("--profile-files", type=int, default=3, help="Wikipedia files in the profile")
