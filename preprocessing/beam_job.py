@@ -81,7 +81,18 @@ def split_of(h: int, validation_fraction: float) -> str:
     return "validation" if (h % 1_000_003) < validation_fraction * 1_000_003 else "train"
 
 
-class ReadAndTokenize(beam.DoFn):
+class _StorageFn(beam.DoFn):
+    """A DoFn that reads or writes files: its setup configures Beam's filesystems in the worker
+    with the driver's options (see preprocessing/storage.py)."""
+
+    def __init__(self, fs_options: dict[str, Any]):
+        self.fs_options = fs_options
+
+    def setup(self) -> None:
+        storage.use_options(self.fs_options)
+
+
+class ReadAndTokenize(_StorageFn):
     """One corpus file → its documents tokenized and written as Arrow IPC files under
     work_dir/docs (one record batch per bucket); emits (bucket, (file, batch index)) and writes the
     file's counters to work_dir/stats. Memory: about DOC_FLUSH_BYTES of tokens."""
@@ -95,17 +106,17 @@ class ReadAndTokenize(beam.DoFn):
         work_dir: str,
         fs_options: dict[str, Any],
     ):
+        super().__init__(fs_options)
         self.tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
         self.validation_fraction = validation_fraction
         self.num_buckets = num_buckets
         self.work_dir = work_dir
-        self.fs_options = fs_options
 
     def setup(self) -> None:
         from tokenizers import Tokenizer
 
-        storage.use_options(self.fs_options)
+        super().setup()
         self.tok = Tokenizer.from_str(self.tokenizer_json)
 
     def process(self, element: tuple[str, str]):
@@ -197,9 +208,10 @@ def read_docs(slices) -> list[tuple[int, tuple[bytes, bytes, str]]]:
     return docs
 
 
-class MakeExamples(beam.DoFn):
-    """One bucket → its examples, one sorted Parquet part file per (dupe pass, shard) under
-    work_dir/parts; emits ((split, shard), part path) and writes the bucket's counters."""
+class MakeExamples(_StorageFn):
+    """One bucket → its examples, one key-sorted part file per (dupe pass, shard) under
+    work_dir/parts (`write_part`); emits ((split, shard), (part path, rows, first keys)) and
+    writes the bucket's counters."""
 
     def __init__(
         self,
@@ -209,14 +221,11 @@ class MakeExamples(beam.DoFn):
         num_shards: int,
         fs_options: dict[str, Any],
     ):
+        super().__init__(fs_options)
         self.work_dir = work_dir
         self.params = params
         self.spec = spec
         self.num_shards = num_shards
-        self.fs_options = fs_options
-
-    def setup(self) -> None:
-        storage.use_options(self.fs_options)
 
     def process(self, element):
         group, doc_files = element
@@ -269,18 +278,15 @@ def examples_to_table(examples: list[Example]) -> pa.Table:
     )
 
 
-class MergeShard(beam.DoFn):
+class MergeShard(_StorageFn):
     """The sorted part files of one shard → the shard (see the module docstring for the memory
     bound); writes its manifest entry to work_dir/entries and emits (split, shard)."""
 
     def __init__(self, out_dir: str, work_dir: str, num_shards: int, fs_options: dict[str, Any]):
+        super().__init__(fs_options)
         self.out_dir = out_dir
         self.work_dir = work_dir
         self.num_shards = num_shards
-        self.fs_options = fs_options
-
-    def setup(self) -> None:
-        storage.use_options(self.fs_options)
 
     def process(self, element):
         (split, shard), parts = element
