@@ -61,7 +61,7 @@ def test_kill_9_mid_run_then_rerun_gives_identical_output(tmp_path, reference, d
     )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # wait until bucket part files are being written
-        if any((out / "_work" / "parts").rglob("*.parquet")) if (out / "_work").exists() else False:
+        if any((out / "_work" / "parts").rglob("*.arrow")) if (out / "_work").exists() else False:
             break
         time.sleep(0.1)
     assert proc.poll() is None, "the run finished before it could be killed"
