@@ -170,6 +170,10 @@ def run_preprocess_stage(
         log.info("shards in %s are up to date", out_dir)
         return stats
     _clear_outputs(out_dir, work_dir)
+    # fail here, not in a worker, when the output or the work folder cannot be written
+    if not storage.is_remote(out_dir):
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    storage.write_json(storage.join(work_dir, "job.json"), {"output": out_dir, "inputs": len(files)})
 
     input_bytes = sum(text_size(p) for p in files)
     num_buckets = max(1, math.ceil(input_bytes / (cfg.bucket_size_mb * 2**20)))
