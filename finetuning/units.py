@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ import torch
 
 from common.atomic import atomic_write_json, read_marker, remove_temp_files, write_marker
 from common.errors import UserError
+from common.fingerprint import digest
 from common.tracking import Tracker
 from finetuning.config import FinetuneConfig
 from finetuning.tasks import TaskSpec, get_task, load_task_specs
@@ -186,7 +186,7 @@ def _fingerprint(cfg: FinetuneConfig, unit: FinetuneUnit, checkpoint: str, spec:
         "weights": _weights_stamp(checkpoint),
         "task": spec.model_dump(exclude={"source"}),
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return digest(payload, 16)
 
 
 def _weights_stamp(checkpoint: str) -> list[Any]:

@@ -13,74 +13,39 @@ run alone writes exactly where the flow would look for it.
 
 from __future__ import annotations
 
-import glob
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from common.atomic import read_marker
+from common.fingerprint import KEY_LENGTH, content_digest, digest, file_stamp, model_dir_stamp
 from common.paths import PROJECT_ROOT
 from pipelines.config import PipelineConfig
+from preprocessing.corpus import match_inputs
 
 STAGES: tuple[str, ...] = ("verify", "tokenizer", "preprocess", "pretrain", "finetune", "report")
-KEY_LENGTH = 12
-FLOW_RECORDS = "flow_runs"  # run_dir/flow_runs/<time>-<flow run>.json: what each flow run did
-
 # Fine-tuning fields that change how units are scheduled but not what one unit computes.
 _FINETUNE_UNIT_EXCLUDE = {"tasks", "concurrency", "baselines"}
+FLOW_RECORDS = "flow_runs"  # run_dir/flow_runs/<time>-<flow run>.json: what each flow run did
 
 
-def digest(obj: Any, length: int = KEY_LENGTH) -> str:
-    """A stable short hash of a JSON-able object (keys sorted, so dict order never matters)."""
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+def corpus_stamps(cfg: PipelineConfig, patterns: list[str]) -> list[dict[str, Any]]:
+    """Stamps of the files the corpus entries name, plus one `missing` entry per entry naming none."""
+    files, unmatched = match_inputs(patterns, cfg.data_root)
+    return [file_stamp(p) for p in files] + [
+        {"path": str(cfg.data_path(p)), "missing": True} for p in unmatched
+    ]
 
 
-def expand_inputs(cfg: PipelineConfig, patterns: list[str]) -> list[Path]:
-    """Corpus entries (files, folders or globs; `data:` = the data root) → the sorted file list."""
-    files: list[Path] = []
-    for pattern in patterns:
-        path = cfg.data_path(pattern)
-        text = str(path)
-        if any(ch in text for ch in "*?["):
-            files.extend(Path(p) for p in sorted(glob.glob(text, recursive=True)) if Path(p).is_file())
-        elif path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")))
-        else:
-            files.append(path)
-    return files
-
-
-def file_fingerprint(path: Path) -> dict[str, Any]:
-    """path + size + mtime: cheap, and changes whenever a corpus file is replaced or edited."""
-    try:
-        st = path.stat()
-    except OSError:
-        return {"path": str(path), "missing": True}
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _content_fingerprint(path: str | None) -> str | None:
-    """For small config files (DeepSpeed JSON, task YAML): the content hash, not the mtime."""
+def _config_file_digest(path: str | None) -> str | None:
+    """Small config files (DeepSpeed JSON, task YAML, hostfile) enter a key by content; a relative
+    path that does not exist here is looked up in the project."""
     if path is None:
         return None
     p = Path(path)
     if not p.is_absolute() and not p.exists():
         p = PROJECT_ROOT / p
-    if not p.is_file():
-        return f"missing:{path}"
-    return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-
-
-def _init_fingerprint(model_dir: str | None) -> list[dict[str, Any]] | None:
-    """Phase 2 starts from a model directory: its weight files are an input of pretraining."""
-    if model_dir is None:
-        return None
-    return [file_fingerprint(p) for p in sorted(Path(model_dir).glob("*.safetensors"))] or [
-        {"path": str(model_dir), "missing": True}
-    ]
+    return content_digest(p) if p.is_file() else f"missing:{path}"
 
 
 def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
@@ -88,38 +53,38 @@ def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
     tok = {
         "stage": "tokenizer",
         "config": cfg.tokenizer.model_dump(mode="json"),
-        "inputs": [file_fingerprint(p) for p in expand_inputs(cfg, cfg.tokenizer.input)],
-        "vocab": file_fingerprint(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
+        "inputs": corpus_stamps(cfg, cfg.tokenizer.input),
+        "vocab": file_stamp(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
     }
-    tok_key = digest(tok)
+    tok_key = digest(tok, KEY_LENGTH)
     prep = {
         "stage": "preprocess",
         "config": cfg.preprocess.model_dump(mode="json"),
-        "inputs": [file_fingerprint(p) for p in expand_inputs(cfg, cfg.preprocess.input)],
+        "inputs": corpus_stamps(cfg, cfg.preprocess.input),
         "tokenizer": tok_key,
     }
-    prep_key = digest(prep)
+    prep_key = digest(prep, KEY_LENGTH)
     pre = {
         "stage": "pretrain",
         "config": cfg.pretrain.model_dump(mode="json"),
         "model": cfg.model.model_dump(mode="json"),
-        "deepspeed_config": _content_fingerprint(cfg.pretrain.deepspeed_config),
-        "hostfile": _content_fingerprint(getattr(cfg.pretrain, "hostfile", None)),
-        "init_from": _init_fingerprint(getattr(cfg.pretrain, "init_from", None)),
+        "deepspeed_config": _config_file_digest(cfg.pretrain.deepspeed_config),
+        "hostfile": _config_file_digest(cfg.pretrain.hostfile),
+        "init_from": model_dir_stamp(cfg.pretrain.init_from) if cfg.pretrain.init_from else None,
         "preprocess": prep_key,
         "tokenizer": tok_key,
     }
-    pre_key = digest(pre)
+    pre_key = digest(pre, KEY_LENGTH)
     fin = {
         "stage": "finetune",
         "config": cfg.finetune.model_dump(mode="json"),
-        "task_config": _content_fingerprint(cfg.finetune.task_config),
+        "task_config": _config_file_digest(cfg.finetune.task_config),
         "model": cfg.model.model_dump(mode="json"),
         "data_root": str(cfg.resolved_data_root()),
         "pretrain": pre_key,
         "tokenizer": tok_key,
     }
-    fin_key = digest(fin)
+    fin_key = digest(fin, KEY_LENGTH)
     rep = {
         "stage": "report",
         "config": cfg.report.model_dump(mode="json"),
@@ -147,7 +112,7 @@ def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
 
 def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     """stage name → key, for every stage in `STAGES`."""
-    return {stage: digest(inputs) for stage, inputs in stage_key_inputs(cfg).items()}
+    return {stage: digest(inputs, KEY_LENGTH) for stage, inputs in stage_key_inputs(cfg).items()}
 
 
 def run_root(cfg: PipelineConfig) -> Path:
@@ -204,11 +169,12 @@ def finetune_unit_dir(cfg: PipelineConfig, unit_name: str, checkpoint_label: str
         {
             "unit": unit_name,
             "settings": settings,
-            "task_config": _content_fingerprint(cfg.finetune.task_config),
+            "task_config": _config_file_digest(cfg.finetune.task_config),
             "model": cfg.model.model_dump(mode="json"),
             "checkpoint": provenance,
             "tokenizer": keys["tokenizer"],
-        }
+        },
+        KEY_LENGTH,
     )
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{unit_name}__{checkpoint_label}")
     return run_root(cfg) / "finetune" / "units" / f"{safe}-{key}"

@@ -43,7 +43,8 @@ def text_size(path: str) -> int:
 
 
 def input_fingerprint(files: list[str]) -> list[dict]:
-    """Name, size and sha256 of each input file, so any change of content is noticed."""
+    """Name, size and sha256 of each input file: the manifest's provenance of the shards (content
+    hashes, not the stamps of `common.fingerprint`, because the manifest travels with the shards)."""
     labels = file_labels(files)
     return [{"path": labels[p], "size": storage.size(p), "sha256": storage.sha256(p)} for p in files]
 

@@ -14,17 +14,13 @@ from pathlib import Path
 
 from common.atomic import MARKER_NAME, read_marker, remove_temp_files, sha256_file, write_marker
 from common.errors import UserError
+from common.fingerprint import file_stamp
 from common.paths import resolve_data_path
 from preprocessing.config import TokenizerConfig
 from preprocessing.corpus import expand_inputs, iter_texts
 
 log = logging.getLogger("bertflow.tokenizer")
 OUTPUT_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
-
-
-def input_fingerprint(files: list[Path]) -> list[dict]:
-    """Cheap identity of the inputs (name, size, mtime) for the tokenizer's rerun check."""
-    return [{"path": str(p), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in files]
 
 
 def _files_intact(out_dir: Path, checksums: dict[str, str] | None) -> bool:
@@ -43,7 +39,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         identity = None  # loading is cheap: always redone
     else:
         files = expand_inputs(cfg.input, data_root)
-        identity = {"config": cfg.model_dump(), "inputs": input_fingerprint(files)}
+        identity = {"config": cfg.model_dump(), "inputs": [file_stamp(p) for p in files]}
     done = read_marker(out_dir)
     if identity is not None and done is not None and done.get("identity") == identity:
         if _files_intact(out_dir, done.get("files")):

@@ -15,7 +15,7 @@ from typing import Any
 from common.atomic import sha256_file
 from common.errors import UserError
 from pipelines.config import PipelineConfig
-from pipelines.stage_keys import expand_inputs
+from preprocessing.corpus import match_inputs
 
 # Built-in fine-tuning task → the folder (under the data root) it reads.
 TASK_DATA: dict[str, str] = {
@@ -46,12 +46,10 @@ def check_data_paths(cfg: PipelineConfig) -> list[Path]:
         if not patterns:
             raise UserError(f"config key {key} is empty.", fix=f"list at least one corpus file under {key}.")
         for pattern in patterns:
-            found = expand_inputs(cfg, [pattern])
-            missing = [p for p in found if not p.is_file()]
-            if not found or missing:
-                shown = missing[0] if missing else cfg.data_path(pattern)
+            found, unmatched = match_inputs([pattern], cfg.data_root)
+            if unmatched:
                 raise UserError(
-                    f"config key {key}: data path {pattern!r} ({shown}) does not exist.",
+                    f"config key {key}: data path {pattern!r} ({cfg.data_path(pattern)}) does not exist.",
                     fix=f"correct {key}, or point the data root (now {root}) elsewhere with "
                     "`data_root:` in the config or the BERTFLOW_DATA environment variable.",
                 )

@@ -43,11 +43,43 @@ class Document:
         return "\n".join(self.paragraphs)
 
 
+def match_inputs(patterns: list[str], data_root: str | None = None) -> tuple[list[Path], list[str]]:
+    """Corpus entries → (the sorted, de-duplicated files they name, the entries that name none).
+
+    An entry is a file, a folder (every file below it, hidden ones skipped) or a glob (`**`
+    allowed); `data:` paths are relative to the data root. Never raises: see `expand_inputs`.
+    """
+    files: set[Path] = set()
+    unmatched: list[str] = []
+    for pattern in patterns:
+        found = _entry_files(resolve_data_path(pattern, data_root))
+        if not found:
+            unmatched.append(pattern)
+        files.update(found)
+    return sorted(files), unmatched
+
+
+def _entry_files(path: Path) -> list[Path]:
+    text = str(path)
+    matches = [Path(m) for m in glob.glob(text, recursive=True)] if glob.has_magic(text) else [path]
+    files: list[Path] = []
+    for match in matches:
+        if match.is_dir():
+            files += [p for p in match.rglob("*") if p.is_file() and not _hidden(p.relative_to(match))]
+        elif match.is_file():
+            files.append(match)
+    return [f.resolve() for f in files]
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
 def expand_inputs(
     patterns: list[str], data_root: str | None = None, remote_ok: bool = False
 ) -> list[Path | str]:
-    """Expand globs (and `data:` paths) into a sorted, de-duplicated list of files: local ones as
-    Paths, object-store ones (`s3://...`, only with `remote_ok`) as URL strings."""
+    """The files of the corpus entries (see `match_inputs`): local ones as Paths, object-store ones
+    (`s3://...`, only with `remote_ok`) as URL strings. An entry naming no file is a UserError."""
     if not patterns:
         raise UserError(
             "no corpus input given.", fix="pass --input GLOB or set preprocess.input / tokenizer.input."
@@ -56,16 +88,14 @@ def expand_inputs(
     for pattern in patterns:
         if "://" in pattern:
             files.update(_expand_remote(pattern, remote_ok))
-            continue
-        resolved = str(resolve_data_path(pattern, data_root))
-        matches = [Path(m) for m in glob.glob(resolved, recursive=True)]
-        matches = [m for m in matches if m.is_file()]
-        if not matches:
-            raise UserError(
-                f"input {pattern!r} matches no file (looked for {resolved}).",
-                fix="check the path or glob; `data:` paths are relative to the data root (BERTFLOW_DATA).",
-            )
-        files.update(m.resolve() for m in matches)
+    local, unmatched = match_inputs([p for p in patterns if "://" not in p], data_root)
+    if unmatched:
+        resolved = resolve_data_path(unmatched[0], data_root)
+        raise UserError(
+            f"input {unmatched[0]!r} matches no file (looked for {resolved}).",
+            fix="check the path or glob; `data:` paths are relative to the data root (BERTFLOW_DATA).",
+        )
+    files.update(local)
     return sorted(files, key=str)
 
 

@@ -123,3 +123,29 @@ def test_globs_and_labels(data_dir):
 def test_missing_file_path_is_user_error(tmp_path: Path):
     with pytest.raises(UserError):
         expand_inputs([str(tmp_path / "missing.txt")])
+
+
+def test_a_directory_input_is_every_file_below_it(tmp_path: Path, data_dir: Path):
+    """A folder passes `verify` and the stage key, so the tokenizer and preprocess stages must read
+    it too (they used to glob it, match nothing and fail after verify had passed)."""
+    from pipelines.config import load_config
+    from pipelines.stage_keys import stage_key_inputs
+    from pipelines.stage_tokenizer import run_tokenizer_stage
+    from pipelines.verify_data import check_data_paths
+
+    lines = (data_dir / "wiki" / "summaries_en.txt").read_text(encoding="utf-8").split("\n")
+    corpus = tmp_path / "corpus"
+    (corpus / "part2").mkdir(parents=True)
+    (corpus / "a.txt").write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
+    (corpus / "part2" / "b.txt").write_text("\n".join(lines[40:80]) + "\n", encoding="utf-8")
+    (corpus / ".hidden.txt").write_text("editor backup\n")
+    expected = [corpus / "a.txt", corpus / "part2" / "b.txt"]
+    assert expand_inputs([str(corpus)]) == expected
+
+    cfg = load_config(
+        None, [f"tokenizer.input=[{corpus}]", f"preprocess.input=[{corpus}]", "finetune.tasks=[]"]
+    )
+    assert check_data_paths(cfg) == expected * 2
+    assert [s["path"] for s in stage_key_inputs(cfg)["tokenizer"]["inputs"]] == [str(p) for p in expected]
+    out = run_tokenizer_stage(cfg.tokenizer.model_copy(update={"vocab_size": 500}), tmp_path / "tok")
+    assert (out / "vocab.txt").is_file()

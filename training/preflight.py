@@ -8,8 +8,6 @@ per-rank script reads.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pyarrow.parquet as pq
 
 from common.atomic import sha256_file
 from common.errors import UserError
+from common.fingerprint import digest
 from model.config import BertConfig
 from preprocessing import shard_format
 from training import checkpoint
@@ -175,10 +174,6 @@ def check_existing_checkpoints(ckpt_root: Path, model_cfg: BertConfig, world: in
         return  # the newest recorded one decides
 
 
-def fingerprint(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
 def build_spec(
     cfg,
     shards_dir: Path,
@@ -228,5 +223,5 @@ def build_spec(
     }
     where = ("log_every", "master_port", "master_addr", "data_cache_dir")
     same["pretrain"] = {k: v for k, v in pretrain.items() if k not in where}
-    spec["fingerprint"] = fingerprint(same)
+    spec["fingerprint"] = digest(same)
     return spec

@@ -1,0 +1,61 @@
+"""The one way to answer "has this already been computed?": a digest of everything that determines
+an output.
+
+`digest` hashes a JSON-able description of a computation's inputs (keys sorted, so dict order never
+matters). Files enter that description by a cheap stamp (`file_stamp`: path, size, mtime), which
+changes whenever a file is replaced or edited, or, for small files whose content matters more than
+their path (a DeepSpeed JSON, a task YAML, a vocabulary), by a content hash (`content_digest`).
+
+Users of the scheme: the stage keys (`pipelines/stage_keys.py`, the directory a stage writes), the
+fine-tuning unit keys (`finetuning/fanout.py`), the pretraining run fingerprint in its completion
+marker (`training/preflight.py`), and the tokenizer stage's identity. The preprocessing manifest
+is the one place that records sha256 of every input file instead of stamps: it travels with the
+shards as their provenance, where a path and an mtime mean nothing on another machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+KEY_LENGTH = 12  # the stage / unit keys in directory names
+
+
+def digest(obj: Any, length: int | None = None) -> str:
+    """sha256 of `obj` as canonical JSON (sorted keys, no spaces); the first `length` hex digits."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    full = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return full if length is None else full[:length]
+
+
+def file_stamp(path: str | os.PathLike) -> dict[str, Any]:
+    """path + size + mtime: cheap, and changes whenever the file is replaced or edited."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        return {"path": str(path), "missing": True}
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def content_digest(path: str | os.PathLike, length: int = 16) -> str:
+    """Hash of a small file's bytes (`missing:PATH` when it does not exist)."""
+    path = Path(path)
+    if not path.is_file():
+        return f"missing:{path}"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:length]
+
+
+def model_dir_stamp(directory: str | os.PathLike) -> list[dict[str, Any]]:
+    """Stamps of a model directory's config and weight files (any HF layout): a model retrained
+    into the same directory gets a new stamp."""
+    directory = Path(directory)
+    files = sorted(
+        p
+        for pattern in ("config.json", "*.safetensors", "*.bin", "*.index.json")
+        for p in directory.glob(pattern)
+    )
+    return [file_stamp(p) for p in files] or [{"path": str(directory), "missing": True}]
