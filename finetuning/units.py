@@ -26,9 +26,9 @@ from common.fingerprint import digest
 from common.tracking import Tracker
 from finetuning.config import FinetuneConfig
 from finetuning.tasks import TaskSpec, get_task, load_task_specs
-from finetuning.tokenization import load_tokenizer, pad_id
 from finetuning.trainer import predict, train
 from model.config import BertConfig
+from preprocessing.wordpiece import load_tokenizer, pad_id
 
 RESULT_FILE = "result.json"
 LOCK_FILE = ".lock"
@@ -290,7 +290,7 @@ def _run_locked(
 
     wall_start = time.perf_counter()
     device = pick_device()
-    tok = load_tokenizer(_resolve_tokenizer_dir(checkpoint, tokenizer_dir))
+    tok, _ = load_tokenizer(_resolve_tokenizer_dir(checkpoint, tokenizer_dir))
     task = _task_class(spec)(
         spec, tok, cfg.max_seq_length, cfg.max_train_examples, cfg.max_eval_examples, data_root
     )

@@ -1,7 +1,9 @@
 """The WordPiece tokenizer: train it from a corpus (streaming), load an existing one, save it.
 
 Built on the `tokenizers` library with BERT's normalizer and pre-tokenizer, so a loaded
-bert-base-uncased `vocab.txt` tokenizes exactly like `transformers.BertTokenizerFast`.
+bert-base-uncased `vocab.txt` tokenizes exactly like `transformers.BertTokenizerFast`. The one
+loader for every stage: preprocessing, pretraining checks and fine-tuning (which enables
+truncation per task; padding is always off, batches are padded dynamically).
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tok
         else:
             raise UserError(
                 f"{directory} holds neither {TOKENIZER_JSON} nor {VOCAB_NAME}.",
-                fix="point --vocab to a vocab.txt, a tokenizer.json or a tokenizer directory.",
+                fix="pass a tokenizer directory (the output of `bertflow tokenizer` or a model directory), "
+                "a vocab.txt or a tokenizer.json.",
             )
     if not path.is_file():
         raise UserError(
@@ -198,6 +201,10 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tok
 def _json_lowercase(tok: Tokenizer, default: bool) -> bool:
     norm = json.loads(tok.to_str()).get("normalizer") or {}
     return bool(norm.get("lowercase", default)) if norm.get("type") == "BertNormalizer" else default
+
+
+def pad_id(tok: Tokenizer) -> int:
+    return tok.token_to_id(PAD)
 
 
 def vocab_list(tok: Tokenizer) -> list[str]:

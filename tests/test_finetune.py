@@ -94,9 +94,9 @@ def test_sequence_model_equals_transformers(minilm_dir, data_dir):
 
     from finetuning.glue import SequenceTask
     from finetuning.tasks import get_task
-    from finetuning.tokenization import load_tokenizer
+    from preprocessing.wordpiece import load_tokenizer
 
-    task = SequenceTask(get_task("mrpc"), load_tokenizer(minilm_dir), 128, 8, 8, str(data_dir))
+    task = SequenceTask(get_task("mrpc"), load_tokenizer(minilm_dir)[0], 128, 8, 8, str(data_dir))
     ours = build_model(task, str(minilm_dir), 30522, dropout=0.1, seed=0).eval()
     hf = HFModel.from_pretrained(str(minilm_dir), num_labels=2).eval()
     hf.classifier.load_state_dict(ours.classifier.state_dict())

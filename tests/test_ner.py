@@ -5,11 +5,11 @@ from __future__ import annotations
 from finetuning.batching import IGNORE_INDEX
 from finetuning.ner import TokenTask, encode_words
 from finetuning.tasks import get_task
-from finetuning.tokenization import load_tokenizer
+from preprocessing.wordpiece import load_tokenizer
 
 
 def test_first_subtoken_labels(minilm_dir):
-    tok = load_tokenizer(minilm_dir)
+    tok = load_tokenizer(minilm_dir)[0]
     spec = get_task("conll2003")
     label_ids = {t: i for i, t in enumerate(spec.labels)}
     sentences = [
@@ -28,7 +28,7 @@ def test_first_subtoken_labels(minilm_dir):
 
 
 def test_metric_reads_predictions_at_first_subtokens(minilm_dir, data_dir):
-    tok = load_tokenizer(minilm_dir)
+    tok = load_tokenizer(minilm_dir)[0]
     task = TokenTask(get_task("conll2003"), tok, 128, max_train=4, max_eval=200, data_root=str(data_dir))
     assert task.n_eval == 200 and task.notes["eval_words_truncated"] == 0
     # gold labels at first sub-tokens, garbage (label 1 = B-PER) on every other position

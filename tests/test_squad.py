@@ -8,7 +8,7 @@ import pytest
 from finetuning.metrics import normalize_answer
 from finetuning.squad import SquadTask, best_span, encode_windows, read_squad, split_articles
 from finetuning.tasks import get_task
-from finetuning.tokenization import load_tokenizer
+from preprocessing.wordpiece import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_split_by_article_is_fixed(squad):
 
 def test_windows_cover_long_contexts_and_label_answers(squad, minilm_dir):
     _, articles = squad
-    tok = load_tokenizer(minilm_dir)
+    tok = load_tokenizer(minilm_dir)[0]
     examples = articles[0][:60]
     features = encode_windows(tok, examples, max_seq_length=128, train=True)
     assert len(features) > len(examples)  # long contexts were split into several windows
@@ -78,7 +78,7 @@ def test_best_span_respects_rules():
 def test_perfect_logits_decode_to_gold_answers(squad, minilm_dir, data_dir):
     """Logits that peak at the gold tokens must decode to the gold text: EM near 100 on the eval part."""
     spec, _ = squad
-    tok = load_tokenizer(minilm_dir)
+    tok = load_tokenizer(minilm_dir)[0]
     task = SquadTask(spec, tok, 128, max_train=5, max_eval=80, data_root=str(data_dir))
     assert "first 38 articles train" in task.notes["squad_split"]
     labelled = encode_windows(tok, task.dev, 128, train=True)

@@ -11,7 +11,7 @@ import pytest
 from common.errors import UserError
 from finetuning.ner import read_conll
 from finetuning.tasks import get_task, load_task_specs, read_tsv_examples
-from finetuning.tokenization import load_tokenizer
+from preprocessing.wordpiece import load_tokenizer
 
 GLUE_DEV_ROWS = {"sst2": 872, "cola": 1043, "mrpc": 408, "rte": 277, "stsb": 1500}
 
@@ -148,12 +148,12 @@ def test_tokenization_matches_transformers_fast(minilm_dir, data_dir, tmp_path):
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(minilm_dir))
-    ours_json = load_tokenizer(minilm_dir)
+    ours_json = load_tokenizer(minilm_dir)[0]
     vocab_only = tmp_path / "vocab_only"
     vocab_only.mkdir()
     for name in ("vocab.txt", "tokenizer_config.json"):
         shutil.copy(minilm_dir / name, vocab_only / name)
-    ours_vocab = load_tokenizer(vocab_only)
+    ours_vocab = load_tokenizer(vocab_only)[0]
     pairs = [
         (e.text_a, e.text_b)
         for e in read_tsv_examples(get_task("mrpc"), data_dir / "glue/MRPC/dev.tsv")[:100]

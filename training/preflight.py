@@ -18,10 +18,10 @@ from common.errors import UserError
 from common.fingerprint import digest
 from model.config import BertConfig
 from preprocessing import shard_format
+from preprocessing.wordpiece import SPECIAL_TOKENS
 from training import checkpoint
 from training.ds_config import build_ds_config
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SHAPE_KEYS = (
     "vocab_size",
     "hidden_size",
