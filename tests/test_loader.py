@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from common.errors import UserError
+from preprocessing.masking import MaskingSpec, num_to_predict
+from preprocessing.wordpiece import SPECIAL_TOKENS
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
-from training.data import BatchPlan, MaskingSpec, PretrainLoader, collate, eval_batches, load_split
+from training.data import BatchPlan, ExampleStore, PretrainLoader, collate, eval_batches, load_split
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +77,9 @@ def test_loader_resume_continues_with_the_next_unseen_batch(store):
     assert full.data_wait_seconds >= 0.0
 
 
-def test_dynamic_masking_statistics(store, minilm_dir):
+def test_dynamic_masking_follows_the_preprocessing_rules(store, minilm_dir):
     vocab = (minilm_dir / "vocab.txt").read_text().splitlines()
-    spec = MaskingSpec(
-        vocab_size=len(vocab),
-        mask_id=vocab.index("[MASK]"),
-        special_ids=(vocab.index("[CLS]"), vocab.index("[SEP]"), 0),
-    )
+    spec = MaskingSpec.from_vocab(vocab, SPECIAL_TOKENS, 0.15, 20, whole_word=False)
     idx = np.arange(64)
     static = collate(store, idx)
     e0, e0b, e1 = (collate(store, idx, spec, epoch=e) for e in (0, 0, 1))
@@ -97,14 +95,57 @@ def test_dynamic_masking_statistics(store, minilm_dir):
     rows = torch.arange(64)[:, None].expand_as(e0["masked_lm_positions"])
     orig_dyn[rows[real], e0["masked_lm_positions"][real]] = e0["masked_lm_labels"][real]
     assert torch.equal(orig_static, orig_dyn)
-    # ~15% of the maskable tokens, ~80% of them replaced by [MASK], specials never chosen
+    # as many predictions as preprocessing makes for a sequence of that length, ~80% of them [MASK]
+    lengths = e0["attention_mask"].sum(1).tolist()
+    assert real.sum(1).tolist() == [num_to_predict(n, spec) for n in lengths]
     chosen_tokens = e0["input_ids"][rows[real], e0["masked_lm_positions"][real]]
-    frac_mask = (chosen_tokens == spec.mask_id).float().mean().item()
-    assert 0.7 < frac_mask < 0.9
-    labels = e0["masked_lm_labels"][real]
-    assert not torch.isin(labels, torch.tensor(spec.special_ids)).any()
-    maskable = (~torch.isin(orig_static, torch.tensor(spec.special_ids))).sum().item()
-    assert 0.10 < real.sum().item() / maskable < 0.16
+    assert 0.7 < (chosen_tokens == spec.mask_id).float().mean().item() < 0.9
+
+
+def _store_of(sequences: list[list[int]]) -> ExampleStore:
+    offsets = np.cumsum([0] + [len(s) for s in sequences]).astype(np.int64)
+    return ExampleStore(
+        input_ids=np.concatenate(sequences).astype(np.int32),
+        segment_ids=np.zeros(offsets[-1], np.int8),
+        offsets=offsets,
+        mlm_positions=np.zeros(0, np.int32),
+        mlm_ids=np.zeros(0, np.int32),
+        mlm_offsets=np.zeros(len(sequences) + 1, np.int64),
+        nsp_labels=np.zeros(len(sequences), np.int8),
+    )
+
+
+def test_dynamic_masking_never_emits_a_special_token():
+    """Specials are 5 of 25 ids here and the text holds [UNK] and [MASK] tokens, so a rule that
+    chose them or drew replacements from the whole vocabulary fails at once."""
+    vocab = [*SPECIAL_TOKENS, *(f"w{i}" for i in range(20))]
+    spec = MaskingSpec.from_vocab(vocab, SPECIAL_TOKENS, 0.15, 20, whole_word=False)
+    special = torch.tensor(sorted(spec.special_ids))
+    cls_id, sep_id, unk_id = (vocab.index(t) for t in ("[CLS]", "[SEP]", "[UNK]"))
+    rng = np.random.default_rng(0)
+    sequences = []
+    for _ in range(200):
+        words = rng.integers(5, 25, size=60)
+        words[rng.random(60) < 0.1] = unk_id
+        words[rng.random(60) < 0.05] = spec.mask_id  # a literal [MASK] in the text
+        sequences.append([cls_id, *words[:30], sep_id, *words[30:], sep_id])
+    store = _store_of(sequences)
+    original = collate(store, np.arange(200))["input_ids"]
+    replaced_by_random = 0
+    for epoch in range(3):
+        batch = collate(store, np.arange(200), spec, epoch=epoch, seed=1)
+        real = batch["masked_lm_labels"] != -100
+        rows = torch.arange(200)[:, None].expand_as(real)
+        chosen = torch.zeros_like(original, dtype=torch.bool)
+        chosen[rows[real], batch["masked_lm_positions"][real]] = True
+        assert not torch.isin(batch["masked_lm_labels"][real], special).any()  # never a special chosen
+        assert torch.equal(batch["masked_lm_labels"][real], original[chosen])
+        changed = batch["input_ids"] != original
+        assert not (changed & ~chosen).any()  # only chosen positions change
+        emitted = batch["input_ids"][changed]
+        assert not torch.isin(emitted[emitted != spec.mask_id], special).any()  # no special replacement
+        replaced_by_random += int((emitted != spec.mask_id).sum())
+    assert replaced_by_random > 50  # the random-replacement branch was exercised
 
 
 def test_eval_batches_equal_count_per_rank_and_disjoint(shards):

@@ -10,11 +10,14 @@ The examples are flat arrays plus offsets (~5 bytes per token): read from Parque
 or, in the pretraining stage, memory-mapped from a per-node cache (`training/example_cache.py`,
 `mapped_split`) so the ranks of a node share one copy. A background thread collates batches ahead
 of the training loop and the time the loop spends blocked on it is measured (`data_wait_seconds`).
+With dynamic masking every example is masked afresh each epoch by the preprocessing rules
+(`preprocessing/masking.py`), seeded by (seed, epoch, example index).
 """
 
 from __future__ import annotations
 
 import queue
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +30,7 @@ import torch
 
 from common.errors import UserError
 from preprocessing import shard_format
+from preprocessing.masking import MaskingSpec, mask_sequence
 
 IGNORE_INDEX = -100
 
@@ -102,16 +106,6 @@ def mapped_split(cache_dir: str | Path) -> ExampleStore:
 
 
 @dataclass(frozen=True)
-class MaskingSpec:
-    """Token ids needed to re-mask at load time (dynamic masking)."""
-
-    vocab_size: int
-    mask_id: int
-    special_ids: tuple[int, ...]  # never masked: [CLS], [SEP], [PAD]
-    masked_lm_prob: float = 0.15
-
-
-@dataclass(frozen=True)
 class BatchPlan:
     """Which examples make up each step, for one rank."""
 
@@ -157,7 +151,7 @@ def collate(
         pos = store.mlm_positions[store.mlm_offsets[i] : store.mlm_offsets[i + 1]]
         lab = store.mlm_ids[store.mlm_offsets[i] : store.mlm_offsets[i + 1]]
         if masking is not None:
-            ids, pos, lab = remask(ids, pos, lab, masking, np.random.default_rng([seed, epoch, i]))
+            ids, pos, lab = remask(ids, pos, lab, masking, random.Random(f"{seed}:{epoch}:{i}"))
         seqs.append(ids)
         segs.append(seg)
         positions.append(pos)
@@ -190,22 +184,18 @@ def collate(
 
 
 def remask(
-    ids: np.ndarray, pos: np.ndarray, lab: np.ndarray, spec: MaskingSpec, rng: np.random.Generator
+    ids: np.ndarray, pos: np.ndarray, lab: np.ndarray, spec: MaskingSpec, rng: random.Random
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Restore the original tokens, then draw a fresh 15% mask (80% [MASK], 10% random, 10% kept)."""
+    """Restore the original tokens, then draw a fresh mask by the preprocessing rules
+    (`preprocessing.masking.mask_sequence`: specials never chosen, never a random replacement)."""
     original = ids.astype(np.int64, copy=True)
     original[pos] = lab
-    candidates = np.flatnonzero(~np.isin(original, spec.special_ids))
-    if candidates.size == 0:
-        return ids, pos, lab
-    k = max(1, min(len(pos) or 1, int(round(candidates.size * spec.masked_lm_prob))))
-    chosen = np.sort(rng.choice(candidates, size=k, replace=False))
-    out = original.copy()
-    roll = rng.random(k)
-    out[chosen[roll < 0.8]] = spec.mask_id
-    rand_slots = chosen[(roll >= 0.8) & (roll < 0.9)]
-    out[rand_slots] = rng.integers(0, spec.vocab_size, size=rand_slots.size)
-    return out.astype(np.int32), chosen.astype(np.int32), original[chosen].astype(np.int32)
+    masked, positions, labels, _ = mask_sequence(original.tolist(), spec, rng)
+    return (
+        np.asarray(masked, np.int32),
+        np.asarray(positions, np.int32),
+        np.asarray(labels, np.int32),
+    )
 
 
 class PretrainLoader:

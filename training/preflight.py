@@ -174,6 +174,16 @@ def check_existing_checkpoints(ckpt_root: Path, model_cfg: BertConfig, world: in
         return  # the newest recorded one decides
 
 
+def masking_settings(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The shards' masking settings, which dynamic masking repeats (defaults: preprocess's)."""
+    from preprocessing.config import PreprocessConfig
+
+    made_with = manifest.get("config") or {}
+    keys = ("masked_lm_prob", "max_predictions_per_seq", "whole_word_mask")
+    defaults = PreprocessConfig.model_fields
+    return {k: made_with.get(k, defaults[k].default) for k in keys}
+
+
 def build_spec(
     cfg,
     shards_dir: Path,
@@ -207,12 +217,7 @@ def build_spec(
         "pretrain": pretrain,
         "model_config": mcfg.to_hf_dict(),
         "ds_config": ds,
-        "masking": {
-            "vocab_size": len(vocab),
-            "mask_id": vocab.index("[MASK]"),
-            "special_ids": [vocab.index(t) for t in ("[PAD]", "[CLS]", "[SEP]")],
-            "masked_lm_prob": float((manifest.get("config") or {}).get("masked_lm_prob", 0.15)),
-        },
+        "masking": masking_settings(manifest),
         "wandb": cfg.wandb.model_dump(),
         "pipeline_config": cfg.model_dump(mode="json"),
         "shards_manifest_sha256": sha256_file(shards_dir / shard_format.MANIFEST_NAME),

@@ -31,8 +31,10 @@ import torch.distributed as dist
 from common.errors import UserError
 from model.config import BertConfig
 from model.heads import BertForPreTraining
-from training import checkpoint, example_cache
-from training.data import BatchPlan, MaskingSpec, PretrainLoader, eval_batches, mapped_split
+from preprocessing.masking import MaskingSpec
+from preprocessing.wordpiece import SPECIAL_TOKENS
+from training import checkpoint, example_cache, preflight
+from training.data import BatchPlan, PretrainLoader, eval_batches, mapped_split
 from training.ds_config import offloads_optimizer, precision_of
 from training.flops import device_peak_tflops, step_flops
 from training.optim import build_optimizer, build_scheduler
@@ -203,7 +205,13 @@ def train(spec: dict[str, Any], local_rank: int) -> None:
         rank=rank,
         seed=pcfg["seed"],
     )
-    masking = MaskingSpec(**spec["masking"]) if pcfg["dynamic_masking"] else None
+    masking = None
+    if pcfg["dynamic_masking"]:
+        vocab = preflight.read_vocab(Path(spec["tokenizer_dir"]))
+        m = spec["masking"]
+        masking = MaskingSpec.from_vocab(
+            vocab, SPECIAL_TOKENS, m["masked_lm_prob"], m["max_predictions_per_seq"], m["whole_word_mask"]
+        )
 
     # --- model, optimizer, engine -----------------------------------------------------------------
     model = build_model(spec, resuming=resume is not None)
