@@ -40,6 +40,7 @@ def minilm_dir() -> Path:
 
 
 def run_ours(task: str, n_train: int, epochs: float, seq: int, n_eval: int | None, out: Path) -> dict:
+    from common.tracking import WandbTarget
     from finetuning.config import FinetuneConfig
     from finetuning.units import FinetuneUnit, run_finetune_unit
 
@@ -55,7 +56,9 @@ def run_ours(task: str, n_train: int, epochs: float, seq: int, n_eval: int | Non
         warmup_proportion=WARMUP,
         weight_decay=DECAY,
     )
-    r = run_finetune_unit(cfg, FinetuneUnit(task, LR, SEED), str(minilm_dir()), out, wandb_mode="disabled")
+    r = run_finetune_unit(
+        cfg, FinetuneUnit(task, LR, SEED), str(minilm_dir()), out, wandb=WandbTarget(mode="disabled")
+    )
     return {
         "metrics": r["metrics"],
         "examples_per_s": r["train_examples_per_s"],

@@ -58,6 +58,7 @@ def probe(args: argparse.Namespace) -> dict:
     import deepspeed
     import torch
 
+    from common.tracking import WandbTarget
     from pipelines.config import load_config
     from training import preflight
     from training.data import collate, load_split
@@ -75,7 +76,14 @@ def probe(args: argparse.Namespace) -> dict:
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="batch-probe-") as tmp:
         spec = preflight.build_spec(
-            cfg, Path(args.shards), Path(args.tokenizer), Path(tmp), on_gpu, bf16_ok, 1
+            cfg,
+            Path(args.shards),
+            Path(args.tokenizer),
+            Path(tmp),
+            on_gpu,
+            bf16_ok,
+            1,
+            WandbTarget(mode="disabled"),
         )
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
@@ -84,13 +92,13 @@ def probe(args: argparse.Namespace) -> dict:
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    pcfg = spec["pretrain"]
-    model = build_model(spec, resuming=False)
-    optimizer = build_optimizer(model, pcfg["optimizer"], pcfg["lr"], pcfg["weight_decay"], on_gpu=on_gpu)
-    scheduler = build_scheduler(optimizer, pcfg["warmup_steps"], 10**6)
+    pcfg = spec.pretrain
+    model = build_model(spec.bert_config, pcfg, resuming=False)
+    optimizer = build_optimizer(model, pcfg.optimizer, pcfg.lr, pcfg.weight_decay, on_gpu=on_gpu)
+    scheduler = build_scheduler(optimizer, pcfg.warmup_steps, 10**6)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=spec["ds_config"])  # fmt: skip
-    if spec["ds_config"]["zero_optimization"]["stage"] == 0:
+                                           config=spec.ds_config)  # fmt: skip
+    if spec.zero_stage == 0:
         engine.enable_backward_allreduce = False  # as the stage does with one process
     store = load_split(args.shards, "train")
     limit = args.memory_fraction * total_gb(device)
@@ -126,7 +134,7 @@ def probe(args: argparse.Namespace) -> dict:
                      "seq": int(batch["input_ids"].shape[1])})  # fmt: skip
     fitting = [r["micro_batch"] for r in rows if "peak_gb" in r and r["peak_gb"] <= limit]
     return {"rows": rows, "chosen": max(fitting) if fitting else None, "memory_limit_gb": limit,
-            "device_memory_gb": total_gb(device), "zero_stage": spec["ds_config"]["zero_optimization"]["stage"],
+            "device_memory_gb": total_gb(device), "zero_stage": spec.zero_stage,
             "precision": args.precision}  # fmt: skip
 
 

@@ -251,6 +251,7 @@ def _plain_loop(ctx: Context, which: str, micro: int) -> dict[str, Any]:
 def part_finetune(ctx: Context) -> dict[str, Any]:
     """One fine-tuning unit (SST-2, lr 5e-5, seed 42, 1 epoch) on the device, from the last
     pretrained model of this call (else random init of the base preset)."""
+    from common.tracking import WandbTarget
     from finetuning.config import FinetuneConfig
     from finetuning.units import FinetuneUnit, run_finetune_unit
 
@@ -263,7 +264,7 @@ def part_finetune(ctx: Context) -> dict[str, Any]:
     out = ctx.work / "finetune-sst2"
     shutil.rmtree(out, ignore_errors=True)
     result = run_finetune_unit(cfg, FinetuneUnit("sst2", 5e-5, 42), checkpoint, out, tokenizer_dir=ctx.tokenizer,
-                               data_root=str(ctx.carry / "data"), wandb_mode="disabled")  # fmt: skip
+                               data_root=str(ctx.carry / "data"), wandb=WandbTarget(mode="disabled"))  # fmt: skip
     keep = ("unit", "device", "checkpoint", "metrics", "n_train", "n_eval", "train_steps", "train_examples_per_s",
             "train_time_s", "eval_time_s", "wall_time_s", "final_train_loss")  # fmt: skip
     return {"probes": {"finetune_unit": {k: result.get(k) for k in keep}}}

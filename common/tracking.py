@@ -2,8 +2,11 @@
 
 W&B's offline `.wandb` file has no Python reader, so every logged row is also appended to
 `metrics.jsonl` in the run directory; the report and the tests read that file. All W&B
-directories live under the run directory. `WANDB_MODE` in the environment wins over the config;
-mode `disabled` writes `metrics.jsonl` alone and never imports wandb.
+directories live under the run directory. Where a run goes (project, entity, group, mode) is a
+`WandbTarget` that the caller passes explicitly: the flow gives every run of one flow run the
+same project, entity and group. `WANDB_MODE` in the environment wins over the configured mode,
+and a `WANDB_API_KEY` turns the default offline mode online; mode `disabled` writes `metrics.jsonl`
+alone and never imports wandb.
 """
 
 from __future__ import annotations
@@ -13,18 +16,37 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+
+class WandbTarget(BaseModel):
+    """Where W&B runs go."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    project: str = "bertflow"
+    entity: str | None = None
+    group: str | None = None
+    mode: str = "offline"
+
+    def resolved_mode(self) -> str:
+        """WANDB_MODE wins; else a WANDB_API_KEY turns the default offline mode online."""
+        if os.environ.get("WANDB_MODE"):
+            return os.environ["WANDB_MODE"]
+        if os.environ.get("WANDB_API_KEY") and self.mode == "offline":
+            return "online"
+        return self.mode
+
 
 class Tracker:
     def __init__(
         self,
         run_dir: str | os.PathLike,
+        target: WandbTarget,
         *,
-        project: str = "bertflow",
         name: str | None = None,
-        group: str | None = None,
         job_type: str | None = None,
         config: dict[str, Any] | None = None,
-        mode: str = "offline",
         enabled: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -34,7 +56,7 @@ class Tracker:
         self._run = None
         if not enabled:
             return
-        mode = os.environ.get("WANDB_MODE", mode)
+        mode = target.resolved_mode()
         if mode == "disabled":
             return  # metrics.jsonl only; wandb is not imported (a GPU image may lack it)
         wandb_dir = self.run_dir / "wandb_files"
@@ -51,9 +73,10 @@ class Tracker:
         import wandb
 
         self._run = wandb.init(
-            project=project,
+            project=target.project,
+            entity=target.entity,
             name=name,
-            group=group,
+            group=target.group,
             job_type=job_type,
             config=config or {},
             mode=mode,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from common.tracking import WandbTarget
 from finetuning.config import FinetuneConfig
 from finetuning.units import FinetuneUnit, checkpoint_label, run_finetune_unit
 
@@ -63,8 +64,7 @@ def _run_job(
     job: Job,
     tokenizer_dir: Path | None,
     data_root: str | None,
-    group: str | None,
-    mode: str,
+    wandb: WandbTarget,
 ) -> dict[str, Any]:
     """Never raises: a failure becomes a result with an `error` key."""
     base = {
@@ -74,7 +74,7 @@ def _run_job(
     }
     try:
         return run_finetune_unit(
-            cfg, job.unit, job.checkpoint, job.out_dir, tokenizer_dir, data_root, group=group, wandb_mode=mode
+            cfg, job.unit, job.checkpoint, job.out_dir, tokenizer_dir, data_root, wandb=wandb
         )
     except UserError as exc:
         return {**base, "error": str(exc)}
@@ -117,8 +117,7 @@ def run_jobs(
     workers: int,
     tokenizer_dir: Path | None = None,
     data_root: str | None = None,
-    group: str | None = None,
-    wandb_mode: str = "offline",
+    wandb: WandbTarget | None = None,
     on_result: Any = None,
 ) -> list[dict[str, Any]]:
     """Run `jobs` in at most `workers` processes (one per GPU when GPUs exist); results in job order."""
@@ -126,7 +125,7 @@ def run_jobs(
     pool, _ = unit_pool(workers, len(jobs), cfg.threads)
     try:
         pending = {
-            pool.submit(_run_job, cfg, job, tokenizer_dir, data_root, group, wandb_mode): i
+            pool.submit(_run_job, cfg, job, tokenizer_dir, data_root, wandb or WandbTarget()): i
             for i, job in enumerate(jobs)
         }
         while pending:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import torch
 from common.atomic import atomic_write_json, read_marker, remove_temp_files, write_marker
 from common.errors import UserError
 from common.fingerprint import digest
-from common.tracking import Tracker
+from common.tracking import Tracker, WandbTarget
 from finetuning.config import FinetuneConfig
 from finetuning.tasks import TaskSpec, get_task, load_task_specs
 from finetuning.trainer import predict, train
@@ -32,7 +31,6 @@ from preprocessing.wordpiece import load_tokenizer, pad_id
 
 RESULT_FILE = "result.json"
 LOCK_FILE = ".lock"
-GROUP_ENV = "BERTFLOW_WANDB_GROUP"
 GENERIC_DIR_NAMES = {"model", "hf", "final", "export", "checkpoint", "hf_model"}
 
 
@@ -213,9 +211,7 @@ def run_finetune_unit(
     tokenizer_dir: Path | None = None,
     data_root: str | None = None,
     *,
-    group: str | None = None,
-    wandb_project: str = "bertflow",
-    wandb_mode: str = "offline",
+    wandb: WandbTarget | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `checkpoint` on one unit, evaluate on the dev split and write
     `out_dir/result.json` plus a completion marker. A finished unit returns its stored result."""
@@ -243,9 +239,7 @@ def run_finetune_unit(
             tokenizer_dir,
             data_root,
             fingerprint,
-            group,
-            wandb_project,
-            wandb_mode,
+            wandb or WandbTarget(),
         )
 
 
@@ -275,9 +269,7 @@ def _run_locked(
     tokenizer_dir: Path | None,
     data_root: str | None,
     fingerprint: str,
-    group: str | None,
-    wandb_project: str,
-    wandb_mode: str,
+    wandb: WandbTarget,
 ) -> dict[str, Any]:
     if read_marker(out_dir) is not None and (out_dir / RESULT_FILE).is_file():  # finished meanwhile
         return json.loads((out_dir / RESULT_FILE).read_text())
@@ -298,9 +290,8 @@ def _run_locked(
     label = checkpoint_label(checkpoint)
     tracker = Tracker(
         out_dir,
-        project=wandb_project,
+        wandb,
         name=f"{label}/{unit.name}",
-        group=group or os.environ.get(GROUP_ENV),
         job_type="finetune",
         config={
             **cfg.model_dump(),
@@ -309,7 +300,6 @@ def _run_locked(
             "seed": unit.seed,
             "checkpoint": checkpoint,
         },
-        mode=wandb_mode,
     )
     try:
         stats = train(

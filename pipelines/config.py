@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.errors import UserError
 from common.paths import data_root, resolve_data_path
+from common.tracking import WandbTarget
 from finetuning.config import FinetuneConfig
 from model.config import PRESETS
 from preprocessing.config import PreprocessConfig, TokenizerConfig
@@ -36,6 +37,10 @@ class WandbSection(BaseModel):
     project: str = "bertflow"
     mode: str = Field("offline", description="offline | online | disabled; WANDB_MODE wins")
     entity: str | None = None
+
+    def target(self, group: str | None) -> WandbTarget:
+        """Where the runs of one flow run (or one stage command) go: this section plus a group."""
+        return WandbTarget(project=self.project, entity=self.entity, group=group, mode=self.mode)
 
 
 class ReportSection(BaseModel):

@@ -12,7 +12,6 @@ the flow module imports fast and a missing stage only fails when it is needed.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from prefect.runtime import flow_run as runtime_flow_run
 
 from common.atomic import MARKER_NAME, atomic_write_json, read_marker, remove_temp_files, write_marker
 from common.errors import UserError
+from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
 from pipelines.stage_keys import (
     FLOW_RECORDS,
@@ -111,14 +111,16 @@ def preprocess_task(stage: str, out_dir: str, cfg: PipelineConfig, tokenizer_dir
 
 @task(name="pretrain", **_TASK_OPTIONS)
 def pretrain_task(
-    stage: str, out_dir: str, cfg: PipelineConfig, shards_dir: str, tokenizer_dir: str
+    stage: str, out_dir: str, cfg: PipelineConfig, shards_dir: str, tokenizer_dir: str, wandb: WandbTarget
 ) -> dict[str, Any]:
     logger = _logger()
 
     def body(out: Path) -> dict[str, Any]:
         from pipelines.stage_pretrain import run_pretrain_stage
 
-        model_dir = run_pretrain_stage(cfg, Path(shards_dir), Path(tokenizer_dir), out, log_line=logger.info)
+        model_dir = run_pretrain_stage(
+            cfg, Path(shards_dir), Path(tokenizer_dir), out, log_line=logger.info, wandb=wandb
+        )
         return {"model_dir": str(model_dir)}
 
     return _run_in_dir(stage, out_dir, body)
@@ -140,7 +142,7 @@ def finetune_unit_task(
     checkpoint: str,
     tokenizer_dir: str,
     pool_id: str,
-    group: str,
+    wandb: WandbTarget,
 ) -> dict[str, Any]:
     from finetuning.fanout import Job, _run_job
 
@@ -148,7 +150,7 @@ def finetune_unit_task(
     started = time.time()
     job = Job(checkpoint, unit, out)
     future = _UNIT_POOLS[pool_id].submit(
-        _run_job, cfg.finetune, job, Path(tokenizer_dir), cfg.data_root, group, wandb_mode(cfg)
+        _run_job, cfg.finetune, job, Path(tokenizer_dir), cfg.data_root, wandb
     )
     result = future.result()
     if "error" in result:  # fail the task (retried, never cached); the other units go on
@@ -165,12 +167,14 @@ def finetune_unit_task(
 
 
 @task(name="scorecard", **_TASK_OPTIONS)
-def scorecard_task(stage: str, out_dir: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+def scorecard_task(
+    stage: str, out_dir: str, results: list[dict[str, Any]], wandb: WandbTarget
+) -> dict[str, Any]:
     def body(out: Path) -> dict[str, Any]:
         from common.tracking import Tracker
         from finetuning.scorecard import build_scorecard
 
-        tracker = Tracker(out, project=_wandb_project(), job_type="scorecard", name="scorecard")
+        tracker = Tracker(out, wandb, job_type="scorecard", name="scorecard")
         try:
             card = build_scorecard(results, out, tracker=tracker)
         finally:
@@ -181,11 +185,13 @@ def scorecard_task(stage: str, out_dir: str, results: list[dict[str, Any]]) -> d
 
 
 @task(name="report", **_TASK_OPTIONS)
-def report_task(stage: str, out_dir: str, cfg: PipelineConfig, record_path: str) -> dict[str, Any]:
+def report_task(
+    stage: str, out_dir: str, cfg: PipelineConfig, record_path: str, wandb: WandbTarget
+) -> dict[str, Any]:
     def body(out: Path) -> dict[str, Any]:
         from pipelines.report_builder import build_report
 
-        paths = build_report(cfg, out, record_path=Path(record_path))
+        paths = build_report(cfg, out, record_path=Path(record_path), wandb=wandb)
         return {k: str(v) for k, v in paths.items()}
 
     return _run_in_dir(stage, out_dir, body)
@@ -198,19 +204,6 @@ def _clear(directory: Path) -> None:
     """Forget a stage output: marker first (a kill midway leaves it incomplete), then the rest."""
     (directory / MARKER_NAME).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def _wandb_project() -> str:
-    return os.environ.get("BERTFLOW_WANDB_PROJECT", "bertflow")
-
-
-def wandb_mode(cfg: PipelineConfig) -> str:
-    """WANDB_MODE wins; else a WANDB_API_KEY turns the default offline mode online; else the config."""
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    if os.environ.get("WANDB_API_KEY") and cfg.wandb.mode == "offline":
-        return "online"
-    return cfg.wandb.mode
 
 
 def _jsonable(obj: Any) -> Any:
@@ -239,14 +232,7 @@ def bert_pipeline(
     root = run_root(cfg)
     run_name = str(runtime_flow_run.name or "local")
     group = f"{cfg.name}-{run_name}"
-    # One W&B group per flow run: every Tracker (wandb.init) of every stage reads these.
-    os.environ["WANDB_RUN_GROUP"] = group
-    os.environ["WANDB_PROJECT"] = cfg.wandb.project
-    os.environ["BERTFLOW_WANDB_PROJECT"] = cfg.wandb.project
-    if cfg.wandb.entity:
-        os.environ["WANDB_ENTITY"] = cfg.wandb.entity
-    os.environ["BERTFLOW_WANDB_GROUP"] = group
-    os.environ["WANDB_MODE"] = wandb_mode(cfg)
+    wandb = cfg.wandb.target(group)  # one W&B group per flow run, passed to every run of it
     logger.info(
         "run dir %s; stages %s; forced %s; W&B group %s", root, selected, sorted(forced) or "-", group
     )
@@ -315,18 +301,19 @@ def bert_pipeline(
             cfg=cfg,
             shards_dir=str(dirs["preprocess"]),
             tokenizer_dir=str(tokenizer_dir),
+            wandb=wandb,
         )
         model_dir = Path(value.get("result", {}).get("model_dir") or dirs["pretrain"] / "model")
     if wanted("finetune"):
         if model_dir is None:
             model_dir = need("pretrain") / "model"
-        _finetune_fanout(cfg, dirs, forced, model_dir, tokenizer_dir, records, call)
+        _finetune_fanout(cfg, dirs, forced, model_dir, tokenizer_dir, records, call, wandb)
     record_path = _write_record(root, run_name, group, records, started_flow)
     report_md: Path | None = None
     if wanted("report"):
         if not wanted("finetune"):
             need("finetune")
-        value = call("report", report_task, cfg=cfg, record_path=str(record_path))
+        value = call("report", report_task, cfg=cfg, record_path=str(record_path), wandb=wandb)
         report_md = dirs["report"] / "report.md"
         _write_record(root, run_name, group, records, started_flow, path=record_path)
         if report_md.is_file():
@@ -356,6 +343,7 @@ def _finetune_fanout(
     tokenizer_dir: Path,
     records: list[dict[str, Any]],
     call: Callable[..., dict[str, Any]],
+    wandb: WandbTarget,
 ) -> None:
     """Map the fine-tuning units over (ours + baselines), at most `finetune.concurrency` at a time,
     then build the scorecard (a stage task of its own, keyed by the finetune stage key)."""
@@ -399,7 +387,7 @@ def _finetune_fanout(
                 checkpoint=checkpoint,
                 tokenizer_dir=str(tokenizer_dir),
                 pool_id=pool_id,
-                group=os.environ.get("BERTFLOW_WANDB_GROUP", ""),
+                wandb=wandb,
             )
             in_flight.append(future)
             futures.append(future)
@@ -432,7 +420,7 @@ def _finetune_fanout(
             "compute_seconds": round(sum(f.result()["seconds"] for f in futures), 3),
         }
     )
-    call("finetune", scorecard_task, results=results)
+    call("finetune", scorecard_task, results=results, wandb=wandb)
 
 
 def _write_record(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_write_text
-from common.tracking import read_metrics
+from common.tracking import WandbTarget, read_metrics
 from pipelines.config import PipelineConfig
 from pipelines.report_plots import plot_curves
 from pipelines.stage_keys import FLOW_RECORDS, run_root, stage_dirs
@@ -204,7 +204,9 @@ def render_html(markdown_text: str, title: str) -> str:
     return HTML_TEMPLATE.format(title=escape(title), body=body)
 
 
-def build_report(cfg: PipelineConfig, out_dir: Path, record_path: Path | None = None) -> dict[str, Path]:
+def build_report(
+    cfg: PipelineConfig, out_dir: Path, record_path: Path | None = None, wandb: WandbTarget | None = None
+) -> dict[str, Path]:
     """Write report.md, report.html and the PNG curves into `out_dir`; returns their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -212,7 +214,7 @@ def build_report(cfg: PipelineConfig, out_dir: Path, record_path: Path | None = 
         record = json.loads(Path(record_path).read_text())
     else:
         _, record = latest_record(cfg)
-    _track(cfg, out_dir, record)
+    _track(cfg, out_dir, record, wandb)
     plots = plot_curves(read_metrics(stage_dirs(cfg)["pretrain"]), out_dir)
     md = render_markdown(cfg, out_dir, record, plots)
     atomic_write_text(out_dir / "report.html", render_html(md, cfg.report.title))
@@ -220,15 +222,15 @@ def build_report(cfg: PipelineConfig, out_dir: Path, record_path: Path | None = 
     return {"report_md": out_dir / "report.md", "report_html": out_dir / "report.html", **plots}
 
 
-def _track(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any]) -> None:
-    """The report stage's own W&B run: the stage table, so the group shows timings and cache hits."""
-    if cfg.wandb.mode == "disabled" and os.environ.get("WANDB_MODE") in (None, "disabled"):
+def _track(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any], wandb: WandbTarget | None) -> None:
+    """The report stage's own W&B run: the stage table, so the group shows timings and cache hits.
+    Alone (`bertflow report`), it joins the group of the flow run it reports on."""
+    wandb = wandb or cfg.wandb.target(group=record.get("wandb_group"))
+    if wandb.resolved_mode() == "disabled":
         return
     from common.tracking import Tracker
 
-    tracker = Tracker(
-        out_dir, project=cfg.wandb.project, name="report", job_type="report", mode=cfg.wandb.mode
-    )
+    tracker = Tracker(out_dir, wandb, name="report", job_type="report")
     try:
         stages = record.get("stages", [])
         tracker.log_table(

@@ -117,6 +117,7 @@ def main(args: argparse.Namespace) -> int:
     tokenizer_dir = Path(args.tokenizer) if args.tokenizer else None
     data_root = cfg_all.data_root
     group = args.group or output.resolve().name
+    wandb = cfg_all.wandb.target(group)
     jobs = plan_jobs(checkpoints, units, output)
     print(
         f"bertflow finetune: {len(jobs)} unit(s), {min(cfg.concurrency, len(jobs))} worker(s) -> {output}",
@@ -140,8 +141,7 @@ def main(args: argparse.Namespace) -> int:
         workers=cfg.concurrency,
         tokenizer_dir=tokenizer_dir,
         data_root=data_root,
-        group=group,
-        wandb_mode=cfg_all.wandb.mode,
+        wandb=wandb,
         on_result=report,
     )
     if args.unit:  # the scorecard also shows the plan's other units that finished earlier
@@ -151,12 +151,7 @@ def main(args: argparse.Namespace) -> int:
     from common.tracking import Tracker
 
     tracker = Tracker(
-        output / "scorecard_run",
-        project=cfg_all.wandb.project,
-        name=f"{group}/scorecard",
-        group=group,
-        job_type="finetune-scorecard",
-        mode=cfg_all.wandb.mode,
+        output / "scorecard_run", wandb, name=f"{group}/scorecard", job_type="finetune-scorecard"
     )
     try:
         build_scorecard(results, output, tracker)

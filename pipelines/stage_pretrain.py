@@ -21,8 +21,9 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from common.atomic import atomic_write_json, read_marker, write_marker
+from common.atomic import read_marker, write_marker
 from common.errors import UserError
+from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
 
 
@@ -40,7 +41,10 @@ def run_pretrain_stage(
     out_dir: Path,
     log_line: Callable[[str], None] = print,
     node_rank: int = 0,
+    wandb: WandbTarget | None = None,
 ) -> Path:
+    """Check everything, launch the ranks, return the model directory. `wandb`: where the W&B run
+    goes (the flow passes its run's group; alone, the group is `<config name>-pretrain`)."""
     from training import launch, preflight
 
     out_dir = Path(out_dir)
@@ -58,11 +62,14 @@ def run_pretrain_stage(
                 f"pretrain.num_processes {p.num_processes} > {torch.cuda.device_count()} visible GPUs.",
                 fix="lower --num-processes or use a hostfile for several nodes.",
             )
-    spec = preflight.build_spec(cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world)
-
+    wandb = wandb or cfg.wandb.target(group=f"{cfg.name}-pretrain")
+    spec = preflight.build_spec(
+        cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world, wandb
+    )
+    fingerprint = spec.fingerprint()
     marker = read_marker(out_dir)
     if marker is not None:
-        if marker.get("fingerprint") == spec["fingerprint"] and (out_dir / "model" / "config.json").is_file():
+        if marker.get("fingerprint") == fingerprint and (out_dir / "model" / "config.json").is_file():
             log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
             return out_dir / "model"
         raise UserError(
@@ -72,7 +79,7 @@ def run_pretrain_stage(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path = out_dir / "run_spec.json"
-    atomic_write_json(spec_path, spec)
+    spec.write(spec_path)
     port = p.master_port or launch.free_port()
     local = p.num_processes if p.nnodes > 1 else world
     cmd = launch.build_command(
@@ -86,9 +93,7 @@ def run_pretrain_stage(
         return model_dir
     if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
         raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
-    write_marker(
-        out_dir, {"fingerprint": spec["fingerprint"], "max_steps": p.max_steps, "model": str(model_dir)}
-    )
+    write_marker(out_dir, {"fingerprint": fingerprint, "max_steps": p.max_steps, "model": str(model_dir)})
     log_line(f"pretrain: done, model at {model_dir}")
     return model_dir
 

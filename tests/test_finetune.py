@@ -14,7 +14,7 @@ import torch
 
 from common.atomic import read_marker
 from common.errors import UserError
-from common.tracking import read_metrics
+from common.tracking import WandbTarget, read_metrics
 from finetuning.batching import collate, train_batches
 from finetuning.config import FinetuneConfig
 from finetuning.scorecard import build_scorecard
@@ -119,7 +119,9 @@ def test_unit_end_to_end_resume_and_determinism(tmp_path, minilm_dir):
     cfg = FinetuneConfig(tasks=["sst2"], **TINY)
     unit = finetune_units(cfg)[0]
     out = tmp_path / "a" / unit.name
-    result = run_finetune_unit(cfg, unit, "random:tiny", out, tokenizer_dir=minilm_dir, group="g1")
+    result = run_finetune_unit(
+        cfg, unit, "random:tiny", out, tokenizer_dir=minilm_dir, wandb=WandbTarget(group="g1")
+    )
     stored = json.loads((out / "result.json").read_text())
     assert stored == result and read_marker(out)["unit"] == unit.name
     assert result["n_train"] == 64 and result["n_eval"] == 64 and result["train_steps"] == 4
@@ -251,8 +253,10 @@ def test_pretrained_beats_random_init_on_sst2(tmp_path, minilm_dir):
         batch_size=16,
     )
     unit = FinetuneUnit("sst2", 1e-4, 42)
-    pre = run_finetune_unit(cfg, unit, str(minilm_dir), tmp_path / "pre", wandb_mode="disabled")
-    rnd = run_finetune_unit(cfg, unit, f"random:{minilm_dir}", tmp_path / "rnd", wandb_mode="disabled")
+    pre = run_finetune_unit(cfg, unit, str(minilm_dir), tmp_path / "pre", wandb=WandbTarget(mode="disabled"))
+    rnd = run_finetune_unit(
+        cfg, unit, f"random:{minilm_dir}", tmp_path / "rnd", wandb=WandbTarget(mode="disabled")
+    )
     assert pre["train_steps"] == rnd["train_steps"] == 80
     assert pre["metrics"]["accuracy"] >= 72.0, pre["metrics"]
     assert rnd["metrics"]["accuracy"] <= 62.0, rnd["metrics"]

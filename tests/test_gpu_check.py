@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from common.paths import PROJECT_ROOT
-from common.tracking import Tracker, read_metrics
+from common.tracking import Tracker, WandbTarget, read_metrics
 
 BENCH = PROJECT_ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -172,7 +172,7 @@ def test_wheel_filter_installs_only_what_is_missing_or_older():
 def test_tracker_disabled_logs_metrics_without_importing_wandb(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails, as on the GPU image
-    tracker = Tracker(tmp_path, mode="disabled")
+    tracker = Tracker(tmp_path, WandbTarget(mode="disabled"))
     tracker.log({"loss": 1.5}, step=3)
     tracker.summary({"x": 1})
     tracker.finish()

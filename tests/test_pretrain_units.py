@@ -218,12 +218,12 @@ def test_phase_2_starts_from_phase_1_weights(tmp_path, minilm_dir):
     assert mcfg.hidden_size == 128 and mcfg.hidden_dropout_prob == 0.0
     with pytest.raises(UserError, match="vocab_size 500"):
         model_config(cfg, 30522, minilm_dir)
-    spec = {"pretrain": {"seed": 3, "init_from": str(tmp_path / "p1")}, "model_config": mcfg.to_hf_dict()}
-    model = build_model(spec, resuming=False)
+    pretrain = cfg.pretrain.model_copy(update={"seed": 3})
+    model = build_model(mcfg, pretrain, resuming=False)
     ref = phase1.state_dict()
     assert all(torch.equal(v, ref[k]) for k, v in model.state_dict().items())
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
-    fresh = build_model(spec, resuming=True)
+    fresh = build_model(mcfg, pretrain, resuming=True)
     assert not torch.equal(
         fresh.bert.embeddings.word_embeddings.weight, ref["bert.embeddings.word_embeddings.weight"]
     )

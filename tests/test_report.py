@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from common.atomic import write_marker
-from common.tracking import Tracker
+from common.tracking import Tracker, WandbTarget
 from pipelines.config import load_config
 from pipelines.report_builder import build_report
 from pipelines.report_plots import PANELS, series
@@ -56,7 +56,7 @@ def test_report_from_a_run_directory(tmp_path: Path) -> None:
     cfg = load_config(None, [f"run_dir={tmp_path}", "wandb.mode=offline", "finetune.tasks=[]"])
     dirs = stage_dirs(cfg)
     # pretrain metrics, written the way every stage writes them (a real offline W&B run)
-    tracker = Tracker(dirs["pretrain"], project="bertflow-test", name="pretrain", mode="offline")
+    tracker = Tracker(dirs["pretrain"], WandbTarget(project="bertflow-test"), name="pretrain")
     for row in _rows():
         step = row.pop("step")
         tracker.log(row, step=step)

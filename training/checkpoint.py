@@ -90,6 +90,22 @@ def newest_good(root: Path, warn: Callable[[str], None] = print) -> tuple[Path, 
     return None
 
 
+def prepare_resume(root: Path, warn: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]] | None:
+    """Before a (re)start, on one rank: the newest verified checkpoint to resume from (None: start
+    fresh). Verified tags newer than it are broken: renamed `*.corrupt` (kept for inspection, never
+    reused); unverified tags (a killed save) are removed."""
+    root.mkdir(parents=True, exist_ok=True)
+    found = newest_good(root, warn=warn)
+    good_step = step_of(found[0]) if found is not None else -1
+    for tag in tag_dirs(root):
+        if step_of(tag) > good_step and read_verification(tag) is not None:
+            kept = tag.with_name(tag.name + ".corrupt")
+            shutil.rmtree(kept, ignore_errors=True)
+            tag.rename(kept)
+    remove_unverified(root)
+    return found
+
+
 def prune(root: Path, keep: int) -> list[Path]:
     """Keep the newest `keep` verified tags; delete older ones and any unverified tag older than
     the newest verified one. Returns the deleted directories."""

@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 
 from common.atomic import sha256_file
 from common.errors import UserError
-from common.fingerprint import digest
+from common.tracking import WandbTarget
 from model.config import BertConfig
 from preprocessing import shard_format
 from preprocessing.wordpiece import SPECIAL_TOKENS
 from training import checkpoint
 from training.ds_config import build_ds_config
+from training.run_spec import MaskingSettings, RunSpec
 
 SHAPE_KEYS = (
     "vocab_size",
@@ -174,14 +175,13 @@ def check_existing_checkpoints(ckpt_root: Path, model_cfg: BertConfig, world: in
         return  # the newest recorded one decides
 
 
-def masking_settings(manifest: dict[str, Any]) -> dict[str, Any]:
+def masking_settings(manifest: dict[str, Any]) -> MaskingSettings:
     """The shards' masking settings, which dynamic masking repeats (defaults: preprocess's)."""
     from preprocessing.config import PreprocessConfig
 
     made_with = manifest.get("config") or {}
-    keys = ("masked_lm_prob", "max_predictions_per_seq", "whole_word_mask")
     defaults = PreprocessConfig.model_fields
-    return {k: made_with.get(k, defaults[k].default) for k in keys}
+    return MaskingSettings(**{k: made_with.get(k, defaults[k].default) for k in MaskingSettings.model_fields})
 
 
 def build_spec(
@@ -192,7 +192,9 @@ def build_spec(
     on_gpu: bool,
     bf16_ok: bool,
     world_size: int,
-) -> dict[str, Any]:
+    wandb: WandbTarget,
+) -> RunSpec:
+    """`cfg` is the pipeline config (pipelines/config.py); raises a UserError for any bad input."""
     shards_dir, tokenizer_dir, out_dir = (Path(p).resolve() for p in (shards_dir, tokenizer_dir, out_dir))
     vocab = read_vocab(tokenizer_dir)
     manifest = check_shards(shards_dir, tokenizer_dir, len(vocab))
@@ -206,27 +208,18 @@ def build_spec(
         )
     ds = build_ds_config(cfg.pretrain, world_size, on_gpu, bf16_ok)
     check_existing_checkpoints(out_dir / "checkpoints", mcfg, world_size, ds["train_batch_size"])
-    pretrain = cfg.pretrain.model_dump()
-    spec = {
-        "out_dir": str(out_dir),
-        "shards_dir": str(shards_dir),
-        "tokenizer_dir": str(tokenizer_dir),
-        "on_gpu": on_gpu,
-        "world_size": world_size,
-        "run_name": f"{cfg.name}-pretrain",
-        "pretrain": pretrain,
-        "model_config": mcfg.to_hf_dict(),
-        "ds_config": ds,
-        "masking": masking_settings(manifest),
-        "wandb": cfg.wandb.model_dump(),
-        "pipeline_config": cfg.model_dump(mode="json"),
-        "shards_manifest_sha256": sha256_file(shards_dir / shard_format.MANIFEST_NAME),
-    }
-    # What makes two runs "the same": everything but where it runs and how it is logged.
-    same = {
-        k: spec[k] for k in ("pretrain", "model_config", "ds_config", "masking", "shards_manifest_sha256")
-    }
-    where = ("log_every", "master_port", "master_addr", "data_cache_dir")
-    same["pretrain"] = {k: v for k, v in pretrain.items() if k not in where}
-    spec["fingerprint"] = digest(same)
-    return spec
+    return RunSpec(
+        out_dir=out_dir,
+        shards_dir=shards_dir,
+        tokenizer_dir=tokenizer_dir,
+        on_gpu=on_gpu,
+        world_size=world_size,
+        run_name=f"{cfg.name}-pretrain",
+        pretrain=cfg.pretrain,
+        model=mcfg.to_hf_dict(),
+        ds_config=ds,
+        masking=masking_settings(manifest),
+        wandb=wandb,
+        pipeline_config=cfg.model_dump(mode="json"),
+        shards_manifest_sha256=sha256_file(shards_dir / shard_format.MANIFEST_NAME),
+    )
