@@ -1,7 +1,8 @@
 """Fine-tuning: our loop vs the `transformers` Trainer on all-MiniLM-L6-v2, same run, same machine.
 
 Same data (first N train rows, full dev set), seed and hyperparameters (batch 32, lr 3e-5, warmup
-10%, weight decay 0.01, dropout 0.1, linear decay, grad clip 1.0) for both:
+10%, weight decay 0.01, AdamW eps 1e-6, dropout 0.1, linear decay, grad clip 1.0) for both (the
+Trainer's warmup gives the first step a rate of 0, ours lr/warmup: `training/optim.py`):
   SST-2 2,000 rows, 1 epoch, seq 64; MRPC and STS-B 1,000 rows, 2 epochs, seq 128.
 The Trainer gets its run_glue.py defaults (inputs padded to max_seq_length; `--trainer-dynamic-padding`
 gives it DataCollatorWithPadding instead). Both are scored
@@ -81,6 +82,7 @@ def run_trainer(
 
     from finetuning.metrics import classification_metrics, regression_metrics
     from finetuning.tasks import get_task, read_tsv_examples
+    from training.optim import EPS
 
     spec = get_task(task)
     train = read_tsv_examples(spec, spec.path("train"), n_train)
@@ -117,6 +119,7 @@ def run_trainer(
         learning_rate=LR,
         warmup_steps=WARMUP,
         weight_decay=DECAY,
+        adam_epsilon=EPS,
         num_train_epochs=epochs,
         seed=SEED,
         report_to=[],

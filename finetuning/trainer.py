@@ -1,5 +1,6 @@
-"""The fine-tuning loop: every parameter trained, AdamW (decay 0.01, none on bias/LayerNorm),
-linear warmup then linear decay, gradient clipping at 1.0, seeded, dynamic padding.
+"""The fine-tuning loop: every parameter trained with the pretraining recipe's AdamW and schedule
+(`training/optim.py`: no decay on bias/LayerNorm, linear warmup then linear decay), gradient
+clipping at 1.0, seeded, dynamic padding.
 
 Evaluation runs under `torch.inference_mode` in length-sorted batches. On a GPU with bf16 the
 forward runs under bf16 autocast; on CPU everything is fp32.
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from finetuning.batching import collate, eval_batches, train_batches
+from training.optim import adamw, build_scheduler
 
 EVAL_BATCH_SIZE = 128
 LOG_EVERY = 10
@@ -32,34 +34,6 @@ class TrainStats:
     @property
     def examples_per_s(self) -> float:
         return self.examples / self.seconds if self.seconds > 0 else 0.0
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    groups = param_groups(model, weight_decay)
-    try:  # the fused kernel exists for CPU and CUDA in recent torch; fall back to foreach
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
-
-
-def linear_schedule(
-    optimizer: torch.optim.Optimizer, warmup: int, total: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return step / max(1, warmup)
-        return max(0.0, (total - step) / max(1, total - warmup))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def _autocast(device: torch.device):
@@ -92,8 +66,8 @@ def train(
     lengths = [len(f["input_ids"]) for f in features]
     steps_per_epoch = math.ceil(len(features) / batch_size)
     total = max(1, math.ceil(epochs * steps_per_epoch))
-    optimizer = make_optimizer(model, lr, weight_decay)
-    scheduler = linear_schedule(optimizer, math.ceil(warmup_proportion * total), total)
+    optimizer = adamw(model, lr, weight_decay)
+    scheduler = build_scheduler(optimizer, math.ceil(warmup_proportion * total), total)
     model.train()
     step = examples = 0
     loss_value = math.nan

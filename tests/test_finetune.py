@@ -18,7 +18,6 @@ from common.tracking import WandbTarget, read_metrics
 from finetuning.batching import collate, train_batches
 from finetuning.config import FinetuneConfig
 from finetuning.scorecard import build_scorecard
-from finetuning.trainer import linear_schedule, param_groups
 from finetuning.units import (
     FinetuneUnit,
     build_model,
@@ -56,22 +55,6 @@ def test_units_one_per_task_lr_seed():
         checkpoint_label("/a/run7/model") == "run7/model"
         and checkpoint_label("random:/a/ckpt") == "random:ckpt"
     )
-
-
-def test_recipe_schedule_and_weight_decay_groups():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    model[1].register_parameter("weight", model[1].weight)
-    groups = param_groups(torch.nn.ModuleDict({"dense": model[0], "LayerNorm": model[1]}), 0.01)
-    assert [len(g["params"]) for g in groups] == [1, 3] and groups[1]["weight_decay"] == 0.0
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = linear_schedule(opt, warmup=10, total=100)
-    lrs = []
-    for _ in range(100):
-        lrs.append(sched.get_last_lr()[0])
-        opt.step()
-        sched.step()
-    assert lrs[0] == 0.0 and lrs[5] == pytest.approx(0.5) and lrs[10] == pytest.approx(1.0)
-    assert lrs[55] == pytest.approx(0.5) and lrs[99] == pytest.approx(1 / 90)
 
 
 def test_dynamic_padding_and_length_grouping():

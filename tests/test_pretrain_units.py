@@ -16,7 +16,7 @@ from training import checkpoint
 from training.config import PretrainConfig
 from training.ds_config import build_ds_config
 from training.flops import device_peak_tflops, step_flops
-from training.optim import Lamb, build_optimizer, param_groups, warmup_linear_decay
+from training.optim import Lamb, adamw, build_optimizer, build_scheduler, param_groups, warmup_linear_decay
 
 
 def tiny_model() -> BertForPreTraining:
@@ -75,9 +75,19 @@ def test_lamb_trains_a_model():
 
 
 def test_warmup_then_linear_decay():
+    """One schedule for pretraining and fine-tuning: the first update already has a non-zero rate."""
     f = warmup_linear_decay(4, 20)
     assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert f(12) == pytest.approx(0.5) and f(20) == 0.0 and f(25) == 0.0
+    opt = adamw(torch.nn.Linear(2, 2), lr=1.0, weight_decay=0.01)
+    sched = build_scheduler(opt, warmup_steps=10, max_steps=100)
+    lrs = []
+    for _ in range(100):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[55] == pytest.approx(0.5) and lrs[99] == pytest.approx(1 / 90)
 
 
 def test_step_flops_matches_torch_flop_counter():
