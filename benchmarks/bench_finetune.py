@@ -43,6 +43,7 @@ def minilm_dir() -> Path:
 def run_ours(task: str, n_train: int, epochs: float, seq: int, n_eval: int | None, out: Path) -> dict:
     from common.tracking import WandbTarget
     from finetuning.config import FinetuneConfig
+    from finetuning.fanout import plan
     from finetuning.units import FinetuneUnit, run_finetune_unit
 
     cfg = FinetuneConfig(
@@ -57,9 +58,8 @@ def run_ours(task: str, n_train: int, epochs: float, seq: int, n_eval: int | Non
         warmup_proportion=WARMUP,
         weight_decay=DECAY,
     )
-    r = run_finetune_unit(
-        cfg, FinetuneUnit(task, LR, SEED), str(minilm_dir()), out, wandb=WandbTarget(mode="disabled")
-    )
+    [job] = plan(cfg, [str(minilm_dir())], out, units=[FinetuneUnit(task, LR, SEED)])
+    r = run_finetune_unit(cfg, job, wandb=WandbTarget(mode="disabled"))
     return {
         "metrics": r["metrics"],
         "examples_per_s": r["train_examples_per_s"],

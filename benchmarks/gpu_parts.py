@@ -253,6 +253,7 @@ def part_finetune(ctx: Context) -> dict[str, Any]:
     pretrained model of this call (else random init of the base preset)."""
     from common.tracking import WandbTarget
     from finetuning.config import FinetuneConfig
+    from finetuning.fanout import plan
     from finetuning.units import FinetuneUnit, run_finetune_unit
 
     p = ctx.plan
@@ -263,8 +264,10 @@ def part_finetune(ctx: Context) -> dict[str, Any]:
                          max_eval_examples=p.finetune_eval_examples, epochs=1.0, batch_size=p.finetune_batch)  # fmt: skip
     out = ctx.work / "finetune-sst2"
     shutil.rmtree(out, ignore_errors=True)
-    result = run_finetune_unit(cfg, FinetuneUnit("sst2", 5e-5, 42), checkpoint, out, tokenizer_dir=ctx.tokenizer,
-                               data_root=str(ctx.carry / "data"), wandb=WandbTarget(mode="disabled"))  # fmt: skip
+    data_root = str(ctx.carry / "data")
+    [job] = plan(cfg, [checkpoint], out, tokenizer_dir=ctx.tokenizer, data_root=data_root,
+                 units=[FinetuneUnit("sst2", 5e-5, 42)])  # fmt: skip
+    result = run_finetune_unit(cfg, job, data_root, WandbTarget(mode="disabled"))
     keep = ("unit", "device", "checkpoint", "metrics", "n_train", "n_eval", "train_steps", "train_examples_per_s",
             "train_time_s", "eval_time_s", "wall_time_s", "final_train_loss")  # fmt: skip
     return {"probes": {"finetune_unit": {k: result.get(k) for k in keep}}}

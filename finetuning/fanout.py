@@ -1,46 +1,166 @@
-"""Run many fine-tuning units with bounded concurrency: worker processes, each with its share of
-the CPU threads, or one worker per GPU. A failed unit is recorded and the others go on.
+"""The fine-tuning fan-out, the one used by `bertflow finetune` and by the flow: `plan` the units of
+every checkpoint, then `run` them in worker processes (the flow instead maps one Prefect task over
+each job, all sharing one `UnitPool`).
 
-Workers exit when the parent dies (a killed CLI leaves no orphan finishing units behind).
+`plan` owns the units' directories and labels. A unit writes `ROOT/units/<unit>__<label>-<key>/`,
+where the key (`common.fingerprint`) covers everything that determines its result: the unit's
+task, lr and seed, the fine-tuning settings, the task definition and its data, the checkpoint
+(weight-file stamps) and the tokenizer (content). So a finished unit is found again by any plan
+that needs it (adding a task, a flow run after `bertflow finetune CONFIG`), and a changed setting
+never reuses a stale result.
+
+Workers run with bounded concurrency, each with its share of the CPU threads, or one per GPU. A
+failed unit is recorded and the others go on; workers exit when the parent dies (a killed command
+leaves no orphan finishing units behind).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import threading
 import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_stamp
 from common.tracking import WandbTarget
+from finetuning.checkpoints import checkpoint_label, is_random, normalize_checkpoint, tokenizer_dir_for
 from finetuning.config import FinetuneConfig
-from finetuning.units import FinetuneUnit, checkpoint_label, run_finetune_unit
+from finetuning.tasks import get_task
+from finetuning.units import FinetuneUnit, Job, failed_result, finetune_units, run_finetune_unit
+from model.hf_io import TOKENIZER_FILES
+
+# Fine-tuning settings that decide how units are scheduled, not what one unit computes.
+SCHEDULING_ONLY = {"tasks", "baselines", "concurrency", "threads", "task_config"}
+WORKER_DIED = "the worker process died (out of memory or killed); rerun to retry this unit"
 
 
-@dataclass(frozen=True)
-class Job:
-    checkpoint: str
-    unit: FinetuneUnit
-    out_dir: Path
+def plan(
+    cfg: FinetuneConfig,
+    checkpoints: list[str],
+    root: Path,
+    *,
+    tokenizer_dir: Path | None = None,
+    data_root: str | None = None,
+    units: list[FinetuneUnit] | None = None,
+) -> list[Job]:
+    """One job per (checkpoint, unit), checkpoints in the given order; units default to every
+    (task, lr, seed) of `cfg`. Bad checkpoints, tasks or tokenizers are UserErrors, raised here,
+    before any unit runs."""
+    units = finetune_units(cfg) if units is None else units
+    jobs = []
+    for checkpoint in (normalize_checkpoint(c) for c in checkpoints):
+        tokenizer = tokenizer_dir_for(checkpoint, tokenizer_dir)
+        label = checkpoint_label(checkpoint)
+        for unit in units:
+            key = unit_key(cfg, unit, checkpoint, tokenizer, data_root)
+            slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{unit.name}__{label}")
+            jobs.append(Job(unit, checkpoint, label, tokenizer, Path(root) / "units" / f"{slug}-{key}", key))
+    return jobs
 
 
-def unit_dir(output: Path, checkpoint: str, unit: FinetuneUnit, several_checkpoints: bool) -> Path:
-    """`OUTPUT/units/<unit>`; with several checkpoints `OUTPUT/units/<checkpoint label>/<unit>`."""
-    if not several_checkpoints:
-        return output / "units" / unit.name
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in checkpoint_label(checkpoint))
-    return output / "units" / slug / unit.name
+def unit_key(
+    cfg: FinetuneConfig, unit: FinetuneUnit, checkpoint: str, tokenizer_dir: Path, data_root: str | None
+) -> str:
+    spec = get_task(unit.task, cfg.task_config)
+    target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+    return digest(
+        {
+            "unit": dataclasses.asdict(unit),
+            "settings": cfg.model_dump(mode="json", exclude=SCHEDULING_ONLY),
+            "task": spec.model_dump(mode="json", exclude={"source"}),
+            "data": [str(spec.path(split, data_root)) for split in ("train", "dev")],
+            "checkpoint": checkpoint,
+            "weights": model_dir_stamp(target) if "/" in target else None,
+            "tokenizer": [content_digest(tokenizer_dir / name) for name in TOKENIZER_FILES],
+        },
+        KEY_LENGTH,
+    )
 
 
-def plan_jobs(checkpoints: list[str], units: list[FinetuneUnit], output: Path) -> list[Job]:
-    several = len(checkpoints) > 1
-    return [Job(c, u, unit_dir(output, c, u, several)) for c in checkpoints for u in units]
+class UnitPool:
+    """Worker processes for fine-tuning units: up to `cfg.concurrency` of them (never more than
+    jobs), each with `cfg.threads` torch threads or its share of the CPU cores; on a GPU machine
+    at most one per GPU, each pinned to its own GPU."""
+
+    def __init__(
+        self,
+        cfg: FinetuneConfig,
+        n_jobs: int,
+        *,
+        data_root: str | None = None,
+        wandb: WandbTarget | None = None,
+    ) -> None:
+        import torch
+
+        self.cfg, self.data_root, self.wandb = cfg, data_root, wandb or WandbTarget()
+        n_gpus = torch.cuda.device_count()
+        self.workers = max(1, min(cfg.concurrency, max(n_jobs, 1), n_gpus or cfg.concurrency))
+        ctx = mp.get_context("spawn")
+        devices = None
+        if n_gpus:
+            devices = ctx.Queue()
+            for i in range(self.workers):
+                devices.put(i)
+        threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.workers)
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=ctx,
+            initializer=_init_worker,
+            initargs=(os.getpid(), threads, devices),
+        )
+
+    def submit(self, job: Job) -> Future:
+        return self._pool.submit(_run_job, self.cfg, job, self.data_root, self.wandb)
+
+    def run(self, job: Job) -> dict[str, Any]:
+        """Run one job in a worker and wait for it; never raises (a failure is an `error` result)."""
+        return outcome(job, self.submit(job))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> UnitPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def outcome(job: Job, future: Future) -> dict[str, Any]:
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        return failed_result(job, WORKER_DIED)
+
+
+def run(
+    cfg: FinetuneConfig,
+    jobs: list[Job],
+    *,
+    data_root: str | None = None,
+    wandb: WandbTarget | None = None,
+    on_result: Callable[[Job, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run `jobs` in a `UnitPool`; results in job order, as each finishes also passed to `on_result`."""
+    results: list[dict[str, Any]] = [{}] * len(jobs)
+    with UnitPool(cfg, len(jobs), data_root=data_root, wandb=wandb) as pool:
+        pending = {pool.submit(job): i for i, job in enumerate(jobs)}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                i = pending.pop(future)
+                results[i] = outcome(jobs[i], future)
+                if on_result is not None:
+                    on_result(jobs[i], results[i])
+    return results
 
 
 def _watch_parent(parent: int) -> None:
@@ -59,92 +179,12 @@ def _init_worker(parent: int, threads: int, devices: Any) -> None:
         torch.cuda.set_device(devices.get())
 
 
-def _run_job(
-    cfg: FinetuneConfig,
-    job: Job,
-    tokenizer_dir: Path | None,
-    data_root: str | None,
-    wandb: WandbTarget,
-) -> dict[str, Any]:
-    """Never raises: a failure becomes a result with an `error` key."""
-    base = {
-        "unit": job.unit.name,
-        "task": job.unit.task,
-        "checkpoint_label": checkpoint_label(job.checkpoint),
-    }
+def _run_job(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:
+    """In a worker. Never raises: a failure becomes a result with an `error` key."""
     try:
-        return run_finetune_unit(
-            cfg, job.unit, job.checkpoint, job.out_dir, tokenizer_dir, data_root, wandb=wandb
-        )
+        return run_finetune_unit(cfg, job, data_root, wandb)
     except UserError as exc:
-        return {**base, "error": str(exc)}
+        return failed_result(job, str(exc))
     except Exception as exc:  # a bug or a crash in one unit must not stop the others
         traceback.print_exc()
-        return {**base, "error": f"{type(exc).__name__}: {exc} (traceback above)"}
-
-
-def threads_per_worker(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // workers)
-
-
-def unit_pool(concurrency: int, n_jobs: int, threads: int | None = None) -> tuple[ProcessPoolExecutor, int]:
-    """Worker processes for fine-tuning units: up to `concurrency` of them (never more than jobs),
-    each with `threads` torch threads or its share of the CPU cores; on a GPU machine at most one
-    per GPU, each pinned to its own GPU. Returns (pool, number of workers)."""
-    import torch
-
-    n_gpus = torch.cuda.device_count()
-    workers = max(1, min(concurrency, max(n_jobs, 1), n_gpus or concurrency))
-    ctx = mp.get_context("spawn")
-    devices = None
-    if n_gpus:
-        devices = ctx.Queue()
-        for i in range(workers):
-            devices.put(i)
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(os.getpid(), threads or threads_per_worker(workers), devices),
-    )
-    return pool, workers
-
-
-def run_jobs(
-    cfg: FinetuneConfig,
-    jobs: list[Job],
-    *,
-    workers: int,
-    tokenizer_dir: Path | None = None,
-    data_root: str | None = None,
-    wandb: WandbTarget | None = None,
-    on_result: Any = None,
-) -> list[dict[str, Any]]:
-    """Run `jobs` in at most `workers` processes (one per GPU when GPUs exist); results in job order."""
-    results: list[dict[str, Any] | None] = [None] * len(jobs)
-    pool, _ = unit_pool(workers, len(jobs), cfg.threads)
-    try:
-        pending = {
-            pool.submit(_run_job, cfg, job, tokenizer_dir, data_root, wandb or WandbTarget()): i
-            for i, job in enumerate(jobs)
-        }
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                i = pending.pop(fut)
-                try:
-                    result = fut.result()
-                except BrokenProcessPool:
-                    job = jobs[i]
-                    result = {
-                        "unit": job.unit.name,
-                        "task": job.unit.task,
-                        "checkpoint_label": checkpoint_label(job.checkpoint),
-                        "error": "the worker process died (out of memory or killed); rerun to retry this unit",
-                    }
-                results[i] = result
-                if on_result is not None:
-                    on_result(jobs[i], result)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return [r for r in results if r is not None]
+        return failed_result(job, f"{type(exc).__name__}: {exc} (traceback above)")

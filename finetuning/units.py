@@ -1,7 +1,8 @@
-"""Units of fine-tuning work: one per (task, lr, seed), each runnable alone, each with its own
-result file. A unit whose completion marker exists is never recomputed.
+"""Units of fine-tuning work: one per (task, lr, seed) and checkpoint, each runnable alone, each
+with its own result file. A unit whose completion marker exists is never recomputed.
 
-`run_finetune_unit` is the contract the Prefect flow maps over and the CLI runs in processes.
+`finetuning/fanout.py` plans the units (`Job`: what to run and where) and runs them in worker
+processes; `run_finetune_unit` is what one worker does with one job.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 
 from common.atomic import atomic_write_json, read_marker, remove_temp_files, write_marker
 from common.errors import UserError
-from common.fingerprint import digest
 from common.tracking import Tracker, WandbTarget
 from finetuning.config import FinetuneConfig
 from finetuning.tasks import TaskSpec, get_task, load_task_specs
@@ -31,7 +31,6 @@ from preprocessing.wordpiece import load_tokenizer, pad_id
 
 RESULT_FILE = "result.json"
 LOCK_FILE = ".lock"
-GENERIC_DIR_NAMES = {"model", "hf", "final", "export", "checkpoint", "hf_model"}
 
 
 @dataclass(frozen=True, order=True)
@@ -43,6 +42,26 @@ class FinetuneUnit:
     @property
     def name(self) -> str:
         return f"{self.task}-lr{self.lr:g}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of one checkpoint, as planned by `finetuning.fanout.plan`."""
+
+    unit: FinetuneUnit
+    checkpoint: str  # normalized (finetuning.checkpoints.normalize_checkpoint)
+    label: str  # the checkpoint's name in the scorecard and in the unit's W&B run
+    tokenizer_dir: Path
+    out_dir: Path  # ROOT/units/<unit>__<label>-<key>
+    key: str  # digest of everything that determines the result
+
+    @property
+    def name(self) -> str:
+        return f"{self.unit.name} [{self.label}]"
+
+
+def failed_result(job: Job, error: str) -> dict[str, Any]:
+    return {"unit": job.unit.name, "task": job.unit.task, "checkpoint_label": job.label, "error": error}
 
 
 def finetune_units(cfg: FinetuneConfig) -> list[FinetuneUnit]:
@@ -68,51 +87,6 @@ def find_unit(cfg: FinetuneConfig, name: str) -> FinetuneUnit:
     return units[name]
 
 
-def normalize_checkpoint(checkpoint: str) -> str:
-    """`random:PRESET`, `random:DIR` (random weights, DIR's architecture) or a model directory,
-    with directories made absolute so a result names exactly what was scored."""
-    from model.config import PRESETS
-
-    checkpoint = str(checkpoint)
-    if checkpoint.startswith("random:"):
-        target = checkpoint.split(":", 1)[1]
-        if target in PRESETS:
-            return checkpoint
-        if not Path(target).expanduser().is_dir():
-            raise UserError(
-                f"checkpoint {checkpoint!r}: {target!r} is neither a preset nor a directory.",
-                fix=f"use random:PRESET ({', '.join(PRESETS)}) or random:MODEL_DIR.",
-            )
-        return "random:" + str(Path(target).expanduser().resolve())
-    if not Path(checkpoint).expanduser().is_dir():
-        raise UserError(
-            f"checkpoint directory {checkpoint} does not exist.",
-            fix="pass a model directory or random:PRESET.",
-        )
-    return str(Path(checkpoint).expanduser().resolve())
-
-
-def with_baselines(checkpoints: list[str], baselines: list[str]) -> list[str]:
-    """The checkpoints to score: the given ones plus baselines (`random` = random init of the first
-    checkpoint's shape, `none` = nothing, anything else = another checkpoint), without duplicates."""
-    out = list(checkpoints)
-    for b in baselines:
-        if b == "random":
-            first = checkpoints[0]
-            out.append(first if first.startswith("random:") else "random:" + first)
-        elif b != "none":
-            out.append(b)
-    return list(dict.fromkeys(out))
-
-
-def checkpoint_label(checkpoint: str) -> str:
-    if checkpoint.startswith("random:"):
-        target = checkpoint.split(":", 1)[1]
-        return "random:" + (checkpoint_label(target) if "/" in target else target)
-    path = Path(checkpoint).expanduser().resolve()
-    return f"{path.parent.name}/{path.name}" if path.name in GENERIC_DIR_NAMES else path.name
-
-
 def _task_class(spec: TaskSpec):
     if spec.format == "tsv":
         from finetuning.glue import SequenceTask
@@ -125,19 +99,6 @@ def _task_class(spec: TaskSpec):
     from finetuning.squad import SquadTask
 
     return SquadTask
-
-
-def _resolve_tokenizer_dir(checkpoint: str, tokenizer_dir: Path | None) -> Path:
-    if tokenizer_dir is not None:
-        return Path(tokenizer_dir)
-    if checkpoint.startswith("random:") and "/" in checkpoint:
-        return Path(checkpoint.split(":", 1)[1])
-    if checkpoint.startswith("random:"):
-        raise UserError(
-            f"checkpoint {checkpoint} has no vocabulary.",
-            fix="pass --tokenizer DIR (a directory with vocab.txt or tokenizer.json).",
-        )
-    return Path(checkpoint)
 
 
 def build_model(task: Any, checkpoint: str, vocab_size: int, dropout: float, seed: int) -> torch.nn.Module:
@@ -174,29 +135,6 @@ def build_model(task: Any, checkpoint: str, vocab_size: int, dropout: float, see
     return model
 
 
-def _fingerprint(cfg: FinetuneConfig, unit: FinetuneUnit, checkpoint: str, spec: TaskSpec) -> str:
-    keys = ("max_train_examples", "max_eval_examples", "epochs", "batch_size", "max_seq_length")
-    keys += ("warmup_proportion", "weight_decay", "dropout", "group_by_length")
-    payload = {
-        "cfg": {k: getattr(cfg, k) for k in keys},
-        "unit": dataclasses.asdict(unit),
-        "checkpoint": checkpoint,
-        "weights": _weights_stamp(checkpoint),
-        "task": spec.model_dump(exclude={"source"}),
-    }
-    return digest(payload, 16)
-
-
-def _weights_stamp(checkpoint: str) -> list[Any]:
-    """Size and mtime of the checkpoint's weight files: a re-trained model at the same path is new."""
-    if checkpoint.startswith("random:"):
-        return []
-    from model.hf_io import WEIGHT_FILES
-
-    files = [Path(checkpoint) / n for n in WEIGHT_FILES]
-    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
-
-
 def pick_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -204,43 +142,22 @@ def pick_device() -> torch.device:
 
 
 def run_finetune_unit(
-    cfg: FinetuneConfig,
-    unit: FinetuneUnit,
-    checkpoint: str,
-    out_dir: Path,
-    tokenizer_dir: Path | None = None,
-    data_root: str | None = None,
-    *,
-    wandb: WandbTarget | None = None,
+    cfg: FinetuneConfig, job: Job, data_root: str | None = None, wandb: WandbTarget | None = None
 ) -> dict[str, Any]:
-    """Fine-tune `checkpoint` on one unit, evaluate on the dev split and write
-    `out_dir/result.json` plus a completion marker. A finished unit returns its stored result."""
-    out_dir = Path(out_dir)
-    spec = get_task(unit.task, cfg.task_config)
-    checkpoint = normalize_checkpoint(checkpoint)
-    fingerprint = _fingerprint(cfg, unit, checkpoint, spec)
+    """Fine-tune `job.checkpoint` on one unit, evaluate on the dev split and write
+    `job.out_dir/result.json` plus a completion marker. A finished unit returns its stored result."""
+    out_dir = job.out_dir
     marker = read_marker(out_dir)
     if marker is not None and (out_dir / RESULT_FILE).is_file():
-        if marker.get("fingerprint") != fingerprint:
+        if marker.get("key") != job.key:
             raise UserError(
-                f"{out_dir} holds a finished result of unit {unit.name} made with different settings.",
+                f"{out_dir} holds a finished result of unit {job.unit.name} made with different settings.",
                 fix="use another --output directory, or delete that unit directory to recompute it.",
             )
         return json.loads((out_dir / RESULT_FILE).read_text())
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    with _unit_lock(out_dir, unit):
-        return _run_locked(
-            cfg,
-            unit,
-            spec,
-            checkpoint,
-            out_dir,
-            tokenizer_dir,
-            data_root,
-            fingerprint,
-            wandb or WandbTarget(),
-        )
+    with _unit_lock(out_dir, job.unit):
+        return _run_locked(cfg, job, data_root, wandb or WandbTarget())
 
 
 @contextmanager
@@ -260,17 +177,8 @@ def _unit_lock(out_dir: Path, unit: FinetuneUnit) -> Iterator[None]:
         fh.close()
 
 
-def _run_locked(
-    cfg: FinetuneConfig,
-    unit: FinetuneUnit,
-    spec: TaskSpec,
-    checkpoint: str,
-    out_dir: Path,
-    tokenizer_dir: Path | None,
-    data_root: str | None,
-    fingerprint: str,
-    wandb: WandbTarget,
-) -> dict[str, Any]:
+def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:
+    out_dir, unit, checkpoint, label = job.out_dir, job.unit, job.checkpoint, job.label
     if read_marker(out_dir) is not None and (out_dir / RESULT_FILE).is_file():  # finished meanwhile
         return json.loads((out_dir / RESULT_FILE).read_text())
     # An interrupted earlier attempt: its partial curve and W&B files are stale.
@@ -282,12 +190,12 @@ def _run_locked(
 
     wall_start = time.perf_counter()
     device = pick_device()
-    tok, _ = load_tokenizer(_resolve_tokenizer_dir(checkpoint, tokenizer_dir))
+    spec = get_task(unit.task, cfg.task_config)
+    tok, _ = load_tokenizer(job.tokenizer_dir)
     task = _task_class(spec)(
         spec, tok, cfg.max_seq_length, cfg.max_train_examples, cfg.max_eval_examples, data_root
     )
     model = build_model(task, checkpoint, tok.get_vocab_size(), cfg.dropout, unit.seed).to(device)
-    label = checkpoint_label(checkpoint)
     tracker = Tracker(
         out_dir,
         wandb,
@@ -357,5 +265,5 @@ def _run_locked(
     finally:
         tracker.finish()
     atomic_write_json(out_dir / RESULT_FILE, result)
-    write_marker(out_dir, {"unit": unit.name, "fingerprint": fingerprint})
+    write_marker(out_dir, {"unit": unit.name, "key": job.key})
     return result

@@ -17,16 +17,9 @@ from typing import Any
 from common.atomic import atomic_write_text
 from common.tracking import WandbTarget, read_metrics
 from pipelines.config import PipelineConfig
+from pipelines.flow_records import latest_record
 from pipelines.report_plots import plot_curves
-from pipelines.stage_keys import FLOW_RECORDS, run_root, stage_dirs
-
-
-def latest_record(cfg: PipelineConfig) -> tuple[Path | None, dict[str, Any]]:
-    """The newest flow-run record of this run directory (what the last flow run did)."""
-    records = sorted((run_root(cfg) / FLOW_RECORDS).glob("*.json"), key=lambda p: p.stat().st_mtime)
-    if not records:
-        return None, {}
-    return records[-1], json.loads(records[-1].read_text())
+from pipelines.stage_keys import run_root, stage_dirs
 
 
 def wandb_run_dirs(directories: list[Path]) -> list[Path]:
@@ -39,22 +32,14 @@ def wandb_run_dirs(directories: list[Path]) -> list[Path]:
 
 
 def _unit_dirs(cfg: PipelineConfig, model_dir: Path) -> list[Path]:
-    try:
-        from finetuning.units import finetune_units
-    except ImportError:
-        return []
+    """The fine-tuning unit directories of the flow's plan (none when there is nothing to plan)."""
     from common.errors import UserError
-    from pipelines.stage_keys import finetune_checkpoints, finetune_unit_dir
+    from pipelines.stage_finetune import flow_plan
 
     try:
-        units = finetune_units(cfg.finetune)
-    except UserError:  # no / unknown tasks: nothing was fine-tuned, nothing to link
+        return [job.out_dir for job in flow_plan(cfg, model_dir, stage_dirs(cfg)["tokenizer"])]
+    except UserError:  # no / unknown tasks, no model: nothing was fine-tuned, nothing to link
         return []
-    return [
-        finetune_unit_dir(cfg, unit.name, label)
-        for unit in units
-        for label, _ in finetune_checkpoints(cfg, model_dir)
-    ]
 
 
 def _fmt(v: Any) -> str:
@@ -213,7 +198,7 @@ def build_report(
     if record_path is not None and Path(record_path).is_file():
         record = json.loads(Path(record_path).read_text())
     else:
-        _, record = latest_record(cfg)
+        _, record = latest_record(run_root(cfg))
     _track(cfg, out_dir, record, wandb)
     plots = plot_curves(read_metrics(stage_dirs(cfg)["pretrain"]), out_dir)
     md = render_markdown(cfg, out_dir, record, plots)

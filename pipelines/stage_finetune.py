@@ -1,21 +1,33 @@
-"""`bertflow finetune [CONFIG] --checkpoint DIR|random:PRESET --tasks sst2,mrpc --output DIR`.
+"""Stage 4, `bertflow finetune [CONFIG] [--checkpoint DIR|random:PRESET ...] [--output DIR]`.
 
 Fine-tunes every (task, lr, seed) unit of each checkpoint (plus the config's baselines, random
-init of the same shape by default) in worker processes, prints the scorecard and writes it under
---output; unit results go to `--output/units/<unit>/`. Finished units are reused on a rerun.
-Exit code 1 when any unit failed (the others still ran and their results are kept).
+init of the same shape by default) in worker processes (`finetuning/fanout.py`), prints the
+scorecard and writes it under --output; units go to `--output/units/<unit>__<label>-<key>/` and
+finished ones are reused on a rerun. Without --checkpoint it fine-tunes the flow's own model for
+CONFIG exactly as the flow does (`flow_plan`), writing where the flow looks: its units into
+`run_dir/finetune/units/` and the scorecard into the finetune stage directory, so the flow reuses
+them and vice versa. Exit code 1 when any unit failed (the others still ran and their results are
+kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from common.atomic import read_marker, write_marker
 from common.errors import UserError
 from finetuning.config import FinetuneConfig
+from pipelines.config import PipelineConfig
+from pipelines.stage_keys import run_root, stage_dir
+
+if TYPE_CHECKING:
+    from finetuning.units import Job
 
 
 def _csv(text: str) -> list[str]:
@@ -27,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--checkpoint",
         action="append",
-        help="model directory (ours or any Hugging Face BERT), random:PRESET or random:DIR; repeatable",
+        help="model directory (ours or any Hugging Face BERT), random:PRESET or random:DIR; repeatable "
+        "(default: the flow's pretrained model for CONFIG)",
     )
     p.add_argument("--tasks", help="comma-separated task names, e.g. sst2,mrpc,stsb,conll2003,squad")
     p.add_argument(
@@ -52,7 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, help="concurrent units (default: finetune.concurrency)")
     p.add_argument("--threads", type=int, help="torch threads per CPU worker (default: cores // workers)")
     p.add_argument("--group", help="W&B group for the unit runs (default: the output directory name)")
-    p.add_argument("--output", help="output directory (default: <run_dir>/finetune)")
+    p.add_argument(
+        "--output", help="output directory (needed with --checkpoint; default: the flow's finetune stage)"
+    )
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override")
 
 
@@ -85,10 +100,18 @@ def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig
         raise UserError(f"bad flag value: {msgs}") from None
 
 
-def finished_results(jobs: list) -> list[dict]:
-    import json
+def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list[Job]:
+    """The flow's fine-tuning plan for `cfg`: the pretrained model plus the configured baselines,
+    read with the flow's tokenizer, units under `run_dir/finetune/units/`."""
+    from finetuning.checkpoints import with_baselines
+    from finetuning.fanout import plan
 
-    from common.atomic import read_marker
+    checkpoints = with_baselines([str(model_dir)], cfg.finetune.baselines, cfg.data_root)
+    root = run_root(cfg) / "finetune"
+    return plan(cfg.finetune, checkpoints, root, tokenizer_dir=tokenizer_dir, data_root=cfg.data_root)
+
+
+def finished_results(jobs: list[Job]) -> list[dict]:
     from finetuning.units import RESULT_FILE
 
     return [
@@ -98,58 +121,68 @@ def finished_results(jobs: list) -> list[dict]:
     ]
 
 
+def _plan_from_args(
+    cfg_all: PipelineConfig, cfg: FinetuneConfig, args: argparse.Namespace
+) -> tuple[list[Job], Path]:
+    """The jobs of this command (all units, or the plan's --unit) and the scorecard directory."""
+    from finetuning.checkpoints import with_baselines
+    from finetuning.fanout import plan
+
+    cfg_all = cfg_all.model_copy(update={"finetune": cfg})
+    if not args.checkpoint:
+        if args.output or args.tokenizer or args.baselines is not None:
+            raise UserError(
+                "--output, --tokenizer and --baselines go with --checkpoint.",
+                fix="pass --checkpoint DIR, or none of them to fine-tune the flow's model for CONFIG.",
+            )
+        model_dir, tokenizer_dir = stage_dir(cfg_all, "pretrain") / "model", stage_dir(cfg_all, "tokenizer")
+        if read_marker(model_dir.parent) is None or read_marker(tokenizer_dir) is None:
+            raise UserError(
+                f"the flow has no pretrained model for this config ({model_dir}).",
+                fix="run `bertflow run CONFIG --only pretrain` (or the stages before it) first, or pass --checkpoint DIR.",
+            )
+        return flow_plan(cfg_all, model_dir, tokenizer_dir), stage_dir(cfg_all, "finetune")
+    if not args.output:
+        raise UserError(
+            "--checkpoint needs --output DIR.",
+            fix="pass --output DIR (without --checkpoint the command fine-tunes the flow's own model).",
+        )
+    baselines = _csv(args.baselines) if args.baselines is not None else cfg.baselines
+    checkpoints = with_baselines(args.checkpoint, baselines, cfg_all.data_root)
+    tokenizer = Path(args.tokenizer) if args.tokenizer else None
+    jobs = plan(cfg, checkpoints, Path(args.output), tokenizer_dir=tokenizer, data_root=cfg_all.data_root)
+    return jobs, Path(args.output)
+
+
 def main(args: argparse.Namespace) -> int:
-    from finetuning.fanout import plan_jobs, run_jobs
+    from common.tracking import Tracker
+    from finetuning import fanout
     from finetuning.scorecard import build_scorecard
-    from finetuning.units import find_unit, finetune_units, normalize_checkpoint, with_baselines
+    from finetuning.units import find_unit
     from pipelines.config import load_config
 
     cfg_all = load_config(args.config, args.set)
     cfg = apply_flags(cfg_all.finetune, args)
-    if not args.checkpoint:
-        raise UserError(
-            "no checkpoint given.", fix="pass --checkpoint DIR (or random:PRESET with --tokenizer)."
-        )
-    baselines = _csv(args.baselines) if args.baselines is not None else cfg.baselines
-    checkpoints = [normalize_checkpoint(c) for c in with_baselines(args.checkpoint, baselines)]
-    units = [find_unit(cfg, args.unit)] if args.unit else finetune_units(cfg)
-    output = Path(args.output) if args.output else Path(cfg_all.run_dir) / "finetune"
-    tokenizer_dir = Path(args.tokenizer) if args.tokenizer else None
-    data_root = cfg_all.data_root
+    jobs, output = _plan_from_args(cfg_all, cfg, args)
+    selected = [j for j in jobs if j.unit == find_unit(cfg, args.unit)] if args.unit else jobs
     group = args.group or output.resolve().name
     wandb = cfg_all.wandb.target(group)
-    jobs = plan_jobs(checkpoints, units, output)
     print(
-        f"bertflow finetune: {len(jobs)} unit(s), {min(cfg.concurrency, len(jobs))} worker(s) -> {output}",
+        f"bertflow finetune: {len(selected)} unit(s), {min(cfg.concurrency, len(selected))} worker(s) -> {output}",
         flush=True,
     )
 
-    def report(job, result) -> None:
+    def report(job: Job, result: dict) -> None:
         if "error" in result:
-            print(f"  FAILED {job.unit.name} [{result['checkpoint_label']}]: {result['error']}", flush=True)
+            print(f"  FAILED {job.name}: {result['error']}", flush=True)
         else:
             shown = ", ".join(f"{k} {v:.1f}" for k, v in result["metrics"].items())
             print(
-                f"  done   {job.unit.name} [{result['checkpoint_label']}]: {shown} "
-                f"({result['train_examples_per_s']:.1f} train ex/s)",
-                flush=True,
+                f"  done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s)", flush=True
             )
 
-    results = run_jobs(
-        cfg,
-        jobs,
-        workers=cfg.concurrency,
-        tokenizer_dir=tokenizer_dir,
-        data_root=data_root,
-        wandb=wandb,
-        on_result=report,
-    )
-    if args.unit:  # the scorecard also shows the plan's other units that finished earlier
-        results += finished_results(
-            [j for j in plan_jobs(checkpoints, finetune_units(cfg), output) if j not in jobs]
-        )
-    from common.tracking import Tracker
-
+    results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)
+    results += finished_results([j for j in jobs if j not in selected])  # --unit: the plan's others
     tracker = Tracker(
         output / "scorecard_run", wandb, name=f"{group}/scorecard", job_type="finetune-scorecard"
     )
@@ -165,4 +198,6 @@ def main(args: argparse.Namespace) -> int:
             f"bertflow finetune: {len(failed)} of {len(results)} unit(s) failed (see above).", file=sys.stderr
         )
         return 1
+    if not args.checkpoint and not args.unit:  # the flow's finetune stage, complete
+        write_marker(output, {"stage": "finetune", "by": "bertflow finetune"})
     return 0

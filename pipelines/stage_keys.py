@@ -24,9 +24,6 @@ from pipelines.config import PipelineConfig
 from preprocessing.corpus import match_inputs
 
 STAGES: tuple[str, ...] = ("verify", "tokenizer", "preprocess", "pretrain", "finetune", "report")
-# Fine-tuning fields that change how units are scheduled but not what one unit computes.
-_FINETUNE_UNIT_EXCLUDE = {"tasks", "concurrency", "baselines"}
-FLOW_RECORDS = "flow_runs"  # run_dir/flow_runs/<time>-<flow run>.json: what each flow run did
 
 
 def corpus_stamps(cfg: PipelineConfig, patterns: list[str]) -> list[dict[str, Any]]:
@@ -135,46 +132,3 @@ def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
 
 def is_complete(directory: str | os.PathLike) -> bool:
     return read_marker(directory) is not None
-
-
-def finetune_checkpoints(
-    cfg: PipelineConfig, pretrained_model_dir: str | os.PathLike
-) -> list[tuple[str, str]]:
-    """(label, checkpoint) pairs to fine-tune: ours first, then each baseline.
-
-    `random` → `random:<preset>` (a freshly initialised model of our size, with our tokenizer);
-    anything else is a Hugging Face directory, labelled by its folder name.
-    """
-    pairs = [("ours", str(pretrained_model_dir))]
-    for baseline in cfg.finetune.baselines:
-        if baseline == "random" or baseline.startswith("random:"):
-            preset = baseline.split(":", 1)[1] if ":" in baseline else cfg.model.preset
-            pairs.append((f"random-{preset}", f"random:{preset}"))
-        else:
-            path = cfg.data_path(baseline)
-            pairs.append((path.name or "baseline", str(path)))
-    return pairs
-
-
-def finetune_unit_dir(cfg: PipelineConfig, unit_name: str, checkpoint_label: str) -> Path:
-    """Where one fine-tuning unit (task × hyper-parameters × checkpoint) writes its result.
-
-    Keyed by the unit's own settings and the checkpoint's provenance, not by the task list, so
-    adding a task leaves every finished unit reusable.
-    """
-    keys = stage_keys(cfg)
-    settings = cfg.finetune.model_dump(mode="json", exclude=_FINETUNE_UNIT_EXCLUDE)
-    provenance = keys["pretrain"] if checkpoint_label == "ours" else checkpoint_label
-    key = digest(
-        {
-            "unit": unit_name,
-            "settings": settings,
-            "task_config": _config_file_digest(cfg.finetune.task_config),
-            "model": cfg.model.model_dump(mode="json"),
-            "checkpoint": provenance,
-            "tokenizer": keys["tokenizer"],
-        },
-        KEY_LENGTH,
-    )
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{unit_name}__{checkpoint_label}")
-    return run_root(cfg) / "finetune" / "units" / f"{safe}-{key}"

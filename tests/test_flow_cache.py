@@ -90,9 +90,9 @@ def test_stage_command_alone_writes_where_the_flow_looks(tmp_path: Path, data_di
 def test_retries_skip_bad_input_but_not_transient_failures() -> None:
     from prefect.states import Failed
 
-    from pipelines.flow import _retry_unless_user_error, pretrain_task
+    from pipelines.flow_tasks import pretrain_task, retry_unless_user_error
 
-    assert _retry_unless_user_error(None, None, Failed(data=RuntimeError("rank 1 lost"))) is True
-    assert _retry_unless_user_error(None, None, Failed(data=UserError("bad shard"))) is False
+    assert retry_unless_user_error(None, None, Failed(data=RuntimeError("rank 1 lost"))) is True
+    assert retry_unless_user_error(None, None, Failed(data=UserError("bad shard"))) is False
     opts = pretrain_task.with_options(retries=2, retry_delay_seconds=1)
-    assert opts.retries == 2 and opts.retry_condition_fn is _retry_unless_user_error
+    assert opts.retries == 2 and opts.retry_condition_fn is retry_unless_user_error

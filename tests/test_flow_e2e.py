@@ -1,5 +1,6 @@
 """The whole flow on a tiny config with every real component (Beam, DeepSpeed, fine-tuning, W&B
-offline, Prefect): a first run computes everything, a rerun computes nothing, and a changed
+offline, Prefect): a first run computes everything, with the stage graph recorded in Prefect and
+every W&B run in the flow run's project, entity and group; a rerun computes nothing; and a changed
 fine-tuning setting reruns exactly the fine-tuning units, the scorecard and the report."""
 
 from __future__ import annotations
@@ -13,14 +14,6 @@ from common.atomic import MARKER_NAME
 from tests.flow_support import stop_ephemeral_prefect, tiny_config
 
 pytestmark = pytest.mark.slow
-
-WANDB_VARS = (
-    "WANDB_RUN_GROUP",
-    "WANDB_PROJECT",
-    "WANDB_MODE",
-    "BERTFLOW_WANDB_GROUP",
-    "BERTFLOW_WANDB_PROJECT",
-)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -41,15 +34,36 @@ def _marker_times(summary: dict) -> dict[str, int]:
     }
 
 
-def test_tiny_flow_then_cached_rerun_then_partial_rerun(
-    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for var in WANDB_VARS:  # the flow sets these for its stages; restore them afterwards
-        monkeypatch.setenv(var, "")
-    monkeypatch.delenv("WANDB_MODE")
+def _stage_of(task_run_name: str) -> str:
+    """`tokenizer-3f2` -> tokenizer; `finetune-rte-lr5e-05-s42-<label>` -> one name per unit."""
+    return task_run_name if task_run_name.startswith("finetune-") else task_run_name.rsplit("-", 1)[0]
+
+
+def _upstream_graph(flow_run_id: str) -> dict[str, set[str]]:
+    """task run -> the task runs its inputs came from, as recorded by the Prefect API."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+        )
+    names = {r.id: _stage_of(r.name) for r in runs}
+    return {
+        names[r.id]: {
+            names[i.id] for inputs in r.task_inputs.values() for i in inputs if i.input_type == "task_run"
+        }
+        for r in runs
+    }
+
+
+def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir: Path) -> None:
     from pipelines.flow import bert_pipeline
 
-    config = str(tiny_config(tmp_path, data_dir))
+    wandb = {"project": "bertflow-e2e", "entity": "bertflow-team"}
+    config = str(tiny_config(tmp_path, data_dir, wandb=wandb))
 
     first = bert_pipeline(config=config)
     status = _status(first)
@@ -78,11 +92,50 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(
     # the DeepSpeed log went through the Prefect task logger into the pretrain curves
     metrics = [json.loads(line) for line in (pretrain_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(m["step"] or 0 for m in metrics) == 8
-    # scorecard: both checkpoints on both tasks
+    # the Prefect graph: tokenizer -> preprocess -> pretrain -> units -> scorecard -> report
+    graph = _upstream_graph(first["flow_run_id"])
+    unit_runs = {name for name in graph if name.startswith("finetune-")}
+    assert len(unit_runs) == 4 and f"finetune-rte-lr5e-05-s42-{pretrain_dir.name}/model" in unit_runs, graph
+    assert graph["tokenizer"] == {"verify-data"} and graph["preprocess"] == {"tokenizer"}
+    assert graph["pretrain"] == {"tokenizer", "preprocess"}
+    assert all(graph[unit] == {"pretrain", "tokenizer"} for unit in unit_runs), graph
+    assert graph["scorecard"] == unit_runs and graph["report"] == {"scorecard"}
+    # every W&B run of the flow run: the config's project and entity, the flow run's group
+    from tests.wandb_records import run_info
+
+    runs = [run_info(Path(p).parent) for p in sorted(run.glob("**/wandb_files"))]
+    assert {r["job_type"] for r in runs} == {"pretrain", "finetune", "scorecard", "report"}
+    assert len(runs) == 7, runs
+    assert all(
+        (r["project"], r["entity"], r["group"]) == (wandb["project"], wandb["entity"], first["wandb_group"])
+        for r in runs
+    ), runs
+    # scorecard: the pretrained model, then its random-init twin, on both tasks, from the units' results
+    from finetuning.scorecard import build_scorecard
+    from pipelines.config import load_config
+    from pipelines.stage_finetune import flow_plan
+
     finetune_dir = Path(next(r["out_dir"] for r in first["stages"] if r["stage"] == "finetune"))
     card = json.loads((finetune_dir / "scorecard.json").read_text())
-    card_text = json.dumps(card)
-    assert "rte" in card_text and "stsb" in card_text and "random" in card_text
+    ours = f"{pretrain_dir.name}/model"
+    assert [(r["checkpoint"], r["kind"]) for r in card["rows"]] == [
+        (ours, "pretrained"),
+        (f"random:{ours}", "random"),
+    ]
+    assert card["columns"] == ["rte/accuracy", "stsb/pearson", "stsb/spearman"] and card["failed"] == []
+    for row in card["rows"]:
+        assert set(row["tasks"]) == {"rte", "stsb"}
+        assert all((t["n_train"], t["n_eval"]) == (48, 48) for t in row["tasks"].values()), row
+    [delta] = card["deltas"]
+    mine, rnd = (r["tasks"] for r in card["rows"])
+    assert delta["values"] == {
+        f"{t}/{m}": mine[t]["metrics"][m] - rnd[t]["metrics"][m]
+        for t, m in (c.split("/") for c in card["columns"])
+    }
+    tokenizer_dir = Path(next(r["out_dir"] for r in first["stages"] if r["stage"] == "tokenizer"))
+    jobs = flow_plan(load_config(config), model_dir, tokenizer_dir)
+    results = [json.loads((job.out_dir / "result.json").read_text()) for job in jobs]
+    assert build_scorecard(results, tmp_path / "rebuilt")["rows"] == card["rows"]
     # the report: markdown + HTML + curves, timings and W&B links, in the W&B group of this flow run
     report_md = Path(first["report_md"])
     md = report_md.read_text()

@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import UserError
 from pipelines.config import load_config
-from pipelines.stage_keys import STAGES, finetune_checkpoints, finetune_unit_dir, stage_dir, stage_keys
+from pipelines.stage_keys import STAGES, stage_dir, stage_keys
 from pipelines.stage_plan import plan_stages
 
 DOWNSTREAM = {
@@ -61,29 +61,6 @@ def test_corpus_fingerprint_is_part_of_the_key(tmp_path: Path) -> None:
     os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     after = stage_keys(load_config(None, overrides))
     assert _changed(before, after) == DOWNSTREAM["tokenizer"] | {"verify"}
-
-
-def test_finetune_unit_dirs_survive_adding_a_task(tmp_path: Path) -> None:
-    cfg = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte]"])
-    more = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte, mrpc]", "finetune.concurrency=4"])
-    assert finetune_unit_dir(cfg, "rte-lr5e-05-s42", "ours") == finetune_unit_dir(
-        more, "rte-lr5e-05-s42", "ours"
-    )
-    slower = load_config(None, [f"run_dir={tmp_path}", "finetune.tasks=[rte]", "finetune.epochs=9"])
-    assert finetune_unit_dir(cfg, "rte-lr5e-05-s42", "ours") != finetune_unit_dir(
-        slower, "rte-lr5e-05-s42", "ours"
-    )
-    # ours and the random baseline never share a directory
-    assert finetune_unit_dir(cfg, "u", "ours") != finetune_unit_dir(cfg, "u", "random-tiny")
-
-
-def test_checkpoints_are_ours_then_baselines() -> None:
-    cfg = load_config(None, ["finetune.baselines=[random, 'random:mini']"])
-    assert finetune_checkpoints(cfg, "/m") == [
-        ("ours", "/m"),
-        ("random-tiny", "random:tiny"),
-        ("random-mini", "random:mini"),
-    ]
 
 
 def test_stage_selection() -> None:

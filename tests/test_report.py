@@ -11,9 +11,10 @@ from pathlib import Path
 from common.atomic import write_marker
 from common.tracking import Tracker, WandbTarget
 from pipelines.config import load_config
+from pipelines.flow_records import FLOW_RECORDS
 from pipelines.report_builder import build_report
 from pipelines.report_plots import PANELS, series
-from pipelines.stage_keys import FLOW_RECORDS, stage_dirs
+from pipelines.stage_keys import stage_dirs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -41,6 +41,12 @@ def _lock_free(unit_dir: Path) -> bool:
         return True
 
 
+def _unit_dir(out: Path, unit: str) -> Path | None:
+    """`out/units/<unit>__<label>-<key>` (the fan-out's directory of that unit), once it exists."""
+    found = list((out / "units").glob(f"{unit}__*"))
+    return found[0] if found else None
+
+
 def _scores(out: Path) -> list[dict]:
     card = json.loads((out / "scorecard.json").read_text())
     return [
@@ -52,13 +58,19 @@ def _scores(out: Path) -> list[dict]:
 @pytest.mark.slow
 def test_kill_during_second_unit_then_rerun(tmp_path, minilm_dir):
     out = tmp_path / "killed"
-    first, second = out / "units" / UNITS[0], out / "units" / UNITS[1]
     proc = subprocess.Popen(_command(minilm_dir, out), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while not ((first / "_COMPLETE.json").is_file() and (second / "metrics.jsonl").is_file()):
+    first = second = None
+    while not (
+        first is not None
+        and (first / "_COMPLETE.json").is_file()
+        and second is not None
+        and (second / "metrics.jsonl").is_file()
+    ):
         assert proc.poll() is None, "the command ended before its second unit started training"
         assert time.monotonic() < deadline, "second unit never started"
         time.sleep(0.05)
+        first, second = _unit_dir(out, UNITS[0]), _unit_dir(out, UNITS[1])
     os.kill(proc.pid, signal.SIGKILL)  # mid-training of the second unit
     proc.wait()
     # the worker notices its parent is gone and exits: the unit's lock is released
@@ -74,7 +86,7 @@ def test_kill_during_second_unit_then_rerun(tmp_path, minilm_dir):
     assert rerun.returncode == 0, rerun.stderr
     assert (first / "result.json").stat().st_mtime_ns == first_mtime  # reused, not recomputed
     for unit in UNITS:
-        assert (out / "units" / unit / "_COMPLETE.json").is_file()
+        assert (_unit_dir(out, unit) / "_COMPLETE.json").is_file()
     rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 10, 12]  # one clean curve, no duplicate
 

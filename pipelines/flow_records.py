@@ -1,0 +1,58 @@
+"""What each flow run did, stage by stage: `run_dir/flow_runs/<time>-<flow run>.json`, the report's
+timing and cache-hit table."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from common.atomic import atomic_write_json
+
+FLOW_RECORDS = "flow_runs"
+
+
+def stage_record(stage: str, out_dir: Path, status: str, seconds: float, compute_seconds: float) -> dict:
+    """One row: `status` is ran (computed in this flow run), cached (Prefect cache hit) or reused
+    (a complete output found on disk, e.g. written by the stage command alone)."""
+    return {
+        "stage": stage,
+        "key": out_dir.name,
+        "out_dir": str(out_dir),
+        "status": status,
+        "seconds": round(seconds, 3),
+        "compute_seconds": round(compute_seconds, 3),
+    }
+
+
+def write_record(
+    root: Path,
+    run_name: str,
+    group: str,
+    records: list[dict[str, Any]],
+    started: float,
+    path: Path | None = None,
+) -> Path:
+    if path is None:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
+        path = root / FLOW_RECORDS / f"{stamp}-{run_name}.json"
+    atomic_write_json(
+        path,
+        {
+            "flow_run": run_name,
+            "wandb_group": group,
+            "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+            "seconds": round(time.time() - started, 3),
+            "stages": records,
+        },
+    )
+    return path
+
+
+def latest_record(root: Path) -> tuple[Path | None, dict[str, Any]]:
+    """The newest flow-run record of a run directory (what the last flow run did)."""
+    records = sorted((root / FLOW_RECORDS).glob("*.json"), key=lambda p: p.stat().st_mtime)
+    if not records:
+        return None, {}
+    return records[-1], json.loads(records[-1].read_text())

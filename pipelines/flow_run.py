@@ -1,0 +1,172 @@
+"""How the flow runs one stage: selection (`--only`, `--from`, `--force`), cache options, upstream
+outputs, and the record of what happened.
+
+`FlowRun.stage(name, task, upstream=[...])` runs a selected stage's task, passing it the outputs of
+the stages it reads: the Prefect state of an upstream task run of this flow run (Prefect resolves
+it to the task's return value and records the edge in the task run's `task_inputs`), or, for an
+upstream stage this flow run does not execute, its complete output on disk (else a UserError
+naming the stage to run first). `FlowRun.fan_out` maps one Prefect task over the fine-tuning plan
+with at most `finetune.concurrency` units in flight.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect.futures import as_completed, wait
+from prefect.states import State
+
+from common.atomic import MARKER_NAME, atomic_write_json, read_marker
+from common.errors import UserError
+from common.tracking import WandbTarget
+from pipelines.config import PipelineConfig
+from pipelines.flow_records import stage_record, write_record
+from pipelines.stage_keys import run_root, stage_dirs, stage_key_inputs
+from pipelines.stage_plan import plan_stages
+
+
+def clear(directory: Path) -> None:
+    """Forget a stage output: marker first (a kill midway leaves it incomplete), then the rest."""
+    (directory / MARKER_NAME).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def value_of(output: Any) -> Any:
+    """An upstream output as its task's return value (a state's result, or the on-disk dict)."""
+    return output.result() if isinstance(output, State) else output
+
+
+class FlowRun:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        run_name: str,
+        only: str | None,
+        from_stage: str | None,
+        force: list[str] | None,
+    ) -> None:
+        self.cfg, self.run_name = cfg, run_name
+        self.selected, self.forced = plan_stages(only, from_stage, force)
+        self.group = f"{cfg.name}-{run_name}"
+        self.wandb: WandbTarget = cfg.wandb.target(self.group)  # every W&B run of this flow run
+        self.dirs = stage_dirs(cfg)
+        self.root = run_root(cfg)
+        self.outputs: dict[str, Any] = {}  # stage -> State (ran in this flow run) or list of futures
+        self.records: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.record_path: Path | None = None
+
+    def wanted(self, stage: str) -> bool:
+        return stage in self.selected
+
+    def upstream(self, stage: str) -> Any:
+        """The output of `stage` for a downstream task: this flow run's, else the one on disk."""
+        if stage in self.outputs:
+            return self.outputs[stage]
+        out = self.dirs[stage]
+        if read_marker(out) is None:
+            raise UserError(
+                f"stage {stage!r} has no complete output for this config ({out}).",
+                fix=f"run it first: `bertflow run CONFIG --only {stage}` or the whole flow without --only.",
+            )
+        return {"stage": stage, "out_dir": str(out), "status": "reused", "seconds": 0.0, "result": {}}
+
+    def _options(self, complete: bool) -> dict[str, Any]:
+        return dict(
+            refresh_cache=not complete,
+            retries=self.cfg.flow.retries,
+            retry_delay_seconds=self.cfg.flow.retry_delay_seconds,
+        )
+
+    def stage(
+        self,
+        name: str,
+        task_fn: Any,
+        *,
+        upstream: tuple[str, ...] = (),
+        after: tuple[str, ...] = (),
+        **params: Any,
+    ) -> None:
+        """Run stage `name` when selected. `upstream`: stages whose outputs the task takes (as
+        parameters of the same names); `after`: stages it only follows when they ran here."""
+        if not self.wanted(name):
+            return
+        inputs = {stage: self.upstream(stage) for stage in upstream}
+        out = self.dirs[name]
+        if name in self.forced:
+            clear(out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / "stage_key.json", stage_key_inputs(self.cfg)[name])
+        wait_for = [self.outputs[s] for s in after if s in self.outputs]
+        t0 = time.time()
+        state = task_fn.with_options(**self._options(read_marker(out) is not None))(
+            stage=name, out_dir=str(out), **inputs, **params, wait_for=wait_for, return_state=True
+        )
+        value = state.result()  # raises the stage's exception if it failed (after retries)
+        status = "reused" if value.get("status") == "reused" else _cache_status(state)
+        self.records.append(
+            stage_record(name, out, status, time.time() - t0, float(value.get("seconds", 0.0)))
+        )
+        self.outputs[name] = state
+
+    def fan_out(self, task_fn: Any, *, upstream: tuple[str, str] = ("pretrain", "tokenizer")) -> None:
+        """One task per fine-tuning unit of the flow's plan (`units` output: their futures)."""
+        if not self.wanted("finetune"):
+            return
+        from finetuning.fanout import UnitPool
+        from pipelines.stage_finetune import flow_plan
+
+        pretrain, tokenizer = (self.upstream(s) for s in upstream)
+        model_dir = Path(value_of(pretrain)["out_dir"]) / "model"
+        jobs = flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
+        if "finetune" in self.forced:
+            for job in jobs:
+                clear(job.out_dir)
+        wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
+        t0 = time.time()
+        with UnitPool(self.cfg.finetune, len(jobs), data_root=self.cfg.data_root, wandb=self.wandb) as pool:
+            futures = self._submit_bounded(task_fn, jobs, pool, wait_for)
+        failed = [f for f in futures if not f.state.is_completed()]
+        if failed:  # finished units stay complete on disk; the next run retries only the failed ones
+            raise RuntimeError(
+                f"{len(failed)} of {len(futures)} fine-tuning units failed (see their task logs); "
+                "rerun the same command to retry them."
+            )
+        cached = sum(1 for f in futures if f.state.name == "Cached")
+        units_dir = self.root / "finetune" / "units"
+        seconds = sum(float(f.result().get("wall_time_s", 0.0)) for f in futures)
+        status = f"{len(futures) - cached} ran, {cached} cached"
+        self.records.append(
+            {**stage_record("finetune-units", units_dir, status, time.time() - t0, seconds), "key": "-"}
+        )
+        self.outputs["units"] = futures
+
+    def _submit_bounded(self, task_fn: Any, jobs: list[Any], pool: Any, wait_for: list[Any]) -> list[Any]:
+        in_flight: list[Any] = []
+        futures: list[Any] = []
+        for job in jobs:
+            if len(in_flight) >= pool.workers:  # bounded fan-out: wait for a free slot
+                first = next(as_completed(in_flight))
+                in_flight = [f for f in in_flight if f is not first]
+            job.out_dir.mkdir(parents=True, exist_ok=True)
+            options = self._options(read_marker(job.out_dir) is not None)
+            future = task_fn.with_options(**options).submit(job=job, pool=pool, wait_for=wait_for)
+            in_flight.append(future)
+            futures.append(future)
+        wait(futures)
+        return futures
+
+    def write_record(self) -> Path:
+        """What this flow run did so far, stage by stage (rewritten in place on later calls)."""
+        self.record_path = write_record(
+            self.root, self.run_name, self.group, self.records, self.started, path=self.record_path
+        )
+        return self.record_path
+
+
+def _cache_status(state: Any) -> str:
+    """Prefect state → 'cached' (Prefect skipped the task: cache hit) or 'ran'."""
+    return "cached" if state.name == "Cached" else "ran"

@@ -1,0 +1,170 @@
+"""The Prefect tasks of the flow: one per stage, one per fine-tuning unit.
+
+Every stage task writes into its `out_dir` (`run_dir/<stage>/<key>/`, see `pipelines.stage_keys`)
+and takes the outputs of the stages it reads as parameters (`{"out_dir": ...}` dicts, resolved by
+Prefect from the upstream task runs, so the UI draws the edges). The on-disk completion marker is
+the source of truth: a complete `out_dir` is reused, an incomplete one is cleared and recomputed.
+Prefect task caching mirrors it so the UI shows reused stages as Cached: the cache key of a task is
+its output directory, and a task whose marker is missing (or that is forced) runs with
+`refresh_cache=True` (set by `pipelines.flow_run`), which overwrites the cache record. Stage code is
+imported inside the tasks, so the flow imports fast and a missing stage only fails when needed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect import get_run_logger, task
+
+from common.atomic import read_marker, remove_temp_files, write_marker
+from common.errors import UserError
+from common.fingerprint import digest
+from common.tracking import WandbTarget
+from pipelines.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from finetuning.fanout import UnitPool
+    from finetuning.units import Job
+
+
+def _cache_key(_ctx: Any, parameters: dict[str, Any]) -> str:
+    """Prefect cache key of a task = its output directory (which embeds the stage or unit key)."""
+    job = parameters.get("job")
+    out_dir = str(job.out_dir) if job is not None else parameters["out_dir"]
+    return f"bertflow-{parameters.get('stage', 'finetune-unit')}-{digest(out_dir, 20)}"
+
+
+def retry_unless_user_error(_task: Any, _task_run: Any, state: Any) -> bool:
+    """Bad input does not get better by retrying; everything else (OOM, lost worker, I/O) may."""
+    return not isinstance(getattr(state, "data", None), UserError)
+
+
+TASK_OPTIONS: dict[str, Any] = dict(
+    cache_key_fn=_cache_key, persist_result=True, retry_condition_fn=retry_unless_user_error
+)
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def run_in_dir(stage: str, out_dir: str, body: Callable[[Path], dict[str, Any] | None]) -> dict[str, Any]:
+    """Reuse a complete `out_dir`, else clear its leftovers, run `body`, and mark it complete."""
+    out = Path(out_dir)
+    logger = get_run_logger()
+    if read_marker(out) is not None:
+        logger.info("%s: reusing the complete output in %s", stage, out)
+        return {"stage": stage, "out_dir": str(out), "status": "reused", "seconds": 0.0, "result": {}}
+    out.mkdir(parents=True, exist_ok=True)
+    remove_temp_files(out)
+    started = time.time()
+    result = body(out) or {}
+    seconds = time.time() - started
+    if read_marker(out) is None:  # stages that do not write their own marker
+        write_marker(out, {"stage": stage, "seconds": round(seconds, 3)})
+    logger.info("%s: finished in %.1f s -> %s", stage, seconds, out)
+    return {"stage": stage, "out_dir": str(out), "status": "ran", "seconds": seconds, "result": result}
+
+
+@task(name="verify-data", **TASK_OPTIONS)
+def verify_task(stage: str, out_dir: str, cfg: PipelineConfig) -> dict[str, Any]:
+    from pipelines.verify_data import verify_data
+
+    return run_in_dir(stage, out_dir, lambda out: verify_data(cfg))
+
+
+@task(name="tokenizer", **TASK_OPTIONS)
+def tokenizer_task(stage: str, out_dir: str, cfg: PipelineConfig) -> dict[str, Any]:
+    def body(out: Path) -> dict[str, Any]:
+        from pipelines.stage_tokenizer import run_tokenizer_stage
+
+        return {"tokenizer_dir": str(run_tokenizer_stage(cfg.tokenizer, out, data_root=cfg.data_root))}
+
+    return run_in_dir(stage, out_dir, body)
+
+
+@task(name="preprocess", **TASK_OPTIONS)
+def preprocess_task(
+    stage: str, out_dir: str, cfg: PipelineConfig, tokenizer: dict[str, Any]
+) -> dict[str, Any]:
+    def body(out: Path) -> dict[str, Any]:
+        from pipelines.stage_preprocess import run_preprocess_stage
+
+        stats = run_preprocess_stage(cfg.preprocess, Path(tokenizer["out_dir"]), out, data_root=cfg.data_root)
+        return {"stats": _jsonable(stats)}
+
+    return run_in_dir(stage, out_dir, body)
+
+
+@task(name="pretrain", **TASK_OPTIONS)
+def pretrain_task(
+    stage: str,
+    out_dir: str,
+    cfg: PipelineConfig,
+    tokenizer: dict[str, Any],
+    preprocess: dict[str, Any],
+    wandb: WandbTarget,
+) -> dict[str, Any]:
+    logger = get_run_logger()
+
+    def body(out: Path) -> dict[str, Any]:
+        from pipelines.stage_pretrain import run_pretrain_stage
+
+        shards, tokenizer_dir = Path(preprocess["out_dir"]), Path(tokenizer["out_dir"])
+        model_dir = run_pretrain_stage(cfg, shards, tokenizer_dir, out, log_line=logger.info, wandb=wandb)
+        return {"model_dir": str(model_dir)}
+
+    return run_in_dir(stage, out_dir, body)
+
+
+# Units run in the worker processes of a `UnitPool` shared by every unit task of a flow run (each
+# with its share of the CPU threads, or one GPU each), exactly as `bertflow finetune` runs them.
+@task(name="finetune-unit", task_run_name="finetune-{job.unit.name}-{job.label}", **TASK_OPTIONS)
+def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any]:
+    result = pool.run(job)
+    if "error" in result:  # fail the task (retried, never cached); the other units go on
+        raise RuntimeError(f"fine-tuning unit {job.name} failed: {result['error']}")
+    get_run_logger().info("%s: %s", job.name, result.get("metrics"))
+    return result
+
+
+@task(name="scorecard", **TASK_OPTIONS)
+def scorecard_task(
+    stage: str, out_dir: str, units: list[dict[str, Any]], wandb: WandbTarget
+) -> dict[str, Any]:
+    def body(out: Path) -> dict[str, Any]:
+        from common.tracking import Tracker
+        from finetuning.scorecard import build_scorecard
+
+        tracker = Tracker(out, wandb, job_type="scorecard", name="scorecard")
+        try:
+            card = build_scorecard(units, out, tracker=tracker)
+        finally:
+            tracker.finish()
+        return {"scorecard": _jsonable(card)}
+
+    return run_in_dir(stage, out_dir, body)
+
+
+@task(name="report", **TASK_OPTIONS)
+def report_task(
+    stage: str,
+    out_dir: str,
+    cfg: PipelineConfig,
+    finetune: dict[str, Any],
+    record_path: str,
+    wandb: WandbTarget,
+) -> dict[str, Any]:
+    """`finetune`: the scorecard's stage output, which the report shows (read from the run dir)."""
+
+    def body(out: Path) -> dict[str, Any]:
+        from pipelines.report_builder import build_report
+
+        paths = build_report(cfg, out, record_path=Path(record_path), wandb=wandb)
+        return {k: str(v) for k, v in paths.items()}
+
+    return run_in_dir(stage, out_dir, body)
