@@ -109,10 +109,6 @@ def test_config_whose_shapes_disagree_with_the_weights(good, tmp_path, capsys):
     expect_cli_error(["import-hf", str(d), str(tmp_path / "o")], capsys, str(d / "config.json"), "divisible")
 
 
-def test_unknown_preset(capsys):
-    expect_cli_error(["model-info", "--preset", "huge"], capsys, "unknown model preset 'huge'", "base")
-
-
 def test_tokenizer_missing_or_too_large_for_the_model(good, minilm_dir, tmp_path, capsys):
     expect_cli_error(["export-hf", str(good), str(tmp_path / "o")], capsys, "has no tokenizer", "--tokenizer")
     # the MiniLM vocabulary has 30,522 tokens; this model's embedding table has 64 rows

@@ -22,9 +22,10 @@ def test_glue_dev_sets_read_completely(task, data_dir):
     examples = read_tsv_examples(spec, spec.path("dev", str(data_dir)))
     assert len(examples) == GLUE_DEV_ROWS[task]
     assert all(e.text_a.strip() for e in examples)
-    assert (
-        (e.text_b is not None for e in examples) if spec.text_b else all(e.text_b is None for e in examples)
-    )
+    if spec.text_b:  # pair tasks: every example has its second sentence
+        assert all(e.text_b is not None and e.text_b.strip() for e in examples)
+    else:
+        assert all(e.text_b is None for e in examples)
     if spec.kind == "regression":
         assert min(e.label for e in examples) >= 0 and max(e.label for e in examples) <= 5
     else:
