@@ -179,3 +179,24 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     third_finetune = Path(next(r["out_dir"] for r in third["stages"] if r["stage"] == "finetune"))
     assert third_finetune != finetune_dir and (finetune_dir / MARKER_NAME).is_file()  # old one kept
     assert Path(third["report_md"]).parent != report_md.parent
+
+    # --- `bertflow finetune CONFIG` alone plans exactly the flow's units: all four are found again
+    import os
+    import subprocess
+    import sys
+
+    from common.paths import PROJECT_ROOT
+
+    stamps = {job.out_dir: (job.out_dir / "result.json").stat().st_mtime_ns for job in jobs}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "finetune", config],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"-> {finetune_dir}" in proc.stdout
+    assert {d: (d / "result.json").stat().st_mtime_ns for d in stamps} == stamps  # reused, not rerun
+    assert json.loads((finetune_dir / "scorecard.json").read_text())["rows"] == card["rows"]
