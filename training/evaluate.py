@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import torch
 
+from model.heads import PreTrainingOutput
 from training.data import ExampleStore
 
 
@@ -40,6 +41,20 @@ class PretrainEval:
     def from_list(cls, values: list[float]) -> PretrainEval:
         return cls(*values)
 
+    @classmethod
+    def of_batch(cls, out: PreTrainingOutput, batch: dict[str, torch.Tensor]) -> PretrainEval:
+        """The sums of one batch (`out`: the model's output on `batch`)."""
+        n = out.mlm_labels.numel()
+        nsp = batch["next_sentence_labels"].reshape(-1)
+        return cls(
+            mlm_correct=(out.mlm_logits.argmax(-1) == out.mlm_labels).sum().item(),
+            mlm_count=n,
+            mlm_loss_sum=out.mlm_loss.item() * n if n else 0.0,
+            nsp_correct=(out.nsp_logits.argmax(-1) == nsp).sum().item(),
+            nsp_count=nsp.numel(),
+            nsp_loss_sum=out.nsp_loss.item() * nsp.numel(),
+        )
+
     def metrics(self, prefix: str = "val_") -> dict[str, float]:
         """Ratios; empty when nothing was evaluated."""
         if self.mlm_count == 0:
@@ -61,17 +76,7 @@ def evaluate_pretraining(model: torch.nn.Module, batches, device: torch.device) 
     total = PretrainEval()
     for batch in batches:
         batch = {k: v.to(device) for k, v in batch.items()}
-        out = model(**batch)
-        n = out.mlm_labels.numel()
-        nsp = batch["next_sentence_labels"].reshape(-1)
-        total = total + PretrainEval(
-            mlm_correct=(out.mlm_logits.argmax(-1) == out.mlm_labels).sum().item(),
-            mlm_count=n,
-            mlm_loss_sum=out.mlm_loss.item() * n if n else 0.0,
-            nsp_correct=(out.nsp_logits.argmax(-1) == nsp).sum().item(),
-            nsp_count=nsp.numel(),
-            nsp_loss_sum=out.nsp_loss.item() * nsp.numel(),
-        )
+        total = total + PretrainEval.of_batch(model(**batch), batch)
     model.train(was_training)
     return total
 

@@ -40,10 +40,11 @@ from training import checkpoint, example_cache, preflight
 from training.config import PretrainConfig
 from training.data import BatchPlan, ExampleStore, PretrainLoader, eval_batches, mapped_split
 from training.ds_config import offloads_optimizer, precision_of
+from training.evaluate import PretrainEval, evaluate_pretraining
 from training.flops import device_peak_tflops
 from training.optim import build_optimizer, build_scheduler
 from training.run_spec import RunSpec
-from training.step_stats import StepStats
+from training.step_stats import StepStats, all_reduce_sums
 
 # Fault-injection hooks for the fault tests (never set in normal runs).
 NAN_DEBUG_ENV = "BERTFLOW_DEBUG_NAN_AT_STEP"  # make the loss NaN at this step
@@ -315,7 +316,7 @@ class ThroughputWindow:
         self.samples = self.tokens = self.flops = 0.0
 
     def add(self, stats: StepStats) -> None:
-        self.samples += stats.nsp_count
+        self.samples += stats.samples
         self.tokens += stats.tokens
         self.flops += stats.flops
         self.steps += 1
@@ -429,17 +430,10 @@ def log_row(tracker: Tracker | None, row: dict[str, float], step: int, max_steps
         )
 
 
-@torch.no_grad()
 def evaluate(engine: Any, batches: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, float]:
-    """Held-out MLM/NSP accuracy and MLM loss over every rank's validation batches (a collective)."""
-    engine.eval()
-    stats = StepStats()
-    for batch in batches:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        out = engine(**batch)
-        stats.add(out, batch, out.loss)
-    engine.train()
-    return stats.all_reduce(device).eval_metrics()
+    """Held-out MLM/NSP accuracy and loss over every rank's validation batches (a collective)."""
+    sums = evaluate_pretraining(engine, batches, device)
+    return PretrainEval.from_list(all_reduce_sums(sums.as_list(), device)).metrics(prefix="val_")
 
 
 def log_eval(tracker: Tracker | None, metrics: dict[str, float], step: int) -> None:
