@@ -93,14 +93,14 @@ def probe(args: argparse.Namespace) -> dict:
     if on_gpu:
         torch.cuda.set_device(device)
     pcfg = spec.pretrain
-    model = build_model(spec.bert_config, pcfg, resuming=False)
+    store = load_split(args.shards, "train")
+    model = build_model(spec.bert_config, pcfg, resuming=False, store=store)
     optimizer = build_optimizer(model, pcfg.optimizer, pcfg.lr, pcfg.weight_decay, on_gpu=on_gpu)
     scheduler = build_scheduler(optimizer, pcfg.warmup_steps, 10**6)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=spec.ds_config)  # fmt: skip
     if spec.zero_stage == 0:
         engine.enable_backward_allreduce = False  # as the stage does with one process
-    store = load_split(args.shards, "train")
     limit = args.memory_fraction * total_gb(device)
     rows: list[dict] = []
     for micro in candidates:

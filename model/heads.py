@@ -71,6 +71,20 @@ class BertForPreTraining(nn.Module):
     def tie_weights(self) -> None:
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
+    @torch.no_grad()
+    def init_mlm_bias(self, token_counts: torch.Tensor) -> None:
+        """Start the MLM output bias at the log unigram distribution of the prediction targets
+        (add-one smoothed, centred): the model then predicts token frequencies from step 0 instead
+        of pushing every word embedding (tied to the decoder) along a shared direction to learn
+        them, which left rare words' embeddings nearly identical (docs/quality.md)."""
+        counts = token_counts.double().reshape(-1)
+        if counts.numel() != self.config.vocab_size:
+            raise ValueError(
+                f"token_counts has {counts.numel()} entries for a vocabulary of {self.config.vocab_size}"
+            )
+        log_prior = torch.log((counts + 1.0) / (counts.sum() + counts.numel()))
+        self.cls.predictions.bias.copy_((log_prior - log_prior.mean()).to(self.cls.predictions.bias.dtype))
+
     def forward(
         self,
         input_ids: torch.Tensor,

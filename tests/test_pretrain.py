@@ -46,7 +46,9 @@ def test_zero2_two_processes_lowers_the_loss(ref_run):
     loss = losses(out)
     assert sorted(loss) == list(range(1, 13))
     first, last = sum(loss[s] for s in (1, 2, 3)) / 3, sum(loss[s] for s in (10, 11, 12)) / 3
-    assert last < first - 1.0, loss
+    # the MLM bias starts at the targets' unigram prior: the first loss is near the unigram entropy
+    # (+ ln 2 for NSP), far below a uniform guess over 30,522 tokens (10.3 + 0.7 nats)
+    assert loss[1] < 7.0 and last < first - 0.3, loss
     rows = {
         (r["step"], k): v
         for r in __import__("common.tracking").tracking.read_metrics(out)

@@ -271,3 +271,44 @@ def test_multi_node_launch_command_and_refused_node_settings(tmp_path):
         del os.environ["BERTFLOW_TEST_SCRATCH"]
     with pytest.raises(UserError, match="not set on"):
         node_cache_dir("$BERTFLOW_UNSET_VARIABLE/c", tmp_path, 0)
+
+
+def _store_with_targets(mlm_ids: list[int]):
+    import numpy as np
+
+    from training.data import ExampleStore
+
+    n = len(mlm_ids)
+    return ExampleStore(
+        input_ids=np.zeros(4, np.int32),
+        segment_ids=np.zeros(4, np.int8),
+        offsets=np.array([0, 4]),
+        mlm_positions=np.arange(n, dtype=np.int32),
+        mlm_ids=np.array(mlm_ids, np.int32),
+        mlm_offsets=np.array([0, n]),
+        nsp_labels=np.zeros(1, np.int8),
+    )
+
+
+def test_new_model_starts_at_the_unigram_prediction_and_pretrain_dropout_stays_out_of_the_config():
+    """pretrain.mlm_bias_init=unigram: softmax(bias) is the add-one smoothed frequency of the
+    training targets, so a context-free model is optimal from step 0; pretrain.dropout changes the
+    modules that train, not the config that checkpoints and exports record."""
+    from training.train import build_model
+
+    mcfg = BertConfig.from_preset("tiny", vocab_size=500)
+    store = _store_with_targets([7] * 30 + [9] * 10)
+    p = PretrainConfig(dropout=0.0)
+    model = build_model(mcfg, p, resuming=False, store=store)
+    probs = torch.softmax(model.cls.predictions.bias.double(), 0)
+    expected = torch.ones(500, dtype=torch.float64)
+    expected[7], expected[9] = 31.0, 11.0
+    assert torch.allclose(probs, expected / expected.sum(), atol=1e-6)
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert model.bert.encoder.layer[0].attention.self.dropout_p == 0.0
+    assert mcfg.hidden_dropout_prob == 0.1  # what the run spec and the export keep
+    zero = build_model(mcfg, PretrainConfig(mlm_bias_init="zero"), resuming=False, store=store)
+    assert not zero.cls.predictions.bias.any()
+    assert all(m.p == 0.1 for m in zero.modules() if isinstance(m, torch.nn.Dropout))
+    resumed = build_model(mcfg, p, resuming=True, store=store)  # a checkpoint's bias replaces it anyway
+    assert not resumed.cls.predictions.bias.any()

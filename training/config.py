@@ -19,6 +19,18 @@ class PretrainConfig(BaseModel):
     optimizer: Literal["adamw", "lamb"] = "adamw"
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
+    dropout: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="hidden and attention dropout while pretraining (None: the model section's); the "
+        "exported config.json keeps the model section's values, which fine-tuning uses",
+    )
+    mlm_bias_init: Literal["unigram", "zero"] = Field(
+        "unigram",
+        description="initial MLM output bias of a new model: log frequency of each token among the training "
+        "split's masked tokens (the best context-free prediction), or zero as in BERT's code; see docs/quality.md",
+    )
     warmup_steps: int = Field(20, ge=0)
     gradient_clipping: float = Field(1.0, ge=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"

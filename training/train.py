@@ -13,6 +13,7 @@ timeout, so a rank that hangs cannot hold the others forever.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -191,8 +192,17 @@ def dynamic_masking(spec: RunSpec) -> MaskingSpec | None:
 # ----------------------------------------------------------------------------- model and engine
 
 
-def build_model(model_cfg: BertConfig, p: PretrainConfig, resuming: bool) -> BertForPreTraining:
+def build_model(
+    model_cfg: BertConfig, p: PretrainConfig, resuming: bool, store: ExampleStore | None = None
+) -> BertForPreTraining:
+    """The model to train. `pretrain.dropout` applies here only: checkpoints and the export record
+    the model section's config (the dropout fine-tuning starts from). A new model's MLM bias starts
+    at the unigram prior of `store`'s masked tokens (`pretrain.mlm_bias_init`)."""
     seed_everything(p.seed)  # same initial weights on every rank
+    if p.dropout is not None:
+        model_cfg = dataclasses.replace(
+            model_cfg, hidden_dropout_prob=p.dropout, attention_probs_dropout_prob=p.dropout
+        )
     model = BertForPreTraining(model_cfg)
     init_from = p.init_from
     if init_from and not resuming:
@@ -202,15 +212,18 @@ def build_model(model_cfg: BertConfig, p: PretrainConfig, resuming: bool) -> Ber
         model.load_state_dict(loaded.state_dict())
         model.tie_weights()
         log0(f"initialized weights from {init_from}")
+    elif not resuming and p.mlm_bias_init == "unigram" and store is not None:
+        counts = np.bincount(store.mlm_ids, minlength=model_cfg.vocab_size)
+        model.init_mlm_bias(torch.from_numpy(counts))
     return model
 
 
-def build_engine(spec: RunSpec, ranks: Ranks, resume: Resume | None) -> Any:
+def build_engine(spec: RunSpec, ranks: Ranks, resume: Resume | None, data: TrainData) -> Any:
     """The DeepSpeed engine with the model, optimizer and schedule, restored from `resume`."""
     import deepspeed
 
     p = spec.pretrain
-    model = build_model(spec.bert_config, p, resuming=resume is not None)
+    model = build_model(spec.bert_config, p, resuming=resume is not None, store=data.store)
     offload = offloads_optimizer(spec.ds_config)
     optimizer = build_optimizer(model, p.optimizer, p.lr, p.weight_decay, on_gpu=spec.on_gpu, offload=offload)
     scheduler = build_scheduler(optimizer, p.warmup_steps, p.max_steps)
@@ -502,7 +515,7 @@ def train(spec: RunSpec, local_rank: int) -> None:
     ranks = init_distributed(spec, local_rank)
     resume = select_resume(spec, ranks)
     data = prepare_data(spec, ranks)
-    engine = build_engine(spec, ranks, resume)
+    engine = build_engine(spec, ranks, resume, data)
     tracker = open_tracker(spec, ranks, resume)
     last_tag = run_steps(spec, engine, data, ranks, resume, tracker)
     if ranks.rank == 0:
