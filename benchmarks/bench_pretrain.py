@@ -83,12 +83,18 @@ def reference_tokens_per_s(
     return tokens / (time.perf_counter() - t0)
 
 
-def make_stage_shards(out: Path, tok: Path) -> Path:
+def make_stage_shards(out: Path, tok: Path, validation_fraction: float = 0.01) -> Path:
     """The preprocess stage's own output on the Wikipedia summaries (the `make run` corpus)."""
     from pipelines.stage_preprocess import run_preprocess_stage
     from preprocessing.config import PreprocessConfig
 
-    cfg = PreprocessConfig(input=["data:wiki/summaries_en.txt"], dupe_factor=1, num_shards=2, workers=1)
+    cfg = PreprocessConfig(
+        input=["data:wiki/summaries_en.txt"],
+        dupe_factor=1,
+        num_shards=2,
+        workers=1,
+        validation_fraction=validation_fraction,
+    )
     stats = run_preprocess_stage(cfg, tok, out, data_root=str(data_root()))
     store = load_split(out, "train")
     lengths = (store.offsets[1:] - store.offsets[:-1]).astype(float)
