@@ -14,21 +14,25 @@ import sys
 
 from common.errors import UserError
 
-# name -> (module, one-line help)
+# name -> (module, one-line help), in the order `bertflow --help` lists them: the flow, its stages
+# in pipeline order, then the tools around them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "model-info": ("pipelines.model_commands_info", "print a preset's size and parameter count"),
-    "import-hf": ("pipelines.model_commands_import", "convert a Hugging Face BERT directory into ours"),
-    "export-hf": ("pipelines.model_commands_export", "write a checkpoint as a Hugging Face model directory"),
-    "tokenizer": ("pipelines.stage_tokenizer", "train a WordPiece vocabulary (or load vocab.txt)"),
-    "preprocess": ("pipelines.stage_preprocess", "Beam job: corpus -> sharded MLM/NSP examples"),
-    "pretrain": ("pipelines.stage_pretrain", "DeepSpeed pretraining on the shards"),
+    "run": ("pipelines.flow_command", "run the whole Prefect flow from a YAML config (start here)"),
+    "tokenizer": ("pipelines.stage_tokenizer", "stage 1: train a WordPiece vocabulary (or load vocab.txt)"),
+    "preprocess": ("pipelines.stage_preprocess", "stage 2: Beam job, corpus -> sharded MLM/NSP examples"),
+    "pretrain": ("pipelines.stage_pretrain", "stage 3: DeepSpeed pretraining on the shards"),
+    "finetune": ("pipelines.stage_finetune", "stage 4: fine-tune and evaluate a checkpoint on tasks"),
+    "report": (
+        "pipelines.stage_report",
+        "stage 5: the report (headline, scorecard, curves) of a run directory",
+    ),
     "evaluate": (
         "pipelines.evaluate_command",
         "held-out masked-LM / NSP accuracy of any checkpoint on shards",
     ),
-    "finetune": ("pipelines.stage_finetune", "fine-tune and evaluate a checkpoint on tasks"),
-    "report": ("pipelines.stage_report", "scorecard and curves from a run directory"),
-    "run": ("pipelines.flow_command", "run the whole Prefect flow from a YAML config"),
+    "model-info": ("pipelines.model_commands_info", "print a preset's size and parameter count"),
+    "import-hf": ("pipelines.model_commands_import", "convert a Hugging Face BERT directory into ours"),
+    "export-hf": ("pipelines.model_commands_export", "write a checkpoint as a Hugging Face model directory"),
 }
 
 # OSErrors that mean "this path cannot be used" rather than a bug
@@ -53,8 +57,38 @@ def _load(name: str):
         raise
 
 
+def version_text() -> str:
+    """`bertflow --version`: ours and the versions of the components that decide the results."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    parts = ", ".join(f"{n} {version(n)}" for n in ("torch", "deepspeed", "apache-beam", "prefect", "wandb"))
+    return f"bertflow {version('bertflow')} (python {sys.version.split()[0]}; {parts})"
+
+
+class _CommandListFormatter(argparse.HelpFormatter):
+    """argparse sizes the name column without the extra indent of sub-commands, so long names
+    wrap onto a line of their own; give the column those two characters."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            self._action_max_length += 2
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertflow", description="BERT pretraining pipeline.")
+    parser = argparse.ArgumentParser(
+        prog="bertflow",
+        description="BERT pretraining pipeline. Start with `bertflow run configs/default.yaml`; "
+        "`bertflow COMMAND --help` explains each command.",
+        formatter_class=_CommandListFormatter,
+    )
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -65,10 +99,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_command(word: str) -> str | None:
+    """The error for a first word that is no command (with the closest command), else None."""
+    if word in COMMANDS:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.5)
+    hint = f" Did you mean `bertflow {close[0]}`?" if close else ""
+    return f"bertflow: unknown command {word!r}.{hint} Commands: {', '.join(COMMANDS)}."
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(command if command in COMMANDS else None)
+    if command is not None and (message := _unknown_command(command)):
+        print(message, file=sys.stderr)
+        return 2
+    parser = build_parser(command)
     args, extra = parser.parse_known_args(argv)
     module = _load(args.command) if args.command else None
     if extra and not getattr(module, "PASSES_UNKNOWN_ARGS", False):

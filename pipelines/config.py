@@ -1,12 +1,17 @@
 """The pipeline configuration: one YAML file, validated into typed sections.
 
-Unknown keys and wrong types are errors that name the key; any value can be overridden from
-the command line with `--set section.key=value` (YAML syntax for the value).
+Unknown keys and wrong types are errors that name the key (with the closest known key when one is
+near); any value can be overridden from the command line with `--set section.key=value` (YAML
+syntax for the value; a list setting also takes comma-separated values: `finetune.tasks=sst2,mrpc`).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import types
+import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +101,53 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+SET_HELP = (
+    "override one config value, e.g. --set pretrain.max_steps=500 or --set finetune.tasks=sst2,mrpc "
+    "(YAML value; lists also as a,b,c); repeatable"
+)
+
+
+def add_set_argument(parser: Any, dest: str = "overrides") -> None:
+    """The `--set SECTION.KEY=VALUE` option every command that reads a pipeline YAML takes."""
+    parser.add_argument(
+        "--set", dest=dest, action="append", default=[], metavar="SECTION.KEY=VALUE", help=SET_HELP
+    )
+
+
+def _field_annotation(keys: list[str]) -> Any:
+    """The type annotation of the config field at `keys` (None when there is no such field)."""
+    model: Any = PipelineConfig
+    annotation: Any = None
+    for key in keys:
+        fields = getattr(model, "model_fields", None)
+        if not fields or key not in fields:
+            return None
+        annotation = fields[key].annotation
+        model = annotation
+    return annotation
+
+
+def _is_list_type(annotation: Any) -> bool:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_is_list_type(a) for a in typing.get_args(annotation))
+    return annotation is list or typing.get_origin(annotation) is list
+
+
+def _override_value(key: str, raw: str) -> Any:
+    """YAML for the value; for a list setting, a bare `a,b` or `a` is the list [a, b] / [a]."""
+    value = yaml.safe_load(raw)
+    if isinstance(value, str | int | float) and _is_list_type(_field_annotation(key.split("."))):
+        return [yaml.safe_load(part.strip()) for part in raw.split(",") if part.strip()]
+    return value
+
+
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
             raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set pretrain.max_steps=100.")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        _set_dotted(tree, key.strip(), _override_value(key.strip(), raw))
     return tree
 
 
@@ -113,12 +158,30 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """' (did you mean PREFIX+X?)' for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def _known_keys(keys: list[str]) -> list[str]:
+    """The field names of the config section at `keys` ([] = the top level)."""
+    model = PipelineConfig if not keys else _field_annotation(keys)
+    return list(getattr(model, "model_fields", {}) or {})
+
+
 def validation_message(exc: ValidationError, section: str | None = None) -> str:
-    """A pydantic error as one line per key: `section.key: reason (got value)`, joined by '; '."""
+    """A pydantic error as one line per key: `section.key: reason (got value)`, joined by '; '.
+    An unknown key names the closest known key of its section when one is near."""
     lines = []
     for err in exc.errors():
-        key = ".".join(str(x) for x in ([section] if section else []) + list(err["loc"]))
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        loc = [str(x) for x in ([section] if section else []) + list(err["loc"])]
+        key = ".".join(loc)
+        if err["type"] == "extra_forbidden":
+            parent = "".join(f"{k}." for k in loc[:-1])
+            msg = "unknown key" + did_you_mean(loc[-1], _known_keys(loc[:-1]), prefix=parent)
+        else:
+            msg = err["msg"]
         lines.append(f"{key}: {msg} (got {err.get('input')!r})")
     return "; ".join(lines)
 
@@ -151,6 +214,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         raise UserError(f"{where} is invalid: {validation_message(exc)}") from None
     if cfg.model.preset not in PRESETS:
         raise UserError(
-            f"{path or 'config'}: model.preset {cfg.model.preset!r} is unknown; use one of {', '.join(PRESETS)}."
+            f"{path or 'config'}: model.preset {cfg.model.preset!r} is unknown"
+            f"{did_you_mean(cfg.model.preset, PRESETS)}; use one of {', '.join(PRESETS)}."
         )
     return cfg

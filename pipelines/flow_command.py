@@ -31,6 +31,7 @@ def apply_env_defaults() -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.config import add_set_argument
     from pipelines.stage_keys import STAGES
 
     parser.add_argument(
@@ -46,9 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force", action="append", default=[], choices=STAGES, help="recompute this stage (repeatable)"
     )
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override"
-    )
+    add_set_argument(parser)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -9,7 +9,12 @@ from model.config import PRESETS, BertConfig
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="base", help=f"one of: {', '.join(PRESETS)}")
-    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=30522,
+        help="vocabulary size (embedding rows; default: 30522, BERT's)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

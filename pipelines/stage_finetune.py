@@ -35,6 +35,8 @@ def _csv(text: str) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from pipelines.config import add_set_argument
+
     p.add_argument("config", nargs="?", help="pipeline YAML (its finetune: section); optional")
     p.add_argument(
         "--checkpoint",
@@ -54,11 +56,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated extra checkpoints, 'random' = random init of the "
         "first checkpoint's shape; 'none' for no baseline (default: the config's finetune.baselines)",
     )
-    p.add_argument("--max-train-examples", type=int)
-    p.add_argument("--max-eval-examples", type=int)
-    p.add_argument("--max-seq-length", type=int)
-    p.add_argument("--epochs", type=float)
-    p.add_argument("--batch-size", type=int)
+    p.add_argument(
+        "--max-train-examples",
+        type=int,
+        help="train on at most N examples per task (= finetune.max_train_examples)",
+    )
+    p.add_argument(
+        "--max-eval-examples",
+        type=int,
+        help="evaluate on at most N dev examples (= finetune.max_eval_examples)",
+    )
+    p.add_argument(
+        "--max-seq-length",
+        type=int,
+        help="tokens per example, longer ones truncated (= finetune.max_seq_length)",
+    )
+    p.add_argument("--epochs", type=float, help="passes over the training examples, may be fractional")
+    p.add_argument("--batch-size", type=int, help="examples per optimizer step (= finetune.batch_size)")
     p.add_argument("--lr", help="learning rate, or a comma-separated sweep such as 5e-5,3e-5,2e-5")
     p.add_argument("--seed", help="seed, or comma-separated seeds")
     p.add_argument("--unit", help="run only this unit (e.g. sst2-lr5e-05-s42)")
@@ -68,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--output", help="output directory (needed with --checkpoint; default: the flow's finetune stage)"
     )
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override")
+    add_set_argument(p, dest="set")
 
 
 def _flag_values(args: argparse.Namespace) -> dict:

@@ -224,6 +224,8 @@ def run_preprocess_stage(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.config import add_set_argument
+
     parser.epilog = (
         "Any other --flag=value is passed to Beam as a pipeline option, e.g. "
         "--runner FlinkRunner --flink_master=host:8081 (see infra/beam/)."
@@ -235,17 +237,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vocab.txt, tokenizer.json or tokenizer dir (default: RUN_DIR/tokenizer/KEY, as in the flow)",
     )
     parser.add_argument("--output", help="shard directory (default: RUN_DIR/preprocess/KEY, as in the flow)")
-    parser.add_argument("--max-seq-length", type=int)
-    parser.add_argument("--max-predictions-per-seq", type=int)
-    parser.add_argument("--dupe-factor", type=int)
-    parser.add_argument("--num-shards", type=int)
+    parser.add_argument(
+        "--max-seq-length",
+        type=int,
+        help="tokens per example incl. [CLS]/[SEP] (= preprocess.max_seq_length)",
+    )
+    parser.add_argument(
+        "--max-predictions-per-seq",
+        type=int,
+        help="cap on masked positions per example (default: 20 per 128 tokens of --max-seq-length)",
+    )
+    parser.add_argument(
+        "--dupe-factor",
+        type=int,
+        help="passes over the corpus with different masks (= preprocess.dupe_factor)",
+    )
+    parser.add_argument(
+        "--num-shards", type=int, help="Parquet shards of the train split (= preprocess.num_shards)"
+    )
     parser.add_argument("--workers", type=int, help="local worker processes (DirectRunner)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--whole-word-mask", action="store_true")
+    parser.add_argument("--seed", type=int, help="seed of pairing and masking (= preprocess.seed)")
+    parser.add_argument(
+        "--whole-word-mask",
+        action="store_true",
+        help="mask every piece of a word together (= preprocess.whole_word_mask)",
+    )
     parser.add_argument(
         "--runner", help="Beam runner (DirectRunner, DataflowRunner, FlinkRunner, SparkRunner)"
     )
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser, dest="set")
 
 
 def main(args: argparse.Namespace) -> int:

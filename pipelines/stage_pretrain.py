@@ -120,6 +120,8 @@ def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.config import add_set_argument
+
     parser.add_argument("config", nargs="?", help="pipeline YAML (optional)")
     parser.add_argument(
         "--shards",
@@ -130,13 +132,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output", help="run dir for checkpoints, metrics and model/; default: the flow's for CONFIG"
     )
     parser.add_argument("--preset", help="model preset (tiny, mini, small, medium, base, large)")
-    parser.add_argument("--zero-stage", type=int)
-    parser.add_argument("--num-processes", type=int)
-    parser.add_argument("--max-steps", type=int)
-    parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument(
+        "--zero-stage",
+        type=int,
+        help="DeepSpeed ZeRO stage 0-3, overrides the JSON template (= pretrain.zero_stage)",
+    )
+    parser.add_argument(
+        "--num-processes",
+        type=int,
+        help="ranks on this node: GPUs, or CPU processes (= pretrain.num_processes)",
+    )
+    parser.add_argument("--max-steps", type=int, help="optimizer steps to train (= pretrain.max_steps)")
+    parser.add_argument(
+        "--micro-batch-size",
+        type=int,
+        help="examples per rank per forward pass (= pretrain.micro_batch_size)",
+    )
     parser.add_argument("--nnodes", type=int, help="nodes in the run (each runs this command)")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0 .. nnodes-1")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser, dest="set")
 
 
 def main(args: argparse.Namespace) -> int:

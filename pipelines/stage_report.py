@@ -11,11 +11,11 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.config import add_set_argument
+
     parser.add_argument("config", nargs="?", default=None, help="pipeline YAML (default: built-in defaults)")
     parser.add_argument("--output", default=None, help="report directory (default: the flow's)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override"
-    )
+    add_set_argument(parser)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -84,15 +84,21 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.config import add_set_argument
+
     parser.add_argument("config", nargs="?", help="pipeline YAML (section `tokenizer:`)")
     parser.add_argument("--input", action="append", help="corpus file or glob (repeatable)")
     parser.add_argument(
         "--output", help="output directory (default: RUN_DIR/tokenizer/KEY, where the flow puts it)"
     )
-    parser.add_argument("--vocab-size", type=int)
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        help="WordPiece vocabulary size incl. special tokens (= tokenizer.vocab_size)",
+    )
     parser.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     parser.add_argument("--vocab", help="load this vocab.txt / tokenizer.json instead of training")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser, dest="set")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,90 @@
+"""The `bertflow` command line: every option explains itself, `--version`, the command order,
+"did you mean" for typos, and `--set` taking list values the way the dedicated flags do."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from common.errors import UserError
+from common.paths import PROJECT_ROOT
+from pipelines.cli import COMMANDS, build_parser, main
+from pipelines.config import load_config
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    parser = build_parser(name)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_option_of_every_command_has_help(name: str) -> None:
+    parser = _subparser(name)
+    actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    assert actions, f"bertflow {name} defines no arguments"
+    missing = [a.option_strings or [a.dest] for a in actions if not (a.help or "").strip()]
+    assert not missing, f"bertflow {name}: no help text for {missing}"
+    sets = [a for a in actions if "--set" in a.option_strings]
+    for action in sets:  # the one shared --set, which says what it takes
+        assert "finetune.tasks=sst2,mrpc" in action.help
+
+
+def test_version_and_command_order(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("bertflow 0.1.0 (python ") and "deepspeed " in out
+    assert main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = [line.split()[0] for line in lines if line.startswith("    ") and line[4] != " "]
+    assert listed[:6] == ["run", "tokenizer", "preprocess", "pretrain", "finetune", "report"], listed
+
+
+def test_unknown_command_suggests_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pretrian", "--max-steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'pretrian'" in err and "Did you mean `bertflow pretrain`?" in err
+
+
+def test_set_takes_comma_separated_lists() -> None:
+    cfg = load_config(
+        None,
+        ["finetune.tasks=sst2,mrpc", "finetune.lrs=1e-4, 3e-5", "finetune.seeds=7", "report.title=a, b"],
+    )
+    assert cfg.finetune.tasks == ["sst2", "mrpc"]
+    assert cfg.finetune.lrs == [1e-4, 3e-5]
+    assert cfg.finetune.seeds == [7]
+    assert cfg.report.title == "a, b"  # not a list setting: the text as written
+    assert load_config(None, ["finetune.tasks=[rte, cola]"]).finetune.tasks == ["rte", "cola"]
+
+
+def test_unknown_keys_name_the_closest_known_key() -> None:
+    with pytest.raises(
+        UserError, match=r"pretrain\.max_step: unknown key \(did you mean pretrain\.max_steps\?\)"
+    ):
+        load_config(None, ["pretrain.max_step=3"])
+    with pytest.raises(UserError, match=r"pretrian: unknown key \(did you mean pretrain\?\)"):
+        load_config(None, ["pretrian.max_steps=3"])
+    with pytest.raises(UserError) as exc:
+        load_config(None, ["finetune.xyzzy=1"])
+    assert "did you mean" not in str(exc.value)  # nothing close: no guess
+    with pytest.raises(UserError, match=r"'bsae' is unknown \(did you mean base\?\)"):
+        load_config(None, ["model.preset=bsae"])
+
+
+def test_stage_flag_help_in_a_real_shell() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "finetune", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(PROJECT_ROOT), "COLUMNS": "200"},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--epochs EPOCHS" in proc.stdout and "passes over the training examples" in proc.stdout
