@@ -26,10 +26,12 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + final.name + ".", dir=final.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; finished files get the usual mode
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp makes 0600, and writers that replace the file (safetensors) make it 0600 again:
+        # the finished file gets the usual mode, as its siblings
+        os.chmod(tmp_path, 0o666 & ~_umask())
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, final)

@@ -184,11 +184,13 @@ def write_hf_dir(
     out_dir: str | os.PathLike,
     tokenizer_dir: str | os.PathLike | None = None,
     encoder_only: bool = False,
+    model_max_length: int | None = None,
 ) -> Path:
     """Write `config.json`, `model.safetensors` and tokenizer files that transformers loads
     (BertForPreTraining, AutoModel, AutoTokenizer) with no missing keys. With the heads, BertModel
     (AutoModel) reports the `cls.*` head weights as unexpected, as it does for bert-base-uncased;
-    `encoder_only=True` writes only `bert.*` (architectures BertModel) for a clean AutoModel load."""
+    `encoder_only=True` writes only `bert.*` (architectures BertModel) for a clean AutoModel load.
+    `model_max_length`: the sequence length the model was trained at (tokenizer_config.json)."""
     from safetensors.torch import save_file
 
     from common.atomic import atomic_path, atomic_write_json
@@ -206,14 +208,17 @@ def write_hf_dir(
     config["architectures"] = ["BertModel" if encoder_only else "BertForPreTraining"]
     atomic_write_json(out / "config.json", config)
     if tokenizer_dir is not None:
-        copy_tokenizer_files(Path(tokenizer_dir), out, model.config.vocab_size)
+        copy_tokenizer_files(Path(tokenizer_dir), out, model.config.vocab_size, model_max_length)
     return out
 
 
-def copy_tokenizer_files(src: Path, out: Path, vocab_size: int | None = None) -> None:
+def copy_tokenizer_files(
+    src: Path, out: Path, vocab_size: int | None = None, model_max_length: int | None = None
+) -> None:
     """Put vocab.txt, tokenizer.json and tokenizer_config.json next to the model. Whichever of
     vocab.txt / tokenizer.json the source lacks is derived from the other, so both the slow and
-    the fast `AutoTokenizer` paths load the directory."""
+    the fast `AutoTokenizer` paths load the directory. `model_max_length` (the length the model
+    was trained at) defaults to the source's, else 512."""
     from common.atomic import atomic_write_json, atomic_write_text
 
     found = [n for n in TOKENIZER_FILES if (src / n).is_file()]
@@ -222,13 +227,20 @@ def copy_tokenizer_files(src: Path, out: Path, vocab_size: int | None = None) ->
             f"{src} has no vocab.txt or tokenizer.json to put next to the model.",
             fix="pass --tokenizer DIR with the tokenizer the model was trained with.",
         )
-    lowercase = True
+    source_meta: dict = {}
     meta = src / "tokenizer_config.json"
     if meta.is_file():
         try:
-            lowercase = bool(json.loads(meta.read_text(encoding="utf-8")).get("do_lower_case", True))
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            source_meta = json.loads(meta.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise UserError(f"{meta} is not valid JSON.") from None
+        if not isinstance(source_meta, dict):
+            raise UserError(f"{meta} is not valid JSON: it must hold an object.")
+    lowercase = bool(source_meta.get("do_lower_case", True))
+    if model_max_length is None:
+        model_max_length = source_meta.get("model_max_length")
+        if not isinstance(model_max_length, int) or model_max_length > 10**6:  # HF's "no limit" value
+            model_max_length = 512
     for name in found:
         shutil.copyfile(src / name, out / name)
     if "vocab.txt" not in found:
@@ -250,7 +262,7 @@ def copy_tokenizer_files(src: Path, out: Path, vocab_size: int | None = None) ->
         {
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": lowercase,
-            "model_max_length": 512,
+            "model_max_length": model_max_length,
             "unk_token": "[UNK]",
             "sep_token": "[SEP]",
             "pad_token": "[PAD]",
@@ -258,6 +270,16 @@ def copy_tokenizer_files(src: Path, out: Path, vocab_size: int | None = None) ->
             "mask_token": "[MASK]",
         },
     )
+
+
+def set_model_max_length(model_dir: Path, length: int) -> None:
+    """Record in tokenizer_config.json the sequence length the model was trained at, so
+    tokenizers (and pipelines) truncate there instead of at the position-embedding count."""
+    from common.atomic import atomic_write_json
+
+    path = Path(model_dir) / "tokenizer_config.json"
+    meta = read_json_object(path, "tokenizer config")
+    atomic_write_json(path, {**meta, "model_max_length": int(length)})
 
 
 def _vocab_from_tokenizer_json(src: Path) -> list[str]:

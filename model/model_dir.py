@@ -1,7 +1,8 @@
 """Publish a model directory atomically: build it next to the target, verify it, then rename.
 
 A model directory is a Hugging Face BERT directory (config.json, model.safetensors, vocab.txt,
-tokenizer.json, tokenizer_config.json) plus our completion marker `_COMPLETE.json`, written last.
+tokenizer.json, tokenizer_config.json) with its model card (README.md, `model/model_card.py`)
+plus our completion marker `_COMPLETE.json`, written last.
 It is assembled under a `.tmp-` sibling name, read back and compared with the model in memory,
 and only then renamed onto OUT_DIR, so a run killed at any point leaves either no OUT_DIR or the
 previous complete one, and a rerun produces the same files.
@@ -9,6 +10,7 @@ previous complete one, and a rerun produces the same files.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -21,6 +23,7 @@ from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker, sha256_file, wri
 from common.errors import UserError
 from model.heads import BertForPreTraining
 from model.hf_io import load_checkpoint, write_hf_dir
+from model.model_card import CardFacts, write_model_card
 
 
 def check_finite(model: torch.nn.Module, source: str) -> None:
@@ -55,14 +58,18 @@ def publish_model_dir(
     tokenizer_dir: str | os.PathLike | None,
     info: dict[str, Any] | None = None,
     encoder_only: bool = False,
+    card: CardFacts | None = None,
 ) -> Path:
-    """Write `model` (+ tokenizer files) as a finished model directory at `out_dir`."""
+    """Write `model` (+ tokenizer files and a model card) as a finished model directory at
+    `out_dir`. Without `card`, the card says what `info` knows (source, command, fresh weights)."""
     out = Path(out_dir).absolute()
     check_finite(model, str(info.get("source", "model")) if info else "model")
     prepare_target(out)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}.", dir=out.parent))
     try:
-        write_hf_dir(model, tmp, tokenizer_dir, encoder_only=encoder_only)
+        model_max_length = card.model_max_length if card else None
+        write_hf_dir(model, tmp, tokenizer_dir, encoder_only=encoder_only, model_max_length=model_max_length)
+        write_model_card(tmp, card or basic_card(model, tmp, info or {}), final_dir=out)
         reloaded = load_checkpoint(tmp).model.state_dict()
         for name, tensor in model.state_dict().items():
             if encoder_only and not name.startswith("bert."):
@@ -83,6 +90,28 @@ def publish_model_dir(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def basic_card(model: BertForPreTraining, model_dir: Path, info: dict[str, Any]) -> CardFacts:
+    """What is known of a converted checkpoint: its shape, where it came from, which weights are new."""
+    from common.version import package_version
+    from model.heads import count_parameters
+
+    source = info.get("source")
+    command = info.get("command", "bertflow")
+    max_len = None
+    if (model_dir / "tokenizer_config.json").is_file():
+        max_len = json.loads((model_dir / "tokenizer_config.json").read_text()).get("model_max_length")
+    name = f"BERT from {Path(source).name}" if source else "BERT"
+    provenance = {"source": f"`{source}`"} if source else {}
+    return CardFacts(
+        name=f"{name} ({command})",
+        model_config=model.config.to_hf_dict(),
+        parameters=count_parameters(model),
+        model_max_length=max_len,
+        fresh_weights=list(info.get("fresh") or []),
+        provenance={**provenance, "written by": f"bertflow {package_version()} {command}"},
+    )
 
 
 def _make_readable(directory: Path) -> None:

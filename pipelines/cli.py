@@ -59,16 +59,12 @@ def _load(name: str):
 
 def version_text() -> str:
     """`bertflow --version`: ours and the versions of the components that decide the results."""
-    from importlib import metadata
+    from common.version import package_version
 
-    def version(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-
-    parts = ", ".join(f"{n} {version(n)}" for n in ("torch", "deepspeed", "apache-beam", "prefect", "wandb"))
-    return f"bertflow {version('bertflow')} (python {sys.version.split()[0]}; {parts})"
+    parts = ", ".join(
+        f"{n} {package_version(n)}" for n in ("torch", "deepspeed", "apache-beam", "prefect", "wandb")
+    )
+    return f"bertflow {package_version()} (python {sys.version.split()[0]}; {parts})"
 
 
 class _CommandListFormatter(argparse.HelpFormatter):

@@ -91,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
         tokenizer_dir,
         info={"source": str(args.ckpt.absolute()), "command": "export-hf", "fresh": resolved.fresh},
         encoder_only=args.encoder_only,
+        card=_pretraining_card(args.ckpt),
     )
     print(f"exported {args.ckpt} ({resolved.kind}) -> {out}")
     if args.encoder_only:
@@ -98,3 +99,18 @@ def main(args: argparse.Namespace) -> int:
     elif resolved.fresh:
         print(f"warning: not in the checkpoint, freshly initialized: {', '.join(resolved.fresh)}")
     return 0
+
+
+def _pretraining_card(ckpt: Path):
+    """The model card facts when CKPT is a finished bertflow pretraining output (or its model/):
+    the export then carries the same data, training and held-out figures. None otherwise."""
+    from common.atomic import read_marker
+
+    run = next((d for d in (ckpt, ckpt.parent) if (d / "run_spec.json").is_file()), None)
+    if run is None or read_marker(run) is None or (ckpt != run and ckpt != run / "model"):
+        return None
+    from pipelines.pretrain_card import pretraining_card
+
+    card = pretraining_card(run)
+    card.provenance = {"exported from": f"`{ckpt.absolute()}`", **card.provenance}
+    return card

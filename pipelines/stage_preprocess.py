@@ -21,7 +21,7 @@ from common.errors import UserError
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels
-from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME
+from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, schema_description
 
 log = logging.getLogger("bertflow.preprocess")
 
@@ -211,7 +211,7 @@ def run_preprocess_stage(
         )
     stats = _summarize(counts, input_bytes, seconds, entries)
     splits = {s: [e for sp, _, e in sorted(entries, key=lambda x: (x[0], x[1])) if sp == s] for s in SPLITS}
-    manifest = {**identity, "num_buckets": num_buckets, "splits": splits}
+    manifest = {**identity, "schema": schema_description(), "num_buckets": num_buckets, "splits": splits}
     storage.write_json(storage.join(out_dir, STATS_NAME), stats)
     storage.write_json(storage.join(out_dir, MANIFEST_NAME), manifest)
     storage.delete_tree(work_dir)

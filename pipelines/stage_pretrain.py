@@ -18,6 +18,7 @@ Node 0 writes the model and the completion marker; the other nodes return once t
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,6 +86,7 @@ def run_pretrain_stage(
     cmd = launch.build_command(
         p.launcher, local, spec_path, port, p.hostfile, p.nnodes, node_rank, p.master_addr
     )
+    started = time.time()
     launch.run_launcher(cmd, launch.child_env(local, on_gpu), log_line)
 
     model_dir = out_dir / "model"
@@ -93,6 +95,8 @@ def run_pretrain_stage(
         return model_dir
     if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
         raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
+    card = finish_model_dir(out_dir, seconds=time.time() - started)
+    log_line(f"pretrain: model card {card}")
     write_marker(out_dir, {"fingerprint": fingerprint, "max_steps": p.max_steps, "model": str(model_dir)})
     log_line(f"pretrain: done, model at {model_dir}")
     return model_dir
@@ -117,6 +121,19 @@ def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
             "pretrain.nnodes and pretrain.hostfile both describe the nodes.",
             fix="use one: a hostfile (DeepSpeed's launcher starts every node) or nnodes with --node-rank per node.",
         )
+
+
+def finish_model_dir(out_dir: Path, seconds: float | None = None) -> Path:
+    """The trained model directory's last touches: `model_max_length` = the sequence length it was
+    trained at, and its model card (README.md). Returns the card's path."""
+    from model.hf_io import set_model_max_length
+    from model.model_card import write_model_card
+    from pipelines.pretrain_card import pretraining_card
+
+    facts = pretraining_card(out_dir, seconds=seconds)
+    if facts.model_max_length:
+        set_model_max_length(out_dir / "model", facts.model_max_length)
+    return write_model_card(out_dir / "model", facts)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

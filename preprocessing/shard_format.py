@@ -7,6 +7,7 @@ longest sequence. Bump SCHEMA_VERSION on any change; readers refuse other versio
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,15 +27,46 @@ SCHEMA_VERSION = 1
 IS_NEXT = 0
 NOT_NEXT = 1
 
+# What each column means. Written into every shard (Parquet field metadata `description`, and the
+# schema metadata `bertflow_columns`) and into manifest.json (`schema`), so a shard opened in
+# pandas, duckdb or pyarrow explains itself.
+COLUMN_MEANINGS: dict[str, str] = {
+    "input_ids": "WordPiece ids of `[CLS] A [SEP] B [SEP]`, unpadded, with masking ALREADY APPLIED: "
+    "at masked positions the id is [MASK] (80%), a random token (10%) or the original (10%)",
+    "segment_ids": "0 for [CLS], segment A and its [SEP]; 1 for segment B and the final [SEP] "
+    "(token_type_ids in transformers)",
+    "masked_lm_positions": "indices into input_ids of the positions to predict, ascending",
+    "masked_lm_ids": "the original token id at each of masked_lm_positions (the MLM labels)",
+    "next_sentence_label": f"{IS_NEXT} = IsNext (B follows A in the same document), "
+    f"{NOT_NEXT} = NotNext (B from another document); as transformers' BertForPreTraining",
+}
+
+
+def schema_description() -> dict[str, Any]:
+    """The format's meaning, as written into manifest.json."""
+    return {
+        "version": SCHEMA_VERSION,
+        "columns": COLUMN_MEANINGS,
+        "next_sentence_label": {"0": "IsNext", "1": "NotNext"},
+    }
+
+
+_TYPES = {
+    "input_ids": pa.list_(pa.int32()),
+    "segment_ids": pa.list_(pa.int8()),
+    "masked_lm_positions": pa.list_(pa.int32()),
+    "masked_lm_ids": pa.list_(pa.int32()),
+    "next_sentence_label": pa.int8(),
+}
 SCHEMA = pa.schema(
     [
-        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("segment_ids", pa.list_(pa.int8()), nullable=False),
-        pa.field("masked_lm_positions", pa.list_(pa.int32()), nullable=False),
-        pa.field("masked_lm_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("next_sentence_label", pa.int8(), nullable=False),
+        pa.field(name, kind, nullable=False, metadata={"description": COLUMN_MEANINGS[name]})
+        for name, kind in _TYPES.items()
     ],
-    metadata={"bertflow_schema_version": str(SCHEMA_VERSION)},
+    metadata={
+        "bertflow_schema_version": str(SCHEMA_VERSION),
+        "bertflow_columns": json.dumps(COLUMN_MEANINGS),
+    },
 )
 
 SHARD_PATTERN = "shard-{index:05d}-of-{count:05d}.parquet"

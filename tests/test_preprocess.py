@@ -145,7 +145,14 @@ def test_shards_round_trip_and_agree_with_manifest_and_stats(runs, minilm_dir):
     )
     assert stats["input_files"] == 7
     # pandas-free check that the files are plain Parquet any tool can open
-    assert pq.ParquetFile(shard_paths(directory, "train")[0]).schema_arrow.names[0] == "input_ids"
+    schema = pq.ParquetFile(shard_paths(directory, "train")[0]).schema_arrow
+    assert schema.names[0] == "input_ids"
+    # ... and that they explain themselves: the label convention and the masking in the file itself
+    label_meaning = schema.field("next_sentence_label").metadata[b"description"].decode()
+    assert label_meaning.startswith("0 = IsNext") and "1 = NotNext" in label_meaning
+    assert "[MASK]" in schema.field("input_ids").metadata[b"description"].decode()
+    assert json.loads(schema.metadata[b"bertflow_columns"])["next_sentence_label"] == label_meaning
+    assert manifest["schema"]["next_sentence_label"] == {"0": "IsNext", "1": "NotNext"}
 
 
 @pytest.mark.slow

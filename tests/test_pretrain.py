@@ -94,6 +94,26 @@ def test_export_loads_in_transformers_with_no_missing_keys(ref_run):
     )
 
 
+def test_model_dir_has_a_card_the_trained_length_and_works_in_fill_mask(ref_run):
+    """What a person gets: README.md saying what went in and how good it is, a tokenizer that
+    truncates at the length the model was trained at, and `pipeline("fill-mask")` working."""
+    import json
+    import stat
+
+    from transformers import pipeline
+
+    _, model_dir, _ = ref_run
+    card = (model_dir / "README.md").read_text()
+    assert "pretrained" in card and "12 optimizer steps × 16 sequences" in card
+    assert "| masked-LM accuracy |" in card and "(unigram entropy)" in card and "held-out" in card
+    assert "Examples: " in card and f'pipeline("fill-mask", model="{model_dir}")' in card
+    assert json.loads((model_dir / "tokenizer_config.json").read_text())["model_max_length"] == 128
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in model_dir.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # model.safetensors as readable as its siblings
+    predictions = pipeline("fill-mask", model=str(model_dir))("the history of [MASK] is long.")
+    assert len(predictions) == 5 and all(p["token_str"] for p in predictions)
+
+
 def test_export_hf_cli_consolidates_the_deepspeed_checkpoint(ref_run, tmp_path):
     """`bertflow export-hf <pretrain output dir>` merges the ZeRO-2 partitions of the newest checkpoint
     into the same weights the stage itself exported at the end."""
@@ -111,6 +131,8 @@ def test_export_hf_cli_consolidates_the_deepspeed_checkpoint(ref_run, tmp_path):
     for key in final:
         torch.testing.assert_close(exported[key], final[key], rtol=0, atol=0, msg=key)
     assert (tmp_path / "hf" / "vocab.txt").read_bytes() == (model_dir / "vocab.txt").read_bytes()
+    card = (tmp_path / "hf" / "README.md").read_text()  # the export carries the run's facts
+    assert "| masked-LM accuracy |" in card and f"exported from: `{out}`" in card
 
 
 def test_rerun_after_completion_is_a_no_op(ref_run, data):

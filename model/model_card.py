@@ -1,0 +1,256 @@
+"""The model card: `README.md` in every model directory we write, a Hugging Face model card.
+
+It says what a person needs before using the weights: the shape, what data and how much training
+went in, how good the masked-LM is on held-out text next to what a model without context scores,
+the sequence length it was trained at (`model_max_length` in tokenizer_config.json is set to it),
+and how to load it. Sections whose facts are unknown (an imported third-party checkpoint has no
+training record) are left out rather than guessed. The facts are gathered by the stage that knows
+them (`pipelines/pretrain_card.py` for pretraining, `model/model_dir.py` for import/export).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CARD_NAME = "README.md"
+
+
+@dataclass
+class DataFacts:
+    """The pretraining examples: where they came from and how many."""
+
+    corpus_files: list[tuple[str, int]]  # (name, bytes)
+    documents: int | None
+    tokens: int | None  # WordPiece tokens in the corpus
+    examples: dict[str, int]  # split -> examples
+    max_seq_length: int
+    masked_lm_prob: float
+    max_predictions_per_seq: int
+    whole_word_mask: bool
+    dupe_factor: int
+    vocab_size: int
+    lowercase: bool | None
+    is_next_share: float | None = None  # share of examples whose B segment is the true next one
+
+
+@dataclass
+class TrainingFacts:
+    steps: int
+    global_batch: int
+    tokens_seen: int | None  # real (non-pad) tokens over all steps, when known
+    lr: float
+    warmup_steps: int
+    optimizer: str
+    precision: str
+    zero_stage: int | None
+    world_size: int
+    seconds: float | None
+
+
+@dataclass
+class EvalFacts:
+    """Held-out masked-LM / NSP figures at the end of training, and the context-free baselines."""
+
+    step: int
+    metrics: dict[str, float]  # val_mlm_acc, val_mlm_loss, val_nsp_acc, ...
+    baselines: dict[str, float]  # most_frequent_token_acc, unigram_entropy, nsp_majority_acc
+    beats_unigram: bool
+    examples: int | None = None
+
+
+@dataclass
+class CardFacts:
+    name: str
+    model_config: dict[str, Any]  # config.json
+    parameters: int | None = None
+    model_max_length: int | None = None
+    data: DataFacts | None = None
+    training: TrainingFacts | None = None
+    evaluation: EvalFacts | None = None
+    headline: str | None = None  # the fine-tuning scorecard's headline, when known
+    fresh_weights: list[str] = field(default_factory=list)  # not from the source checkpoint
+    provenance: dict[str, str] = field(default_factory=dict)
+
+
+def _n(value: float | int | None) -> str:
+    """1234567 -> '1.2M', 15924 -> '15.9k', 300 -> '300'."""
+    if value is None:
+        return "?"
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{suffix}"
+    return f"{value:g}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
+
+
+def shape_text(config: dict[str, Any], parameters: int | None) -> str:
+    text = (
+        f"{config.get('num_hidden_layers')} layers, hidden size {config.get('hidden_size')}, "
+        f"{config.get('num_attention_heads')} attention heads, vocabulary {config.get('vocab_size'):,}"
+    )
+    return text + (f", {_n(parameters)} parameters" if parameters else "")
+
+
+def _summary(f: CardFacts) -> str:
+    parts = [f"A BERT encoder ({shape_text(f.model_config, f.parameters)})"]
+    if f.training is not None:
+        t = f.training
+        seen = f", about {_n(t.tokens_seen)} tokens" if t.tokens_seen else ""
+        parts.append(
+            f"pretrained from scratch with masked-LM and next-sentence prediction for {t.steps:,} steps "
+            f"({t.steps * t.global_batch:,} sequences{seen})"
+        )
+    if f.data is not None and f.data.tokens:
+        d = f.data
+        files = ", ".join(name for name, _ in d.corpus_files[:3]) + (" …" if len(d.corpus_files) > 3 else "")
+        parts.append(f"on {_n(d.tokens)} tokens of text" + (f" ({files})" if files else ""))
+    return " ".join(parts) + "."
+
+
+def _quality(e: EvalFacts) -> list[str]:
+    m, b = e.metrics, e.baselines
+    on = f"{e.examples:,} held-out examples" if e.examples else "the held-out validation shards"
+    lines = [
+        "## How good is it",
+        "",
+        f"Measured at step {e.step:,} on {on} (documents never trained on), next to what a model that "
+        "ignores the context scores on the same examples:",
+        "",
+        "| | this model | without context |",
+        "|---|---:|---:|",
+        f"| masked-LM accuracy | {_pct(m.get('val_mlm_acc'))} | "
+        f"{_pct(b.get('most_frequent_token_acc'))} (always the most frequent token) |",
+    ]
+    if "val_mlm_loss" in m:
+        lines.append(
+            f"| masked-LM loss (nats) | {m['val_mlm_loss']:.3f} | "
+            f"{b.get('unigram_entropy', math.nan):.3f} (unigram entropy) |"
+        )
+    if "val_nsp_acc" in m:
+        lines.append(
+            f"| next-sentence accuracy | {_pct(m['val_nsp_acc'])} | "
+            f"{_pct(b.get('nsp_majority_acc'))} (majority label) |"
+        )
+    verdict = (
+        "The masked-LM loss is below the unigram entropy: the model uses the context."
+        if e.beats_unigram
+        else "**The masked-LM loss is not below the unigram entropy: this model has learned token "
+        "frequencies, not yet language; train longer or on more data before relying on it.**"
+    )
+    return [*lines, "", verdict, ""]
+
+
+def _data(d: DataFacts) -> list[str]:
+    files = "; ".join(f"`{name}` ({size / 2**20:.1f} MiB)" for name, size in d.corpus_files)
+    examples = ", ".join(f"{n:,} {split}" for split, n in d.examples.items())
+    masking = (
+        f"{d.masked_lm_prob:.0%} of tokens masked (at most {d.max_predictions_per_seq} per example"
+        + (", whole words" if d.whole_word_mask else "")
+        + f"; 80% [MASK], 10% random, 10% unchanged), {d.dupe_factor} masking pass(es) over the corpus"
+    )
+    case = {True: ", lowercased", False: ", cased", None: ""}[d.lowercase]
+    lines = ["## Data", ""]
+    if files:
+        lines.append(f"- Corpus: {files}")
+    if d.tokens:
+        lines.append(
+            f"- {_n(d.documents)} documents, {_n(d.tokens)} WordPiece tokens (vocabulary {d.vocab_size:,}{case})"
+        )
+    pairs = f"`[CLS] A [SEP] B [SEP]` pairs of at most {d.max_seq_length} tokens"
+    if d.is_next_share is not None:
+        pairs += f", {d.is_next_share:.0%} with B the true next segment"
+    lines.append(f"- Examples: {examples}; {pairs}; {masking}")
+    return [*lines, ""]
+
+
+def _training(t: TrainingFacts, max_len: int | None) -> list[str]:
+    lines = [
+        "## Training",
+        "",
+        f"- {t.steps:,} optimizer steps × {t.global_batch:,} sequences = {t.steps * t.global_batch:,} "
+        "sequences" + (f", about {t.tokens_seen:,} tokens (padding excluded)" if t.tokens_seen else ""),
+        f"- {t.optimizer}, peak learning rate {t.lr:g}, {t.warmup_steps} warmup steps then linear decay; "
+        f"precision {t.precision}; DeepSpeed ZeRO stage {t.zero_stage} on {t.world_size} process(es)",
+    ]
+    if t.seconds:
+        lines.append(f"- Wall time {t.seconds / 60:.1f} min")
+    if max_len:
+        lines.append(
+            f"- Sequence length {max_len}: `model_max_length` in tokenizer_config.json is {max_len}, the "
+            "length it was trained at (position embeddings past it exist but were never trained)."
+        )
+    return [*lines, ""]
+
+
+def _usage(f: CardFacts, model_dir: Path) -> list[str]:
+    path = str(model_dir)
+    return [
+        "## Use it",
+        "",
+        "```python",
+        "from transformers import AutoModel, AutoTokenizer, pipeline",
+        "",
+        f'fill = pipeline("fill-mask", model="{path}")',
+        'print(fill("the capital of france is [MASK]."))',
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{path}")',
+        f'encoder = AutoModel.from_pretrained("{path}")  # BertModel: the pretraining heads are not loaded',
+        "```",
+        "",
+        "Fine-tune and score it: `bertflow finetune --checkpoint " + path + " --tasks sst2,mrpc`.",
+        "",
+    ]
+
+
+def render_model_card(f: CardFacts, model_dir: Path) -> str:
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: fill-mask",
+        "tags: [bert, masked-lm, bertflow]",
+        "---",
+        "",
+        f"# {f.name}",
+        "",
+        _summary(f),
+        "",
+    ]
+    if f.headline:
+        lines += ["## Fine-tuning", "", f.headline, ""]
+    if f.evaluation is not None:
+        lines += _quality(f.evaluation)
+    if f.data is not None:
+        lines += _data(f.data)
+    if f.training is not None:
+        lines += _training(f.training, f.model_max_length)
+    elif f.model_max_length:
+        lines += [f"`model_max_length` (tokenizer_config.json): {f.model_max_length}.", ""]
+    if f.fresh_weights:
+        lines += [
+            "## Not trained",
+            "",
+            "These weights were not in the source checkpoint and are freshly initialized: "
+            + ", ".join(f"`{w}`" for w in f.fresh_weights),
+            "",
+        ]
+    lines += _usage(f, model_dir)
+    if f.provenance:
+        lines += ["## Provenance", ""] + [f"- {k}: {v}" for k, v in f.provenance.items()] + [""]
+    return "\n".join(lines)
+
+
+def write_model_card(model_dir: str | Path, facts: CardFacts, final_dir: str | Path | None = None) -> Path:
+    """Write `README.md` into `model_dir` (atomically); its loading examples name `final_dir`
+    (where the directory will live, when it is assembled elsewhere), else `model_dir`."""
+    from common.atomic import atomic_write_text
+
+    model_dir = Path(model_dir)
+    path = model_dir / CARD_NAME
+    atomic_write_text(path, render_model_card(facts, Path(final_dir or model_dir).absolute()))
+    return path

@@ -1,0 +1,158 @@
+"""The facts of a finished pretraining run, for its model card (`model/model_card.py`).
+
+Everything is read back from what the run left on disk: `run_spec.json` (model, batch, optimizer,
+DeepSpeed), `metrics.jsonl` (steps, held-out accuracy), the shards' `manifest.json` and
+`stats.json` (corpus, tokens, examples). The context-free baselines are computed on the same
+held-out examples the last evaluation used (`training.evaluate.mlm_baselines`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from common.tracking import read_metrics
+from common.version import package_version
+from model.config import PRESETS
+from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts
+
+
+def preset_name(config: dict[str, Any]) -> str | None:
+    """'tiny' for L2/H128/A2, ...; None for a shape that is no preset."""
+    shape = (config.get("num_hidden_layers"), config.get("hidden_size"), config.get("num_attention_heads"))
+    return next((name for name, dims in PRESETS.items() if dims == shape), None)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _data_facts(
+    shards_dir: Path, model_config: dict[str, Any], tokenizer_dir: Path | None
+) -> DataFacts | None:
+    manifest = _read_json(shards_dir / "manifest.json")
+    stats = _read_json(shards_dir / "stats.json")
+    if not manifest:
+        return None
+    cfg = manifest.get("config", {})
+    inputs = manifest.get("input_fingerprint")
+    inputs = inputs if isinstance(inputs, list) else []
+    lowercase = (
+        _read_json(tokenizer_dir / "tokenizer_config.json").get("do_lower_case") if tokenizer_dir else None
+    )
+    return DataFacts(
+        corpus_files=[
+            (str(f.get("path", "?")), int(f.get("size", 0))) for f in inputs if isinstance(f, dict)
+        ],
+        documents=stats.get("documents_read"),
+        tokens=stats.get("tokens"),
+        examples={
+            s: sum(e["num_examples"] for e in entries) for s, entries in manifest.get("splits", {}).items()
+        },
+        max_seq_length=int(cfg.get("max_seq_length", 0)),
+        masked_lm_prob=float(cfg.get("masked_lm_prob", 0.15)),
+        max_predictions_per_seq=int(cfg.get("max_predictions_per_seq", 0)),
+        whole_word_mask=bool(cfg.get("whole_word_mask", False)),
+        dupe_factor=int(cfg.get("dupe_factor", 1)),
+        vocab_size=int(model_config.get("vocab_size", 0)),
+        lowercase=lowercase,
+        is_next_share=stats.get("is_next_ratio"),
+    )
+
+
+def _training_facts(spec: dict[str, Any], rows: list[dict[str, Any]], stats: dict[str, Any]) -> TrainingFacts:
+    p = spec.get("pretrain", {})
+    ds = spec.get("ds_config", {})
+    steps = max((int(r["step"]) for r in rows if r.get("step") is not None and "loss" in r), default=0)
+    global_batch = int(ds.get("train_batch_size") or 0)
+    per_example = stats.get("mean_tokens_per_example")
+    precision = next((k for k in ("bf16", "fp16") if ds.get(k, {}).get("enabled")), "fp32")
+    return TrainingFacts(
+        steps=steps,
+        global_batch=global_batch,
+        tokens_seen=round(steps * global_batch * per_example) if per_example else None,
+        lr=float(p.get("lr", math.nan)),
+        warmup_steps=int(p.get("warmup_steps", 0)),
+        optimizer=str(p.get("optimizer", "adamw")),
+        precision=precision,
+        zero_stage=ds.get("zero_optimization", {}).get("stage"),
+        world_size=int(spec.get("world_size", 1)),
+        seconds=None,
+    )
+
+
+def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Path) -> EvalFacts | None:
+    """The last held-out evaluation and the baselines on the examples it used."""
+    last = next((r for r in reversed(rows) if "val_mlm_acc" in r), None)
+    if last is None:
+        return None
+    from training.data import load_split
+    from training.evaluate import MlmBaselines, beats_unigram, mlm_baselines
+
+    p = spec.get("pretrain", {})
+    world = int(spec.get("world_size", 1))
+    micro = int(p.get("micro_batch_size", 1))
+    store = load_split(shards_dir, "validation", verify=False)
+    per_rank_batches = min(int(p.get("eval_batches", 1)), (len(store) // world) // micro)
+    n = per_rank_batches * micro * world
+    baselines = mlm_baselines(store, n) if n else MlmBaselines(math.nan, math.nan, math.nan)
+    metrics = {k: float(v) for k, v in last.items() if k.startswith("val_")}
+    return EvalFacts(
+        step=int(last["step"]),
+        metrics=metrics,
+        baselines=baselines.as_dict(),
+        beats_unigram=beats_unigram(metrics, baselines),
+        examples=n or None,
+    )
+
+
+def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | None = None) -> CardFacts:
+    """The model card facts of the pretraining output directory `out_dir` (its model is
+    `out_dir/model`)."""
+    out_dir = Path(out_dir)
+    spec = _read_json(out_dir / "run_spec.json")
+    model_config = _read_json(out_dir / "model" / "config.json")
+    shards_dir = Path(spec["shards_dir"]) if spec.get("shards_dir") else None
+    tokenizer_dir = Path(spec["tokenizer_dir"]) if spec.get("tokenizer_dir") else None
+    rows = read_metrics(out_dir)
+    data = _data_facts(shards_dir, model_config, tokenizer_dir) if shards_dir else None
+    stats = _read_json(shards_dir / "stats.json") if shards_dir else {}
+    training = _training_facts(spec, rows, stats)
+    training.seconds = seconds
+    preset = preset_name(model_config)
+    title = f"BERT-{preset}" if preset else "BERT"
+    corpus = f" on {data.corpus_files[0][0]}" if data and len(data.corpus_files) == 1 else ""
+    return CardFacts(
+        name=name or f"{title} pretrained{corpus} ({training.steps:,} steps, bertflow)",
+        model_config=model_config,
+        parameters=_parameters(model_config),
+        model_max_length=data.max_seq_length if data and data.max_seq_length else None,
+        data=data,
+        training=training,
+        evaluation=_eval_facts(spec, rows, shards_dir) if shards_dir else None,
+        provenance={
+            "pretraining output": f"`{out_dir}`",
+            "shards": f"`{shards_dir}`" if shards_dir else "?",
+            "tokenizer": f"`{tokenizer_dir}`" if tokenizer_dir else "?",
+            "written by": f"bertflow {package_version()}",
+        },
+    )
+
+
+def _parameters(model_config: dict[str, Any]) -> int | None:
+    """Parameter count of the pretraining model (tied embeddings once), built on the meta device."""
+    if not model_config:
+        return None
+    import torch
+
+    from model.config import BertConfig
+    from model.heads import BertForPreTraining, count_parameters
+
+    with torch.device("meta"):
+        return count_parameters(BertForPreTraining(BertConfig.from_hf_dict(model_config)))

@@ -1,0 +1,79 @@
+"""The model card (README.md of every model directory) and the files next to it: the card says what
+is known and nothing else, the verdict follows the held-out figures, and every published file has
+the usual permissions."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts, render_model_card
+from pipelines.cli import main as cli
+
+CONFIG = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "vocab_size": 8192}
+
+
+def _facts(val_mlm_loss: float, beats: bool) -> CardFacts:
+    return CardFacts(
+        name="BERT-tiny test",
+        model_config=CONFIG,
+        parameters=1_600_000,
+        model_max_length=128,
+        data=DataFacts([("corpus.txt", 5 * 2**20)], 10_000, 1_100_000, {"train": 900, "validation": 100},
+                       128, 0.15, 20, False, 1, 8192, True),
+        training=TrainingFacts(300, 64, 1_900_000, 5e-4, 30, "adamw", "fp32", 2, 2, 350.0),
+        evaluation=EvalFacts(300, {"val_mlm_acc": 0.2, "val_mlm_loss": val_mlm_loss, "val_nsp_acc": 0.7},
+                             {"most_frequent_token_acc": 0.06, "unigram_entropy": 6.0, "nsp_majority_acc": 0.5},
+                             beats, 128),
+    )  # fmt: skip
+
+
+def test_card_tells_data_training_quality_and_usage() -> None:
+    text = render_model_card(_facts(4.2, True), Path("/models/tiny"))
+    assert text.startswith("---\nlibrary_name: transformers\npipeline_tag: fill-mask\n")
+    assert "| masked-LM accuracy | 20.0% | 6.0% (always the most frequent token) |" in text
+    assert "| masked-LM loss (nats) | 4.200 | 6.000 (unigram entropy) |" in text
+    assert "the model uses the context" in text and "not yet language" not in text
+    assert "`corpus.txt` (5.0 MiB)" in text and "900 train, 100 validation" in text
+    assert "300 optimizer steps × 64 sequences = 19,200 sequences" in text
+    assert "`model_max_length` in tokenizer_config.json is 128" in text
+    assert 'pipeline("fill-mask", model="/models/tiny")' in text
+
+
+def test_card_warns_when_the_model_is_no_better_than_token_frequencies() -> None:
+    text = render_model_card(_facts(6.3, False), Path("/m"))
+    assert "not below the unigram entropy" in text and "the model uses the context" not in text
+
+
+def test_card_of_a_converted_checkpoint_leaves_out_what_is_unknown() -> None:
+    facts = CardFacts(
+        name="BERT from x (import-hf)", model_config=CONFIG, fresh_weights=["cls.predictions.bias"]
+    )
+    text = render_model_card(facts, Path("/m"))
+    assert "## Data" not in text and "## Training" not in text and "## How good is it" not in text
+    assert "freshly initialized: `cls.predictions.bias`" in text
+
+
+def test_import_writes_card_keeps_max_length_and_usual_modes(minilm_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ours"
+    assert cli(["import-hf", str(minilm_dir), str(out)]) == 0
+    card = (out / "README.md").read_text()
+    assert f"BERT from {minilm_dir.name} (import-hf)" in card and "cls.seq_relationship" in card
+    assert f'pipeline("fill-mask", model="{out}")' in card  # the final path, not the temp dir
+    source = json.loads((minilm_dir / "tokenizer_config.json").read_text()).get("model_max_length", 512)
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == source
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert len(set(modes.values())) == 1 and modes["model.safetensors"] & 0o044 == 0o044, modes
+
+
+def test_weights_get_the_same_mode_as_their_siblings(tmp_path: Path) -> None:
+    """safetensors replaces the file it writes (mode 0600); the published file must be readable
+    like config.json next to it."""
+    from model.config import BertConfig
+    from model.heads import BertForPreTraining
+    from model.hf_io import write_hf_dir
+
+    write_hf_dir(BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64)), tmp_path)
+    mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert mode["model.safetensors"] == mode["config.json"], mode
