@@ -118,6 +118,7 @@ def build_scorecard(
         rows.append(
             {
                 "checkpoint": label,
+                "name": display_name(rs[0]["checkpoint"], label, rs[0]["checkpoint_kind"]),
                 "path": rs[0]["checkpoint"],
                 "kind": rs[0]["checkpoint_kind"],
                 "tasks": best,
@@ -144,7 +145,9 @@ def build_scorecard(
             deltas.append(
                 {
                     "checkpoint": row["checkpoint"],
+                    "name": row["name"],
                     "versus": base["checkpoint"],
+                    "versus_name": base["name"],
                     "values": values,
                     "glue_average": avg,
                 }
@@ -209,7 +212,9 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
     ahead = [t for t in shared if row["tasks"][t]["score"] > base["tasks"][t]["score"]]
     return {
         "checkpoint": d["checkpoint"],
+        "name": row["name"],
         "versus": d["versus"],
+        "versus_name": base["name"],
         "glue_average_delta": d["glue_average"],
         "tasks": shared,
         "ahead_on": ahead,
@@ -224,8 +229,9 @@ def headline_text(h: dict[str, Any] | None) -> str:
     if not h:
         return "No pretrained checkpoint was compared with random init."
     avg = h["glue_average_delta"]
+    name, versus = h.get("name", h["checkpoint"]), h.get("versus_name", "random init")
     lines = [
-        f"**{h['checkpoint']} vs random init:** "
+        f"**{name} vs {versus}:** "
         + (f"GLUE-style average {avg:+.1f} points, " if avg is not None else "")
         + f"ahead on {len(h['ahead_on'])} of {len(h['tasks'])} tasks"
         + (f" ({', '.join(h['ahead_on'])})" if h["ahead_on"] else "")
@@ -234,8 +240,8 @@ def headline_text(h: dict[str, Any] | None) -> str:
     if h["at_chance"]:
         lines.append(
             f"**At chance (no better than the majority class within evaluation noise):** "
-            f"{', '.join(h['at_chance'])} for {h['checkpoint']}"
-            + (f"; {', '.join(h['random_at_chance'])} for random init." if h["random_at_chance"] else ".")
+            f"{', '.join(h['at_chance'])} for {name}"
+            + (f"; {', '.join(h['random_at_chance'])} for {versus}." if h["random_at_chance"] else ".")
         )
     return "  \n".join(lines)
 
@@ -250,12 +256,15 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
     header = ["checkpoint", *[f"{t} {METRIC_SHORT.get(m, m)}" for t, m in columns], "GLUE avg"]
     table = []
     for row in card["rows"]:
-        name = row["checkpoint"] + (" (random init)" if row["kind"] == "random" else "")
+        name = row.get("name", row["checkpoint"])
         cells = [_cell(row["tasks"][t], m) if t in row["tasks"] else "—" for t, m in columns]
         table.append([name, *cells, _fmt(row["glue_average"])])
     for d in card["deltas"]:
         cells = [_fmt(d["values"].get(f"{t}/{m}"), signed=True) for t, m in columns]
-        table.append([f"Δ {d['checkpoint']} − random init", *cells, _fmt(d["glue_average"], signed=True)])
+        versus = d.get("versus_name", "random init")
+        table.append(
+            [f"Δ {d.get('name', d['checkpoint'])} − {versus}", *cells, _fmt(d["glue_average"], signed=True)]
+        )
     chance = card.get("chance", {}).get("values", {})
     if chance:
         cells = [_fmt(chance.get(f"{t}/{m}")) for t, m in columns]
@@ -277,43 +286,97 @@ def _cell(info: dict[str, Any], metric: str) -> str:
     return text + (" (chance)" if info.get("at_chance") else "")
 
 
+def card_columns(card: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (task, metric) columns of a scorecard read back from scorecard.json."""
+    return [tuple(c.split("/", 1)) for c in card["columns"]]  # type: ignore[misc]
+
+
 def render_markdown(card: dict[str, Any], columns: list[tuple[str, str]]) -> str:
+    """scorecard.md: title, headline, then the tables (`render_tables`)."""
+    lines = ["# Fine-tuning scorecard", "", headline_text(card.get("headline")), ""]
+    return "\n".join(lines) + "\n" + render_tables(card, columns, heading="##")
+
+
+def _score_note(card: dict[str, Any], columns: list[tuple[str, str]]) -> str:
+    """What 'dev score' means for tasks scored on several metrics (e.g. MRPC: accuracy and F1)."""
+    by_task: dict[str, list[str]] = defaultdict(list)
+    for t, m in columns:
+        by_task[t].append(METRIC_SHORT.get(m, m))
+    several = [f"{t} = ({' + '.join(ms)}) / {len(ms)}" for t, ms in by_task.items() if len(ms) > 1]
+    text = "dev score: the number the best lr is chosen by, the task's metric"
+    if several:
+        text += f", or the mean of its metrics where it has several: {'; '.join(several)}"
+    return text + "."
+
+
+def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading: str = "###") -> str:
+    """The score table with its explanation, the runs behind it, notes and failed units; `heading`
+    is the markdown level of the sub-headings (the report nests them one level deeper)."""
     header, table = table_rows(card, columns)
-    lines = ["# Fine-tuning scorecard", ""]
-    lines.append(headline_text(card.get("headline")))
-    lines.append("")
-    lines.append(
+    lines = [
         "Dev-set scores (0-100); the best lr by dev score when several were run, mean ± standard deviation "
         "over seeds. (chance): not above the majority-class score by more than evaluation noise on this "
-        "many examples (one-sided 95%; `finetuning/chance.py`)."
-    )
-    lines.append("")
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "---|" * len(header))
-    lines += ["| " + " | ".join(r) + " |" for r in table]
-    lines.append("")
-    lines.append(
-        "GLUE avg: mean over this row's GLUE tasks of each task's mean metric. † = the paper gives only a "
+        "many examples (one-sided 95%; `finetuning/chance.py`).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *["| " + " | ".join(r) + " |" for r in table],
+        "",
+        "GLUE avg: mean over this row's GLUE tasks of each task's dev score. † = the paper gives only a "
         "GLUE test-set figure; all other reference figures are dev-set figures of BERT-base with the full "
-        "training sets (our runs use the budgets below)."
-    )
-    lines.append("")
-    lines.append("## Runs")
-    lines.append("")
-    lines.append(
-        "| checkpoint | task | best lr | lrs tried (score) | seeds | train examples | eval examples | epochs | seq | train ex/s |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        "training sets (our runs use the budgets below).",
+        "",
+        f"{heading} Runs",
+        "",
+        _score_note(card, columns),
+        "",
+        "| checkpoint | task | best lr | lrs tried (dev score) | seeds | train examples | eval examples "
+        "| epochs | seq | train ex/s |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for row in card["rows"]:
         for t, info in row["tasks"].items():
             tried = ", ".join(f"{lr} ({s:.1f})" for lr, s in info["lr_scores"].items())
             lines.append(
-                f"| {row['checkpoint']} | {t} | {info['lr']:g} | {tried} | {info['seeds']} | {info['n_train']} | "
-                f"{info['n_eval']} | {info['epochs']:g} | {info['max_seq_length']} | {info['train_examples_per_s']:.1f} |"
+                f"| {row.get('name', row['checkpoint'])} | {t} | {info['lr']:g} | {tried} | "
+                f"{', '.join(map(str, info['seeds']))} | {info['n_train']} | {info['n_eval']} | "
+                f"{info['epochs']:g} | {info['max_seq_length']} | {info['train_examples_per_s']:.1f} |"
             )
     if card["notes"]:
-        lines += ["", "## Notes", ""] + [f"- SQuAD: {n}" for n in card["notes"]]
+        lines += ["", f"{heading} Notes", ""] + [f"- SQuAD: {n}" for n in card["notes"]]
     if card["failed"]:
-        lines += ["", "## Failed units", ""]
+        lines += ["", f"{heading} Failed units", ""]
         lines += [f"- {f['unit']} ({f['checkpoint']}): {f['error']}" for f in card["failed"]]
     return "\n".join(lines) + "\n"
+
+
+def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
+    """A name a reader understands: 'pretrained (tiny, 300 steps)' for a bertflow pretraining
+    output's model, 'random init (tiny)', else the checkpoint's folder label. Labels (which name
+    unit directories) stay as they are; this is only what the tables show."""
+    if kind == "random" or checkpoint.startswith("random:"):
+        target = next((t.split(":", 1)[1] for t in (checkpoint, label) if t.startswith("random:")), label)
+        shape = target if "/" not in target else (_preset(Path(target)) or Path(target).name)
+        return f"random init ({shape})"
+    path = Path(checkpoint)
+    preset = _preset(path)
+    marker = _json(path.parent / "_COMPLETE.json") if path.name == "model" else {}
+    if "max_steps" in marker and (path.parent / "run_spec.json").is_file():
+        return f"pretrained ({preset or 'custom shape'}, {marker['max_steps']:,} steps)"
+    return f"{label} ({preset})" if preset else label
+
+
+def _preset(model_dir: Path) -> str | None:
+    from model.config import preset_of
+
+    return preset_of(_json(model_dir / "config.json"))
+
+
+def _json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -19,6 +19,12 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 
+def preset_of(config: dict[str, Any]) -> str | None:
+    """The preset a Hugging Face config.json has the shape of ('tiny' for L2/H128/A2), else None."""
+    shape = (config.get("num_hidden_layers"), config.get("hidden_size"), config.get("num_attention_heads"))
+    return next((name for name, dims in PRESETS.items() if dims == shape), None)
+
+
 @dataclass
 class BertConfig:
     vocab_size: int = 30522

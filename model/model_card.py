@@ -114,11 +114,14 @@ def _summary(f: CardFacts) -> str:
 
 
 def _quality(e: EvalFacts) -> list[str]:
+    return ["## How good is it", "", *quality_lines(e)]
+
+
+def quality_lines(e: EvalFacts) -> list[str]:
+    """The held-out figures next to the context-free baselines, and what they mean (markdown)."""
     m, b = e.metrics, e.baselines
     on = f"{e.examples:,} held-out examples" if e.examples else "the held-out validation shards"
     lines = [
-        "## How good is it",
-        "",
         f"Measured at step {e.step:,} on {on} (documents never trained on), next to what a model that "
         "ignores the context scores on the same examples:",
         "",
@@ -137,13 +140,16 @@ def _quality(e: EvalFacts) -> list[str]:
             f"| next-sentence accuracy | {_pct(m['val_nsp_acc'])} | "
             f"{_pct(b.get('nsp_majority_acc'))} (majority label) |"
         )
-    verdict = (
-        "The masked-LM loss is below the unigram entropy: the model uses the context."
-        if e.beats_unigram
-        else "**The masked-LM loss is not below the unigram entropy: this model has learned token "
+    return [*lines, "", verdict(e), ""]
+
+
+def verdict(e: EvalFacts) -> str:
+    if e.beats_unigram:
+        return "The masked-LM loss is below the unigram entropy: the model uses the context."
+    return (
+        "**The masked-LM loss is not below the unigram entropy: this model has learned token "
         "frequencies, not yet language; train longer or on more data before relying on it.**"
     )
-    return [*lines, "", verdict, ""]
 
 
 def _data(d: DataFacts) -> list[str]:

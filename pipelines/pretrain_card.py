@@ -15,14 +15,8 @@ from typing import Any
 
 from common.tracking import read_metrics
 from common.version import package_version
-from model.config import PRESETS
+from model.config import preset_of
 from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts
-
-
-def preset_name(config: dict[str, Any]) -> str | None:
-    """'tiny' for L2/H128/A2, ...; None for a shape that is no preset."""
-    shape = (config.get("num_hidden_layers"), config.get("hidden_size"), config.get("num_attention_heads"))
-    return next((name for name, dims in PRESETS.items() if dims == shape), None)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -125,7 +119,7 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
     stats = _read_json(shards_dir / "stats.json") if shards_dir else {}
     training = _training_facts(spec, rows, stats)
     training.seconds = seconds
-    preset = preset_name(model_config)
+    preset = preset_of(model_config)
     title = f"BERT-{preset}" if preset else "BERT"
     corpus = f" on {data.corpus_files[0][0]}" if data and len(data.corpus_files) == 1 else ""
     return CardFacts(

@@ -1,25 +1,38 @@
-"""The report stage: `report.md` + `report.html` (+ PNG curves) for one config's run directory.
+"""The report stage: one page a person reads top to bottom, the result first and then the evidence
+(`pipelines/report_sections.py`), for one config's run directory.
 
-Contents: the stages of the last flow run with their keys, timings and cache hits; the pretraining
-curves and final figures; the preprocessing statistics; the fine-tuning scorecard; the W&B run
-directories with the `wandb sync` command. The HTML is rendered from the same markdown, so the two
-never disagree. Used by the flow's report task and by `bertflow report CONFIG`.
+Writes `report.md`, `report.html` (rendered from the same markdown, so the two never disagree; links
+and images relative to it) and `report_embedded.md` (self-contained: images inline, absolute paths,
+what the flow publishes as its Prefect artifact, whose page lives at a UI address where relative
+links mean nothing), plus the PNG curves. Used by the flow's report task and by `bertflow report`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_write_text
 from common.tracking import WandbTarget, read_metrics
+from model.model_card import CardFacts
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import latest_record
 from pipelines.report_plots import plot_curves
+from pipelines.report_sections import (
+    Links,
+    data_section,
+    pretraining_section,
+    result_section,
+    scorecard_section,
+    stages_section,
+    wandb_section,
+)
 from pipelines.stage_keys import run_root, stage_dirs
+
+EMBEDDED_NAME = "report_embedded.md"
 
 
 def wandb_run_dirs(directories: list[Path]) -> list[Path]:
@@ -42,122 +55,54 @@ def _unit_dirs(cfg: PipelineConfig, model_dir: Path) -> list[Path]:
         return []
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+@dataclass
+class ReportInputs:
+    """Everything the page shows, read once from the run directory."""
+
+    cfg: PipelineConfig
+    out_dir: Path
+    record: dict[str, Any]
+    scorecard: dict[str, Any] | None
+    card: CardFacts | None  # the pretraining facts (as in the model card)
+    rows: list[dict[str, Any]]  # pretraining metrics.jsonl
+    plots: dict[str, Path]
+    wandb_runs: list[Path]
 
 
-def _rel(path: Path, start: Path) -> str:
-    return os.path.relpath(path, start).replace(os.sep, "/")
-
-
-def _last_values(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    last: dict[str, Any] = {}
-    for row in rows:
-        for k, v in row.items():
-            if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
-                last[k] = (row.get("step"), v)
-    return last
-
-
-def _demote_headings(md: str, levels: int = 2) -> str:
-    out = []
-    for line in md.splitlines():
-        out.append("#" * levels + line if line.startswith("#") else line)
-    return "\n".join(out)
-
-
-def render_markdown(
-    cfg: PipelineConfig, out_dir: Path, record: dict[str, Any], plots: dict[str, Path]
-) -> str:
+def gather(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any]) -> ReportInputs:
     dirs = stage_dirs(cfg)
-    root = run_root(cfg)
+    rows = read_metrics(dirs["pretrain"])
+    card = None
+    if (dirs["pretrain"] / "run_spec.json").is_file() and (
+        dirs["pretrain"] / "model" / "config.json"
+    ).is_file():
+        from pipelines.pretrain_card import pretraining_card
+
+        card = pretraining_card(dirs["pretrain"])
+    score_path = dirs["finetune"] / "scorecard.json"
+    scorecard = json.loads(score_path.read_text()) if score_path.is_file() else None
+    search = [dirs[s] for s in ("verify", "tokenizer", "preprocess", "pretrain", "finetune")]
+    search += _unit_dirs(cfg, dirs["pretrain"] / "model") + [out_dir]
+    baselines = card.evaluation.baselines if card is not None and card.evaluation is not None else None
+    plots = plot_curves(rows, out_dir, baselines)
+    return ReportInputs(cfg, out_dir, record, scorecard, card, rows, plots, wandb_run_dirs(search))
+
+
+def render_markdown(inputs: ReportInputs, links: Links) -> str:
+    cfg, dirs = inputs.cfg, stage_dirs(inputs.cfg)
     lines = [
         f"# {cfg.report.title}",
         "",
-        f"Config **{cfg.name}** · model preset **{cfg.model.preset}** · run directory `{root}` · "
+        f"Config **{cfg.name}** · model preset **{cfg.model.preset}** · run directory `{links.root}` · "
         f"generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
         "",
     ]
-    # --- stages
-    lines += ["## Stages", ""]
-    if record:
-        lines += [
-            f"Flow run **{record.get('flow_run')}** started {record.get('started_utc')} UTC, W&B group "
-            f"`{record.get('wandb_group')}`. *ran* = computed in this flow run; *cached* = Prefect "
-            "cache hit (the stage's completed output was found); *reused* = completed output found "
-            "on disk (e.g. written by the stage command alone).",
-            "",
-            "| stage | key | status | wall s | compute s | output |",
-            "|---|---|---|---:|---:|---|",
-        ]
-        for r in record.get("stages", []):
-            out = Path(r["out_dir"])
-            lines.append(
-                f"| {r['stage']} | `{r['key']}` | {r['status']} | {r['seconds']:.1f} | "
-                f"{r.get('compute_seconds', 0.0):.1f} | [{_rel(out, root)}]({_rel(out, out_dir)}) |"
-            )
-        cached = sum(1 for r in record.get("stages", []) if r["status"] in ("cached", "reused"))
-        lines += ["", f"Cache hits: {cached} of {len(record.get('stages', []))} stage tasks.", ""]
-    else:
-        lines += ["No flow-run record found (stages were run one by one).", ""]
-    # --- preprocessing
-    stats_path = dirs["preprocess"] / "stats.json"
-    if stats_path.is_file():
-        stats = json.loads(stats_path.read_text())
-        scalars = {
-            k: v for k, v in stats.items() if isinstance(v, int | float | str) and not isinstance(v, bool)
-        }
-        if scalars:
-            lines += ["## Preprocessing", "", "| statistic | value |", "|---|---:|"]
-            lines += [f"| {k} | {_fmt(v)} |" for k, v in scalars.items()]
-            lines.append("")
-    # --- pretraining
-    lines += ["## Pretraining", ""]
-    rows = read_metrics(dirs["pretrain"])
-    if rows:
-        last = _last_values(rows)
-        lines += [
-            f"{len(rows)} logged rows from `{_rel(dirs['pretrain'] / 'metrics.jsonl', root)}`; the model "
-            f"(Hugging Face format) is in [{_rel(dirs['pretrain'] / 'model', root)}]"
-            f"({_rel(dirs['pretrain'] / 'model', out_dir)}).",
-            "",
-            "| metric | last value | at step |",
-            "|---|---:|---:|",
-        ]
-        lines += [f"| {k} | {_fmt(v)} | {s} |" for k, (s, v) in sorted(last.items())]
-        lines.append("")
-        for stem, path in plots.items():
-            lines += [f"![{stem}]({_rel(path, out_dir)})", ""]
-    else:
-        lines += [f"No pretraining metrics found in `{dirs['pretrain']}`.", ""]
-    # --- fine-tuning
-    lines += ["## Fine-tuning scorecard", ""]
-    card = dirs["finetune"] / "scorecard.md"
-    if card.is_file():
-        lines += [_demote_headings(card.read_text(encoding="utf-8").strip()), ""]
-        lines += [f"Source: [{_rel(card, root)}]({_rel(card, out_dir)}).", ""]
-    else:
-        lines += [f"No scorecard found in `{dirs['finetune']}`.", ""]
-    # --- W&B
-    lines += ["## Weights & Biases runs", ""]
-    search = [dirs[s] for s in ("tokenizer", "preprocess", "pretrain", "finetune")]
-    search += _unit_dirs(cfg, dirs["pretrain"] / "model") + [out_dir]
-    runs = wandb_run_dirs(search)
-    if runs:
-        lines += [f"- [{_rel(p, root)}]({_rel(p, out_dir)})" for p in runs]
-        lines += [
-            "",
-            "Runs are offline unless `WANDB_MODE=online` and `WANDB_API_KEY` are set. Upload them with:",
-            "",
-            "```bash",
-            f"wandb sync {root}/*/*/wandb_files/wandb/offline-run-* {root}/finetune/units/*/wandb_files/wandb/offline-run-*",
-            "```",
-            "",
-        ]
-    else:
-        lines += ["No W&B run directories found (W&B disabled?).", ""]
+    lines += result_section(inputs.scorecard, inputs.card, dirs["pretrain"] / "model", inputs.record, links)
+    lines += scorecard_section(inputs.scorecard, dirs["finetune"] / "scorecard.md", links)
+    lines += pretraining_section(inputs.rows, inputs.card, inputs.plots, dirs["pretrain"], links)
+    lines += data_section(dirs["preprocess"] / "stats.json", links)
+    lines += stages_section(inputs.record, inputs.out_dir, links)
+    lines += wandb_section(inputs.wandb_runs, links.root, links)
     return "\n".join(lines) + "\n"
 
 
@@ -172,7 +117,10 @@ th {{ background: #f6f8fa; }}
 tr:nth-child(even) td {{ background: #fbfcfd; }}
 code, pre {{ background: #f6f8fa; border-radius: 4px; padding: 1px 4px; font-size: 0.9em; }}
 pre {{ padding: 8px; overflow-x: auto; }}
-img {{ max-width: 100%; border: 1px solid #eee; margin: 4px 0; }}
+img {{ max-width: 49.5%; border: 1px solid #eee; margin: 2px 0; vertical-align: top; }}
+blockquote {{ margin: 0.5em 0 1.2em; padding: 0.4em 1.2em; background: #f1f8ff;
+             border-left: 5px solid #0969da; border-radius: 4px; font-size: 1.05em; }}
+td:not(:first-child) {{ font-variant-numeric: tabular-nums; }}
 h1 {{ border-bottom: 2px solid #d0d7de; }} h2 {{ border-bottom: 1px solid #d0d7de; margin-top: 1.6em; }}
 </style></head><body>
 {body}
@@ -192,7 +140,7 @@ def render_html(markdown_text: str, title: str) -> str:
 def build_report(
     cfg: PipelineConfig, out_dir: Path, record_path: Path | None = None, wandb: WandbTarget | None = None
 ) -> dict[str, Path]:
-    """Write report.md, report.html and the PNG curves into `out_dir`; returns their paths."""
+    """Write report.md, report.html, report_embedded.md and the PNG curves into `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if record_path is not None and Path(record_path).is_file():
@@ -200,11 +148,18 @@ def build_report(
     else:
         _, record = latest_record(run_root(cfg))
     _track(cfg, out_dir, record, wandb)
-    plots = plot_curves(read_metrics(stage_dirs(cfg)["pretrain"]), out_dir)
-    md = render_markdown(cfg, out_dir, record, plots)
+    inputs = gather(cfg, out_dir, record)
+    root = run_root(cfg)
+    md = render_markdown(inputs, Links(out_dir, root))
     atomic_write_text(out_dir / "report.html", render_html(md, cfg.report.title))
+    atomic_write_text(out_dir / EMBEDDED_NAME, render_markdown(inputs, Links(out_dir, root, embed=True)))
     atomic_write_text(out_dir / "report.md", md)
-    return {"report_md": out_dir / "report.md", "report_html": out_dir / "report.html", **plots}
+    return {
+        "report_md": out_dir / "report.md",
+        "report_html": out_dir / "report.html",
+        "report_embedded": out_dir / EMBEDDED_NAME,
+        **inputs.plots,
+    }
 
 
 def _track(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any], wandb: WandbTarget | None) -> None:

@@ -27,10 +27,32 @@ def _is_loss(key: str) -> bool:
     return "loss" in key and "scale" not in key and not _is_throughput(key)
 
 
+# legend text of the metrics the training loop logs (others keep their key)
+LABELS = {
+    "loss": "training loss (MLM + NSP)",
+    "mlm_loss": "training MLM loss",
+    "nsp_loss": "training NSP loss",
+    "val_mlm_loss": "held-out MLM loss",
+    "val_nsp_loss": "held-out NSP loss",
+    "mlm_acc": "training MLM accuracy",
+    "nsp_acc": "training NSP accuracy",
+    "val_mlm_acc": "held-out MLM accuracy",
+    "val_nsp_acc": "held-out NSP accuracy",
+    "lr": "learning rate",
+    "tokens_per_s": "tokens/s (all ranks, no padding)",
+    "samples_per_s": "sequences/s (all ranks)",
+}
+# panel -> (baseline key of training.evaluate.MlmBaselines, legend text): what a model that ignores
+# the context scores on the held-out examples, drawn as a dashed line
+BASELINES = {
+    "loss": ("unigram_entropy", "no context: unigram entropy"),
+    "accuracy": ("most_frequent_token_acc", "no context: most frequent token"),
+}
+
 # (file stem, title, y label, which keys)
 PANELS: list[tuple[str, str, str, Callable[[str], bool]]] = [
-    ("loss", "Pretraining loss", "loss", _is_loss),
-    ("accuracy", "MLM / NSP accuracy", "accuracy", lambda k: "acc" in k),
+    ("loss", "Pretraining loss", "loss (nats)", _is_loss),
+    ("accuracy", "Masked-LM (MLM) and next-sentence (NSP) accuracy", "accuracy", lambda k: "acc" in k),
     ("lr", "Learning rate", "lr", _is_lr),
     ("throughput", "Throughput", "per second", _is_throughput),
 ]
@@ -57,8 +79,11 @@ def series(
     return out
 
 
-def plot_curves(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
-    """One PNG per panel that has data; returns {stem: path}."""
+def plot_curves(
+    rows: list[dict[str, Any]], out_dir: Path, baselines: dict[str, float] | None = None
+) -> dict[str, Path]:
+    """One PNG per panel that has data; returns {stem: path}. `baselines` (the held-out examples'
+    context-free scores, `training.evaluate.MlmBaselines`) are drawn where they apply."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,7 +101,11 @@ def plot_curves(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
         for key in sorted(data):
             xs, ys = data[key]
             style = "o-" if len(xs) < 15 else "-"
-            ax.plot(xs, ys, style, label=key, markersize=3, linewidth=1.4)
+            ax.plot(xs, ys, style, label=LABELS.get(key, key), markersize=3, linewidth=1.4)
+        base_key, base_label = BASELINES.get(stem, (None, None))
+        level = (baselines or {}).get(base_key) if base_key else None
+        if level is not None and level == level:
+            ax.axhline(level, color="0.35", linestyle="--", linewidth=1.2, label=base_label)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

@@ -182,9 +182,31 @@ def test_scorecard_best_lr_delta_reference(tmp_path):
     assert card["deltas"][0]["values"] == {"sst2/accuracy": 40.0, "mrpc/accuracy": 10.0, "mrpc/f1": 10.0}
     assert card["reference"]["values"]["sst2/accuracy"] == 92.7
     md = (tmp_path / "scorecard.md").read_text()
-    assert "| Δ ours − random init | +40.0 | +10.0 | +10.0 | +25.0 |" in md
+    assert "| Δ ours − random init (tiny) | +40.0 | +10.0 | +10.0 | +25.0 |" in md
+    assert "lrs tried (dev score)" in md and "mrpc = (acc + F1) / 2" in md
     assert "reference: BERT-base" in md and "x.tsv line 3: bad" in md
     assert json.loads((tmp_path / "scorecard.json").read_text()) == card
+
+
+def test_scorecard_names_checkpoints_so_a_reader_knows_them(tmp_path):
+    """A pretraining output's model reads 'pretrained (tiny, 300 steps)', not '<key>/model'."""
+    run = tmp_path / "pretrain" / "7cfac3eecab6"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2})
+    )
+    (run / "run_spec.json").write_text("{}")
+    (run / "_COMPLETE.json").write_text(json.dumps({"max_steps": 300}))
+    pre = _result("7cfac3eecab6/model", "pretrained", "sst2", 5e-5, {"accuracy": 60.0})
+    pre["checkpoint"] = str(run / "model")
+    rnd = _result("random:tiny", "random", "sst2", 5e-5, {"accuracy": 50.0})
+    rnd["checkpoint"] = "random:tiny"
+    card = build_scorecard([pre, rnd], tmp_path / "card")
+    assert [r["name"] for r in card["rows"]] == ["pretrained (tiny, 300 steps)", "random init (tiny)"]
+    assert card["rows"][0]["checkpoint"] == "7cfac3eecab6/model"  # the label (unit dirs) is unchanged
+    md = (tmp_path / "card" / "scorecard.md").read_text()
+    assert "**pretrained (tiny, 300 steps) vs random init (tiny):** GLUE-style average +10.0 points" in md
+    assert "| Δ pretrained (tiny, 300 steps) − random init (tiny) | +10.0 | +10.0 |" in md
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -233,7 +255,7 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir):
     [movies] = (out / "units").glob("movies-lr5e-05-s42__random_tiny-*")
     result = json.loads((movies / "result.json").read_text())
     assert result["n_train"] == 80 and result["task"] == "movies"
-    assert "| random:tiny (random init) |" in proc.stdout  # the scorecard is printed
+    assert "| random init (tiny) |" in proc.stdout  # the scorecard is printed
     assert list((out / "scorecard_run").rglob("*.wandb"))  # the W&B table's run
     assert list((movies / "wandb_files").rglob("*.wandb"))
 

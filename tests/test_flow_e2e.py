@@ -140,7 +140,9 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     report_md = Path(first["report_md"])
     md = report_md.read_text()
     assert Path(first["report_html"]).is_file() and (report_md.parent / "loss.png").is_file()
-    assert f"| pretrain | `{pretrain_dir.name}` | ran |" in md
+    assert "| pretrain | ran |" in md and f"pretrain/{pretrain_dir.name}" in md
+    assert md.index("## Result") < md.index("## Fine-tuning scorecard") < md.index("## Pretraining")
+    assert (model_dir / "README.md").is_file()  # the model card
     assert "rte" in md and "wandb sync" in md and "offline-run-" in md
     assert first["wandb_group"].startswith("tiny-test-")
 
