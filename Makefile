@@ -13,9 +13,18 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 CONFIG    ?= configs/default.yaml
 
-.PHONY: install run test test-fast lint bench deploy clean gpu-check-prep gpu-check
+.PHONY: install install-browser run test test-fast lint bench deploy clean gpu-check-prep gpu-check
 
 install: $(STAMP)
+
+# Debian's chromium for the test that opens the HTML report in a real browser (tests/browser.py);
+# best effort: without root or apt the test is skipped, nothing fails.
+install-browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "install-browser: apt-get could not install chromium; the browser test will be skipped"; \
+	  else echo "install-browser: no root/apt-get; install chromium to run the browser test"; fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,7 +48,7 @@ deploy: install
 	$(VENV)/bin/prefect work-pool inspect $(PREFECT_POOL) >/dev/null 2>&1 || $(VENV)/bin/prefect work-pool create $(PREFECT_POOL) --type process
 	BERTFLOW_PROJECT_DIR=$(CURDIR) $(VENV)/bin/prefect --no-prompt deploy --name default
 
-test: install
+test: install install-browser
 	$(PY) -m pytest -q
 
 test-fast: install
