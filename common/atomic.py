@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 MARKER_NAME = "_COMPLETE.json"
+IN_PROGRESS_NAME = "_IN_PROGRESS.json"  # present from a stage's start until its marker is written
 TMP_PREFIX = ".tmp-"
 
 
@@ -65,6 +66,54 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def write_marker(directory: str | os.PathLike, payload: dict[str, Any] | None = None) -> None:
     """Mark a stage output directory complete. Call last, after every other file is in place."""
     atomic_write_json(Path(directory) / MARKER_NAME, payload or {})
+    (Path(directory) / IN_PROGRESS_NAME).unlink(missing_ok=True)
+
+
+def mark_in_progress(directory: str | os.PathLike) -> None:
+    """Say, in the directory itself, that a process is writing it (who, where, since when), so an
+    unfinished output never looks like a finished one; `write_marker` removes it."""
+    import socket
+    import time
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(
+        directory / IN_PROGRESS_NAME,
+        {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        },
+    )
+
+
+def progress_state(directory: str | os.PathLike) -> str:
+    """'complete', 'running' (its writer is alive on this host), 'interrupted' (the writer is gone,
+    or on another host: unknown), or 'unfinished' (no marker of either kind)."""
+    directory = Path(directory)
+    if read_marker(directory) is not None:
+        return "complete"
+    path = directory / IN_PROGRESS_NAME
+    if not path.is_file():
+        return "unfinished"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return "interrupted"
+    import socket
+
+    if info.get("host") != socket.gethostname():
+        return "running elsewhere?"
+    try:
+        pid = int(info.get("pid", 0))
+        if pid <= 0:
+            return "interrupted"
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (ProcessLookupError, ValueError, TypeError):
+        return "interrupted"
+    except PermissionError:  # alive, another user's
+        pass
+    return "running"
 
 
 def read_marker(directory: str | os.PathLike) -> dict[str, Any] | None:

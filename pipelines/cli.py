@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipelines.stage_report",
         "stage 5: the report (headline, scorecard, curves) of a run directory",
     ),
+    "runs": ("pipelines.runs_command", "list past flow runs, show one, delete outputs safely"),
     "evaluate": (
         "pipelines.evaluate_command",
         "held-out masked-LM / NSP accuracy of any checkpoint on shards",

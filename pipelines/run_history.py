@@ -1,0 +1,190 @@
+"""What a run directory holds: the flow runs it has seen (their records in `flow_runs/`), every
+stage output (complete, running, interrupted), and `latest/`, links to the newest flow run's
+outputs. `bertflow runs` lists, shows and cleans with these; the flow updates `latest/` at its end.
+
+Cleaning is safe by construction: only directories laid out as stage outputs under the run
+directory are ever deleted, never one whose writer is still running, and a flow run's outputs
+are deleted only where no other flow run's record still uses them (outputs are shared: a cached
+rerun records the same directories).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.atomic import MARKER_NAME, progress_state
+from common.errors import UserError
+from pipelines.stage_keys import FLOW_RECORDS, STAGES
+
+LATEST = "latest"
+UNITS = ("finetune", "units")
+
+
+@dataclass
+class FlowRunRecord:
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.data.get("flow_run", self.path.stem))
+
+    @property
+    def status(self) -> str:
+        return str(self.data.get("status", "completed"))
+
+    def out_dirs(self) -> list[Path]:
+        """The stage outputs this flow run used (its fine-tuning units included, when recorded)."""
+        dirs = [Path(r["out_dir"]) for r in self.data.get("stages", []) if r.get("stage") != "finetune-units"]
+        return dirs + [Path(p) for p in self.data.get("units", [])]
+
+
+@dataclass
+class StageOutput:
+    stage: str
+    path: Path
+    state: str  # complete | running | interrupted | unfinished (`common.atomic.progress_state`)
+    size: int
+    modified: float
+    used_by: list[str] = field(default_factory=list)
+
+
+def flow_runs(root: Path) -> list[FlowRunRecord]:
+    """Every flow-run record of the run directory, newest first."""
+    out = []
+    for path in (root / FLOW_RECORDS).glob("*.json"):
+        try:
+            out.append(FlowRunRecord(path, json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(out, key=lambda r: (r.data.get("started_utc", ""), r.path.name), reverse=True)
+
+
+def dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _output_dirs(root: Path) -> list[tuple[str, Path]]:
+    found = []
+    for stage in STAGES:
+        for d in sorted((root / stage).glob("*")):
+            if d.is_dir() and not (stage == UNITS[0] and d.name == UNITS[1]):
+                found.append((stage, d))
+    found += [("finetune-unit", d) for d in sorted(root.joinpath(*UNITS).glob("*")) if d.is_dir()]
+    return found
+
+
+def stage_outputs(root: Path, runs: list[FlowRunRecord] | None = None) -> list[StageOutput]:
+    runs = flow_runs(root) if runs is None else runs
+    users: dict[Path, list[str]] = {}
+    for run in runs:
+        for d in run.out_dirs():
+            users.setdefault(d.resolve(), []).append(run.name)
+    return [
+        StageOutput(stage, d, progress_state(d), dir_size(d), d.stat().st_mtime, users.get(d.resolve(), []))
+        for stage, d in _output_dirs(root)
+    ]
+
+
+def find_run(runs: list[FlowRunRecord], name: str | None) -> FlowRunRecord:
+    """A flow run by its name (or its record's file name); None or 'latest' = the newest."""
+    if not runs:
+        raise UserError("this run directory has no flow runs yet.", fix="run `bertflow run CONFIG` first.")
+    if name in (None, LATEST):
+        return runs[0]
+    match = [r for r in runs if name in (r.name, r.path.stem, r.path.name)]
+    if not match:
+        from pipelines.config import did_you_mean
+
+        raise UserError(
+            f"no flow run named {name!r}{did_you_mean(name, [r.name for r in runs])}.",
+            fix="`bertflow runs` lists them.",
+        )
+    return match[0]
+
+
+def _stage_output(root: Path, path: Path) -> Path:
+    """`path` (absolute, or relative to the run directory) if it is a stage output directory."""
+    p = (path if path.is_absolute() else root / path).resolve()
+    if p not in {d.resolve() for _, d in _output_dirs(root)}:
+        raise UserError(
+            f"{path} is not a stage output of {root} (those are {root}/<stage>/<key> and "
+            f"{root}/finetune/units/<unit>); nothing deleted.",
+            fix="`bertflow runs stages` lists them.",
+        )
+    return p
+
+
+def removal_plan(root: Path, targets: list[str], incomplete: bool = False) -> list[Path]:
+    """What `bertflow runs clean` deletes: named stage outputs, the outputs only the named flow runs
+    used (+ their records), and with `incomplete` every interrupted or unfinished output."""
+    runs = flow_runs(root)
+    names = {r.name for r in runs} | {r.path.stem for r in runs}
+    plan: list[Path] = []
+    for target in targets:
+        if target in names or target == LATEST:
+            run = find_run(runs, target)
+            others = {d.resolve() for r in runs if r is not run for d in r.out_dirs()}
+            plan += [d.resolve() for d in run.out_dirs() if d.resolve() not in others and d.is_dir()]
+            plan.append(run.path)
+        else:
+            plan.append(_stage_output(root, Path(target)))
+    if incomplete:
+        plan += [
+            o.path.resolve() for o in stage_outputs(root, runs) if o.state in ("interrupted", "unfinished")
+        ]
+    plan = list(dict.fromkeys(plan))
+    running = [p for p in plan if p.is_dir() and progress_state(p) == "running"]
+    if running:
+        raise UserError(
+            f"{running[0]} is being written by a running process; nothing deleted.",
+            fix="wait for it to finish (or stop it) and clean again.",
+        )
+    return plan
+
+
+def remove(path: Path) -> None:
+    """Delete a stage output (its completion marker first, so a half-deleted one never looks
+    complete) or a flow-run record."""
+    if path.is_dir():
+        (path / MARKER_NAME).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def update_latest(root: Path, dirs: dict[str, Path], record: Path | None) -> Path:
+    """`run_dir/latest/`: a relative link per complete stage output of the newest flow run, plus
+    `model`, `report.html` and `flow_run.json`; links of stages without a complete output go."""
+    latest = root / LATEST
+    latest.mkdir(parents=True, exist_ok=True)
+    links: dict[str, Path] = {s: d for s, d in dirs.items() if (d / MARKER_NAME).is_file()}
+    if "pretrain" in links:
+        links["model"] = links["pretrain"] / "model"
+    if "report" in links:
+        links["report.html"] = links["report"] / "report.html"
+    if record is not None:
+        links["flow_run.json"] = record
+    for name in [*STAGES, "model", "report.html", "flow_run.json"]:
+        link = latest / name
+        if name not in links:
+            if link.is_symlink():
+                link.unlink()
+            continue
+        tmp = latest / f".{name}.{os.getpid()}.{time.monotonic_ns()}"
+        os.symlink(os.path.relpath(links[name], latest), tmp)
+        os.replace(tmp, link)
+    return latest

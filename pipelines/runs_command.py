@@ -1,0 +1,226 @@
+"""`bertflow runs`: the past flow runs of a run directory, and safe deletion of their outputs.
+
+    bertflow runs [list]                 flow runs, newest first: status, time, cache hits, result, report
+    bertflow runs show [RUN]             one flow run (default: the newest): stages, paths, sizes, result
+    bertflow runs stages                 every stage output: complete / running / interrupted, size, users
+    bertflow runs clean TARGET... [--incomplete] [--yes]
+                                         TARGET = a flow run name (its outputs no other run uses, and
+                                         its record) or a stage output directory; a dry run unless --yes
+
+The run directory is `--run-dir`, else the `run_dir` of `--config`, else `runs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.run_history import (
+    LATEST,
+    FlowRunRecord,
+    dir_size,
+    find_run,
+    flow_runs,
+    removal_plan,
+    remove,
+    stage_outputs,
+)
+
+ACTIONS = ("list", "show", "stages", "clean")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "action", nargs="?", default="list", choices=ACTIONS, help="list (default), show, stages or clean"
+    )
+    p.add_argument(
+        "targets",
+        nargs="*",
+        help="show: a flow run name (default: the newest); clean: flow run names or stage output directories",
+    )
+    p.add_argument("--run-dir", help="the run directory (default: --config's run_dir, else runs)")
+    p.add_argument("--config", help="pipeline YAML whose run_dir to look at")
+    p.add_argument(
+        "--incomplete", action="store_true", help="clean: also every interrupted or unfinished output"
+    )
+    p.add_argument(
+        "--yes", action="store_true", help="clean: really delete (without it, only list what would go)"
+    )
+
+
+def _root(args: argparse.Namespace) -> Path:
+    if args.run_dir:
+        return Path(args.run_dir).expanduser().resolve()
+    if args.config:
+        from pipelines.config import load_config
+        from pipelines.stage_keys import run_root
+
+        return run_root(load_config(args.config))
+    return Path("runs").resolve()
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _duration(seconds: float | None) -> str:
+    from pipelines.report_sections import duration
+
+    return duration(seconds)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _scorecard(run: FlowRunRecord) -> dict[str, Any] | None:
+    fin = next((Path(r["out_dir"]) for r in run.data.get("stages", []) if r.get("stage") == "finetune"), None)
+    try:
+        return json.loads((fin / "scorecard.json").read_text()) if fin else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def result_text(run: FlowRunRecord) -> str:
+    """The scorecard headline in a few words ('+1.5 GLUE avg vs random init, ahead on 1/5')."""
+    card = _scorecard(run)
+    h = (card or {}).get("headline")
+    if not h:
+        return "—"
+    avg = h.get("glue_average_delta")
+    text = (
+        f"{avg:+.1f} GLUE avg vs {h.get('versus_name', 'random init')}"
+        if avg is not None
+        else "vs random init"
+    )
+    return f"{text}, ahead on {len(h['ahead_on'])}/{len(h['tasks'])}"
+
+
+def _report(run: FlowRunRecord) -> str:
+    rep = next((Path(r["out_dir"]) for r in run.data.get("stages", []) if r.get("stage") == "report"), None)
+    return str(rep / "report.html") if rep and (rep / "report.html").is_file() else "—"
+
+
+def _cached(run: FlowRunRecord) -> str:
+    stages = [r for r in run.data.get("stages", []) if r.get("stage") != "finetune-units"]
+    hits = sum(1 for r in stages if r.get("status") in ("cached", "reused"))
+    return f"{hits}/{len(stages)} cached"
+
+
+def list_runs(root: Path) -> str:
+    runs = flow_runs(root)
+    if not runs:
+        return f"{root}: no flow runs yet (`bertflow run CONFIG` writes {root}/flow_runs/)."
+    rows = [
+        [r.name, r.data.get("started_utc", "?"), r.status, _duration(r.data.get("seconds")), _cached(r),
+         result_text(r), _report(r)]
+        for r in runs
+    ]  # fmt: skip
+    header = ["flow run", "started (UTC)", "status", "time", "stages", "result", "report"]
+    return (
+        f"{root}\n"
+        + _table(header, rows)
+        + f"\n\nnewest outputs: {root / LATEST}/ (`bertflow runs show` for one run)"
+    )
+
+
+def show_run(root: Path, name: str | None) -> str:
+    from common.atomic import progress_state
+
+    run = find_run(flow_runs(root), name)
+    d = run.data
+    lines = [
+        f"flow run {run.name}: {run.status}, started {d.get('started_utc', '?')} UTC, "
+        f"{_duration(d.get('seconds'))}; W&B group {d.get('wandb_group', '—')}",
+        f"record: {run.path}",
+        f"result: {result_text(run)}",
+        "",
+    ]
+    rows = []
+    for r in d.get("stages", []):
+        out = Path(r["out_dir"])
+        now = progress_state(out) if r.get("stage") != "finetune-units" and out.exists() else (
+            "present" if out.exists() else "deleted")  # fmt: skip
+        rows.append(
+            [
+                r["stage"],
+                r["status"],
+                _duration(r.get("seconds")),
+                now,
+                _size(dir_size(out)) if out.exists() else "—",
+                str(out),
+            ]
+        )
+    lines.append(_table(["stage", "status", "time", "now", "size", "output"], rows))
+    pre = next((Path(r["out_dir"]) for r in d.get("stages", []) if r.get("stage") == "pretrain"), None)
+    if pre is not None and (pre / "model").is_dir():
+        lines += [
+            "",
+            f"model:  {pre / 'model'}"
+            + ("  (model card: README.md)" if (pre / "model" / "README.md").is_file() else ""),
+        ]
+    lines.append(f"report: {_report(run)}")
+    return "\n".join(lines)
+
+
+def list_stages(root: Path) -> str:
+    outputs = stage_outputs(root)
+    if not outputs:
+        return f"{root}: no stage outputs."
+    rows = [
+        [o.stage, o.path.name, o.state, _size(o.size), time.strftime("%Y-%m-%d %H:%M", time.gmtime(o.modified)),
+         ", ".join(o.used_by) or "—"]
+        for o in outputs
+    ]  # fmt: skip
+    total = sum(o.size for o in outputs)
+    return _table(["stage", "output", "state", "size", "modified (UTC)", "used by flow runs"], rows) + (
+        f"\n\n{len(outputs)} outputs, {_size(total)} in {root}"
+    )
+
+
+def clean(root: Path, targets: list[str], incomplete: bool, yes: bool) -> str:
+    from common.errors import UserError
+
+    if not targets and not incomplete:
+        raise UserError(
+            "nothing to clean.", fix="name flow runs or stage output directories, or pass --incomplete."
+        )
+    plan = removal_plan(root, targets, incomplete)
+    if not plan:
+        return "nothing to delete (every output of these runs is still used by another flow run)."
+    sizes = {p: dir_size(p) if p.is_dir() else p.stat().st_size for p in plan}
+    lines = [f"  {_size(sizes[p]):>10}  {p}" for p in plan]
+    total = _size(sum(sizes.values()))
+    if not yes:
+        return "\n".join(
+            ["would delete:", *lines, f"  {total} in all. Dry run: nothing deleted; add --yes to delete."]
+        )
+    for p in plan:
+        remove(p)
+    latest = root / LATEST
+    for link in latest.iterdir() if latest.is_dir() else []:
+        if link.is_symlink() and not link.exists():
+            link.unlink()  # pointed at something just deleted
+    return "\n".join(["deleted:", *lines, f"  {total} freed."])
+
+
+def main(args: argparse.Namespace) -> int:
+    root = _root(args)
+    if args.action == "list":
+        print(list_runs(root))
+    elif args.action == "show":
+        print(show_run(root, args.targets[0] if args.targets else None))
+    elif args.action == "stages":
+        print(list_stages(root))
+    else:
+        print(clean(root, args.targets, args.incomplete, args.yes))
+    return 0

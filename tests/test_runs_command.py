@@ -1,0 +1,114 @@
+"""`bertflow runs`: past flow runs listed with their result, one shown in detail, and cleaning that
+deletes only what no other flow run uses and never an output still being written."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, mark_in_progress, progress_state, write_marker
+from pipelines.cli import main as cli
+from pipelines.run_history import update_latest
+
+
+def _stage(root: Path, stage: str, key: str, complete: bool = True) -> Path:
+    d = root / stage / key
+    d.mkdir(parents=True)
+    (d / "payload.bin").write_bytes(b"x" * 1000)
+    if complete:
+        write_marker(d)
+    return d
+
+
+def _record(root: Path, name: str, started: str, dirs: dict[str, Path], seconds: float = 100.0) -> Path:
+    stages = [{"stage": s, "key": d.name, "out_dir": str(d), "status": "ran", "seconds": 1.0,
+               "compute_seconds": 1.0} for s, d in dirs.items()]  # fmt: skip
+    path = root / "flow_runs" / f"{started.replace(' ', 'T')}-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"flow_run": name, "started_utc": started, "seconds": seconds, "stages": stages})
+    )
+    return path
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """Two flow runs sharing the tokenizer; the second changed pretraining; one interrupted output."""
+    root = tmp_path / "runs"
+    tok = _stage(root, "tokenizer", "t1")
+    pre1, pre2 = _stage(root, "pretrain", "p1"), _stage(root, "pretrain", "p2")
+    fin = _stage(root, "finetune", "f2")
+    (fin / "scorecard.json").write_text(json.dumps(
+        {"headline": {"glue_average_delta": 3.25, "versus_name": "random init (tiny)", "ahead_on": ["sst2"],
+                      "tasks": ["sst2", "rte"]}}
+    ))  # fmt: skip
+    _record(root, "first-run", "2026-01-01 10:00:00", {"tokenizer": tok, "pretrain": pre1})
+    _record(root, "second-run", "2026-01-02 10:00:00", {"tokenizer": tok, "pretrain": pre2, "finetune": fin})
+    broken = _stage(root, "preprocess", "s9", complete=False)
+    (broken / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 12345, "host": os.uname().nodename}))
+    return root
+
+
+def test_list_and_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["runs", "--run-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    first, second = out.index("first-run"), out.index("second-run")
+    assert second < first  # newest first
+    assert "+3.2 GLUE avg vs random init (tiny), ahead on 1/2" in out
+    assert cli(["runs", "show", "--run-dir", str(root)]) == 0  # default: the newest
+    out = capsys.readouterr().out
+    assert out.startswith("flow run second-run: completed") and str(root / "pretrain" / "p2") in out
+    assert cli(["runs", "stages", "--run-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "second-run, first-run" in out  # the shared tokenizer
+
+
+def test_clean_a_run_keeps_what_another_run_uses(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["runs", "clean", "first-run", "--run-dir", str(root)]) == 0
+    assert "Dry run: nothing deleted" in capsys.readouterr().out
+    assert (root / "pretrain" / "p1" / MARKER_NAME).is_file()
+    assert cli(["runs", "clean", "first-run", "--run-dir", str(root), "--yes"]) == 0
+    assert not (root / "pretrain" / "p1").exists() and (root / "tokenizer" / "t1" / MARKER_NAME).is_file()
+    assert not any("first-run" in p.name for p in (root / "flow_runs").iterdir())
+    assert (root / "pretrain" / "p2" / MARKER_NAME).is_file()
+
+
+def test_clean_incomplete_and_refusals(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert progress_state(root / "preprocess" / "s9") == "interrupted"  # its writer is gone
+    running = _stage(root, "preprocess", "s10", complete=False)
+    mark_in_progress(running)  # this very process: alive
+    assert progress_state(running) == "running"
+    assert cli(["runs", "clean", "preprocess/s10", "--yes", "--run-dir", str(root)]) == 2
+    assert "being written by a running process; nothing deleted" in capsys.readouterr().err
+    assert cli(["runs", "clean", "--incomplete", "--run-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "preprocess/s9" in out and "preprocess/s10" not in out  # the running one is not "incomplete"
+    write_marker(running)
+    assert not (running / IN_PROGRESS_NAME).exists() and progress_state(running) == "complete"
+    assert cli(["runs", "clean", "--incomplete", "--yes", "--run-dir", str(root)]) == 0
+    assert not (root / "preprocess" / "s9").exists() and running.is_dir()
+    # nothing outside the stage layout is ever deleted
+    outside = root / "notes"
+    outside.mkdir()
+    assert cli(["runs", "clean", str(outside), "--yes", "--run-dir", str(root)]) == 2
+    assert cli(["runs", "clean", "pretrain", "--yes", "--run-dir", str(root)]) == 2
+    assert outside.is_dir() and (root / "pretrain" / "p2").is_dir()
+    assert cli(["runs", "show", "secnd-run", "--run-dir", str(root)]) == 2
+    assert "did you mean second-run?" in capsys.readouterr().err
+
+
+def test_latest_links_follow_the_newest_flow_run(root: Path) -> None:
+    (root / "pretrain" / "p2" / "model").mkdir()
+    record = next((root / "flow_runs").glob("*second-run.json"))
+    dirs = {"tokenizer": root / "tokenizer" / "t1", "pretrain": root / "pretrain" / "p2",
+            "report": root / "report" / "missing"}  # fmt: skip
+    latest = update_latest(root, dirs, record)
+    assert (latest / "model").resolve() == (root / "pretrain" / "p2" / "model").resolve()
+    assert (latest / "flow_run.json").resolve() == record.resolve()
+    assert not (latest / "report").exists() and not (latest / "report.html").exists()  # not complete
+    assert not os.path.isabs(os.readlink(latest / "pretrain"))  # relative: the run dir can move
+    update_latest(root, {"tokenizer": root / "tokenizer" / "t1"}, None)
+    assert not (latest / "model").exists() and (latest / "tokenizer").is_dir()
