@@ -304,6 +304,9 @@ def main(args: argparse.Namespace) -> int:
         if args.output
         else stage_dir(cfg.model_copy(update={"preprocess": pcfg}), "preprocess")
     )
-    stats = run_preprocess_stage(pcfg, vocab, out, cfg.data_root, beam_args=list(args.extra_args or []))
+    from pipelines.beam_console import beam_log_path, quiet_beam
+
+    with quiet_beam(beam_log_path(out)):
+        stats = run_preprocess_stage(pcfg, vocab, out, cfg.data_root, beam_args=list(args.extra_args or []))
     print(f"{out}: {stats['examples']} examples, IsNext ratio {stats['is_next_ratio']:.3f}")
     return 0

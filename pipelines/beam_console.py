@@ -1,0 +1,95 @@
+"""Keep Beam's start-up chatter off the console while a preprocessing job runs.
+
+Every Beam run prints the same harmless warnings, from the driver and again from each local worker
+process (which writes to the stderr it inherits): BigQuery's missing apitools, "Logging handler
+created", "No semi_persistent_directory found", "Discarding unparseable args", and the workers'
+copies of them relayed through the job service. `quiet_beam(log)` routes them to a log file:
+while the job runs, file descriptor 2 is a pipe that a thread reads line by line, sending known
+chatter to `log` and everything else (our own log lines, real warnings, tracebacks) on to the
+console unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CHATTER = (
+    "apitools not found, and bigquery client libraries are not available",
+    "Logging handler created.",
+    "No semi_persistent_directory found",
+    "Discarding unparseable args",
+)
+RELAY_LOGGER = "apache_beam.runners.portability.local_job_service"  # workers' messages, in the driver
+
+
+def beam_log_path(out_dir: str | Path) -> Path:
+    """Where a job's chatter goes: OUT/beam.log for a local output, a temp file for a URL."""
+    text = str(out_dir)
+    if "://" in text:
+        import hashlib
+        import tempfile
+
+        return (
+            Path(tempfile.gettempdir())
+            / f"bertflow-beam-{hashlib.sha256(text.encode()).hexdigest()[:12]}.log"
+        )
+    return Path(text) / "beam.log"
+
+
+def is_chatter(text: str) -> bool:
+    return any(marker in text for marker in CHATTER)
+
+
+class _DropChatter(logging.Filter):
+    def __init__(self, log) -> None:
+        super().__init__()
+        self.log = log
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if is_chatter(message):
+            self.log.write(f"{record.name}: {message}\n")
+            return False
+        return True
+
+
+@contextmanager
+def quiet_beam(log_path: Path) -> Iterator[None]:
+    """Within the block, Beam's known chatter goes to `log_path`, the rest of stderr to the console."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    console = os.dup(2)
+    read_end, write_end = os.pipe()
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:
+        relay = _DropChatter(log)
+        logging.getLogger(RELAY_LOGGER).addFilter(relay)
+        logging.getLogger().addFilter(relay)
+
+        def pump() -> None:
+            with os.fdopen(read_end, "rb") as pipe:
+                for raw in pipe:
+                    line = raw.decode("utf-8", "replace")
+                    if is_chatter(line):
+                        log.write(line)
+                    else:
+                        os.write(console, raw)
+
+        thread = threading.Thread(target=pump, name="beam-stderr", daemon=True)
+        thread.start()
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(console, 2)  # the pipe's last writer in this process is gone: the pump ends
+            thread.join(timeout=10)
+            os.close(console)
+            logging.getLogger(RELAY_LOGGER).removeFilter(relay)
+            logging.getLogger().removeFilter(relay)

@@ -1,0 +1,42 @@
+"""Beam's start-up chatter, printed by its worker processes to the stderr they inherit, goes to a
+log file; everything else a process writes to stderr still reaches the console."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.beam_console import quiet_beam
+
+
+def test_chatter_goes_to_the_log_the_rest_to_the_console(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "beam.log"
+    worker = (
+        "import sys; "
+        "sys.stderr.write('WARNING:root:apitools not found, and bigquery client libraries are not available\\n'); "
+        "sys.stderr.write('INFO:__main__:Logging handler created.\\n'); "
+        "sys.stderr.write('Traceback (most recent call last): a real worker error\\n')"
+    )
+    with quiet_beam(log):
+        subprocess.run([sys.executable, "-c", worker], check=True)  # inherits fd 2, as Beam's workers do
+        logging.getLogger("apache_beam.runners.portability.local_job_service").warning(
+            'Worker: severity: WARN message: "Discarding unparseable args: [...]"'
+        )
+        print("our own progress line", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "a real worker error" in err and "our own progress line" in err
+    assert "apitools" not in err and "Logging handler created" not in err and "Discarding" not in err
+    text = log.read_text()
+    assert (
+        "apitools not found" in text
+        and "Logging handler created." in text
+        and "Discarding unparseable" in text
+    )
+    print("after the block", file=sys.stderr)  # stderr is the console again
+    assert "after the block" in capfd.readouterr().err
