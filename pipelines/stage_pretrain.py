@@ -42,10 +42,14 @@ def run_pretrain_stage(
     out_dir: Path,
     log_line: Callable[[str], None] = print,
     node_rank: int = 0,
+    log_debug: Callable[[str], None] | None = None,
     wandb: WandbTarget | None = None,
 ) -> Path:
-    """Check everything, launch the ranks, return the model directory. `wandb`: where the W&B run
-    goes (the flow passes its run's group; alone, the group is `<config name>-pretrain`)."""
+    """Check everything, launch the ranks, return the model directory. The ranks' lines about the
+    run go to `log_line`, DeepSpeed's and torch's talk about themselves to `log_debug` (dropped
+    when None), every line to OUT/launcher.log. `wandb`: where the W&B run goes (the flow passes
+    its run's group; alone, the group is `<config name>-pretrain`)."""
+    from pipelines.launcher_log import LauncherLog, jit_build_notice
     from training import launch, preflight
 
     out_dir = Path(out_dir)
@@ -86,8 +90,15 @@ def run_pretrain_stage(
     cmd = launch.build_command(
         p.launcher, local, spec_path, port, p.hostfile, p.nnodes, node_rank, p.master_addr
     )
+    notice = jit_build_notice(on_gpu)
+    if notice:
+        log_line(notice)
     started = time.time()
-    launch.run_launcher(cmd, launch.child_env(local, on_gpu), log_line)
+    ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
+    try:
+        launch.run_launcher(cmd, launch.child_env(local, on_gpu), ranks_log)
+    finally:
+        ranks_log.close()
 
     model_dir = out_dir / "model"
     if node_rank > 0:
@@ -190,6 +201,10 @@ def main(args: argparse.Namespace) -> int:
     shards = Path(args.shards) if args.shards else stage_dir(cfg, "preprocess")
     tokenizer = Path(args.tokenizer) if args.tokenizer else stage_dir(cfg, "tokenizer")
     output = Path(args.output) if args.output else stage_dir(cfg, "pretrain")
-    print(f"pretrain: shards {shards}, tokenizer {tokenizer}, output {output}", flush=True)
+    print(
+        f"pretrain: shards {shards}, tokenizer {tokenizer}, output {output} "
+        f"(every line of the ranks, DeepSpeed's warnings included: {output / 'launcher.log'})",
+        flush=True,
+    )
     run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank)
     return 0

@@ -1,0 +1,78 @@
+"""The pretraining launcher's output, sorted for a person reading the log.
+
+Every line the ranks print is kept, in order, in OUT/launcher.log. On the console and in the
+Prefect task log, the lines about the run (steps, evaluations, checkpoints, errors) are shown at
+INFO; what DeepSpeed and torch say about themselves on every run (`[WARNING] ... Setting
+accelerator to CPU`, `FutureWarning: ... is deprecated` and the source line Python prints under
+it, progress bars of internal loading) goes to DEBUG.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from common.paths import PROJECT_ROOT
+
+# `[2026-11-22 21:30:26,607] [WARNING] [real_accelerator.py:213:get_accelerator] ...`
+DEEPSPEED_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
+# `/path/c10d_logger.py:83: FutureWarning: ...` (Python's warnings module)
+PYTHON_WARNING = re.compile(r"^\S+:\d+: [A-Za-z]*Warning: ")
+SELF_TALK = ("built successfully", "Loading checkpoint shards", "Loading extension module")
+
+SHM_OP = "deepspeed_shm_comm"  # the CPU communication op DeepSpeed compiles on first use
+
+
+def torch_extensions_dir() -> Path:
+    """Where torch keeps JIT-compiled ops: TORCH_EXTENSIONS_DIR, else the checkout's .cache."""
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or PROJECT_ROOT / ".cache" / "torch_extensions")
+
+
+def jit_build_notice(on_gpu: bool) -> str | None:
+    """What to tell before a CPU run whose DeepSpeed op is not compiled yet (minutes of silence)."""
+    directory = torch_extensions_dir() / SHM_OP
+    if on_gpu or (directory / f"{SHM_OP}.so").is_file():
+        return None
+    return (
+        f"pretrain: first run with this TORCH_EXTENSIONS_DIR: DeepSpeed compiles its CPU communication op "
+        f"({SHM_OP}) once before the first step, about 2-3 minutes on 2 cores, into {directory}; "
+        "later runs reuse it."
+    )
+
+
+class LauncherLog:
+    """A `log_line` callable: raw copy to `raw_path`, then INFO or DEBUG (`debug=None` drops)."""
+
+    def __init__(
+        self, info: Callable[[str], None], debug: Callable[[str], None] | None, raw_path: Path
+    ) -> None:
+        self.info, self.debug = info, debug
+        raw_path.parent.mkdir(parents=True, exist_ok=True)
+        self.raw = open(raw_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed by close())
+        self._in_warning = False
+
+    def is_self_talk(self, line: str) -> bool:
+        if self._in_warning and line.startswith((" ", "\t")):
+            return True  # the source line Python prints under a warning
+        self._in_warning = bool(PYTHON_WARNING.match(line))
+        if self._in_warning:
+            return True
+        m = DEEPSPEED_LINE.match(line)
+        if m:
+            return m.group(1) not in ("ERROR", "CRITICAL")
+        return "\r" in line or any(s in line for s in SELF_TALK)
+
+    def __call__(self, line: str) -> None:
+        self.raw.write(line + "\n")
+        if not line.strip():
+            return
+        if self.is_self_talk(line):
+            if self.debug is not None:
+                self.debug(line)
+        else:
+            self.info(line)
+
+    def close(self) -> None:
+        self.raw.close()

@@ -1,0 +1,56 @@
+"""The ranks' output in the log: lines about the run at INFO, DeepSpeed's and torch's talk about
+themselves at DEBUG, every line kept in launcher.log; and a notice before DeepSpeed's first-run
+compile instead of minutes of silence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.launcher_log import LauncherLog, jit_build_notice
+
+# lines as a 2-rank CPU run prints them (torch 2.13, DeepSpeed 0.19)
+RANK_OUTPUT = """\
+[2026-11-22 21:30:26,607] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.
+DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully
+data cache ready in 0.7s: /tmp/pt/data_cache/vm
+ready to train after 9.4s: 15754 examples, world 2, global batch 32, 492 steps/epoch, fp32, ZeRO 2, start step 0
+/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: `torch.distributed.all_gather_into_tensor` is deprecated. Please use `torch.distributed.all_gather_single` instead.
+  return func(*args, **kwargs)
+step 2/4 loss 9.7161 mlm_acc 0.000 lr 1.00e-05 7543 tok/s data_wait 0.2%
+
+[2026-11-22 21:30:40,001] [ERROR] [engine.py:10:step] something real went wrong
+Loading checkpoint shards: 100%|██████████| 2/2 [00:00<00:00, 306.85it/s]
+wrote the final model to /tmp/pt/model (from global_step4)
+"""
+
+
+def test_run_lines_at_info_self_talk_at_debug_all_in_the_file(tmp_path: Path) -> None:
+    info: list[str] = []
+    debug: list[str] = []
+    log = LauncherLog(info.append, debug.append, tmp_path / "launcher.log")
+    for line in RANK_OUTPUT.splitlines():
+        log(line)
+    log.close()
+    assert [line.split(":")[0].split(" ")[0] for line in info] == [
+        "data",
+        "ready",
+        "step",
+        "[2026-11-22",
+        "wrote",
+    ]
+    assert "[ERROR]" in info[3]  # errors stay visible
+    assert len(debug) == 5 and any("FutureWarning" in d for d in debug) and "  return func" in debug[3]
+    assert (tmp_path / "launcher.log").read_text() == RANK_OUTPUT
+
+
+def test_notice_before_the_first_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    notice = jit_build_notice(on_gpu=False)
+    assert notice and "compiles its CPU communication op" in notice and str(tmp_path) in notice
+    assert jit_build_notice(on_gpu=True) is None  # nothing is compiled on GPU machines
+    built = tmp_path / "deepspeed_shm_comm"
+    built.mkdir()
+    (built / "deepspeed_shm_comm.so").write_bytes(b"\x7fELF")
+    assert jit_build_notice(on_gpu=False) is None
