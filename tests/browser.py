@@ -139,9 +139,9 @@ class Browser:
             "loaded: i.complete && i.naturalWidth > 0, width: i.naturalWidth, height: i.naturalHeight}))"
         )
 
-    def screenshot(self, path: Path) -> Path:
-        """The whole page, top to bottom, as a PNG."""
-        height = int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)"))
+    def screenshot(self, path: Path, height: int | None = None) -> Path:
+        """The whole page, top to bottom, as a PNG (`height`: for apps that scroll inside a pane)."""
+        height = height or int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)"))
         self.call(
             "Emulation.setDeviceMetricsOverride",
             width=self.width,
