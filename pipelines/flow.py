@@ -28,6 +28,7 @@ from pipelines.flow_tasks import (
     tokenizer_task,
     verify_task,
 )
+from pipelines.report_builder import EMBEDDED_NAME
 
 FLOW_NAME = "bert-pipeline"
 
@@ -65,9 +66,10 @@ def bert_pipeline(
 
 def _summary(run: FlowRun, config_name: str) -> dict[str, Any]:
     report_md = run.dirs["report"] / "report.md" if run.wanted("report") else None
-    if report_md is not None and report_md.is_file():
+    embedded = report_md.parent / EMBEDDED_NAME if report_md is not None else None
+    if embedded is not None and embedded.is_file():  # self-contained: a UI page has no files beside it
         create_markdown_artifact(
-            markdown=report_md.read_text(encoding="utf-8"),
+            markdown=embedded.read_text(encoding="utf-8"),
             key=f"bert-report-{config_name}".lower().replace("_", "-"),
             description=f"BERT pipeline report for config {config_name!r} ({report_md.parent})",
         )

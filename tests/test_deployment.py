@@ -1,10 +1,14 @@
 """`make deploy` + a process worker + `prefect deployment run 'bert-pipeline/default'` against a real
-`prefect server start` on loopback; server and worker are stopped by pid."""
+`prefect server start` on loopback; server and worker are stopped by pid. The deployment run makes
+the report of a prepared run directory, and its Prefect artifact is checked as a person sees it:
+self-contained (images inline, no relative links), and in the server's own UI in headless Chromium
+(the images load, the scorecard table is there)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -59,7 +63,37 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 
     pytest.fail(f"prefect server did not become healthy in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def test_deploy_and_run_on_a_local_server_and_worker(tmp_path: Path, data_dir: Path) -> None:
+def _report_artifact(api: str) -> dict:
+    request = urllib.request.Request(
+        f"{api}/artifacts/filter",
+        data=json.dumps({"artifacts": {"key": {"any_": ["bert-report-default"]}}, "limit": 5}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        found = json.load(resp)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _check_artifact_in_the_ui(url: str, tmp_path: Path) -> None:
+    from tests.browser import Browser, chromium_path
+
+    if chromium_path() is None:  # the API check above still ran
+        return
+    browser = Browser(tmp_path / "chromium-profile", width=1400)
+    try:
+        browser.open(url, "document.querySelectorAll('table').length > 3", timeout=120)
+        images = browser.images()
+        assert len(images) == 4 and all(i["loaded"] and i["width"] > 300 for i in images), images
+        assert browser.evaluate("document.body.innerText.includes('GLUE avg')")
+        browser.screenshot(tmp_path / "prefect-artifact.png", height=4200)
+    finally:
+        browser.close()
+
+
+def test_deploy_and_run_on_a_local_server_and_worker(
+    tmp_path: Path, data_dir: Path, minilm_dir: Path
+) -> None:
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {
@@ -74,7 +108,7 @@ def test_deploy_and_run_on_a_local_server_and_worker(tmp_path: Path, data_dir: P
     server_log, worker_log = tmp_path / "server.log", tmp_path / "worker.log"
     server = subprocess.Popen(
         [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env={k: v for k, v in env.items() if k != "PREFECT_API_URL"},
+        env={**{k: v for k, v in env.items() if k != "PREFECT_API_URL"}, "PREFECT_UI_API_URL": api},
         stdout=server_log.open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -101,7 +135,16 @@ def test_deploy_and_run_on_a_local_server_and_worker(tmp_path: Path, data_dir: P
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        # a run directory whose stages are complete, as a flow run leaves it: the deployment's
+        # flow run makes its report (the stage that publishes the artifact)
         run_dir = tmp_path / "run"
+        overrides = [f"run_dir={run_dir}", "finetune.tasks=[rte]"]
+        from pipelines.config import load_config
+        from tests.report_fixtures import make_stage_outputs
+
+        make_stage_outputs(
+            load_config(PROJECT_ROOT / "configs" / "default.yaml", overrides), minilm_dir, data_dir
+        )
         trigger = subprocess.run(
             [
                 str(VENV_BIN / "prefect"),
@@ -109,9 +152,9 @@ def test_deploy_and_run_on_a_local_server_and_worker(tmp_path: Path, data_dir: P
                 "run",
                 "bert-pipeline/default",
                 "-p",
-                "only=verify",
+                "only=report",
                 "-p",
-                "overrides=" + json.dumps([f"run_dir={run_dir}", "finetune.tasks=[rte]"]),
+                "overrides=" + json.dumps(overrides),
                 "--watch",
                 "--watch-timeout",
                 "300",
@@ -125,10 +168,17 @@ def test_deploy_and_run_on_a_local_server_and_worker(tmp_path: Path, data_dir: P
         out = trigger.stdout + trigger.stderr
         assert trigger.returncode == 0 and "Completed" in out, out + worker_log.read_text()[-3000:]
         # the worker ran the flow from the project checkout, with our parameters
-        verify_dirs = list((run_dir / "verify").iterdir())
-        assert len(verify_dirs) == 1 and read_marker(verify_dirs[0]) is not None
+        report_dirs = list((run_dir / "report").iterdir())
+        assert len(report_dirs) == 1 and read_marker(report_dirs[0]) is not None
         record = json.loads(next((run_dir / "flow_runs").glob("*.json")).read_text())
-        assert [s["stage"] for s in record["stages"]] == ["verify"]
+        assert [s["stage"] for s in record["stages"]] == ["report"]
+        # the artifact is the whole report, self-contained: a UI page has no files next to it
+        artifact = _report_artifact(api)
+        text = artifact["data"]
+        assert text.startswith("# ") and "## Result" in text and "GLUE avg" in text
+        targets = re.findall(r"\]\(([^)]*)\)", text)
+        assert len(targets) == 4 and all(t.startswith("data:image/png;base64,") for t in targets)
+        _check_artifact_in_the_ui(f"http://127.0.0.1:{port}/artifacts/artifact/{artifact['id']}", tmp_path)
     finally:
         if worker is not None:
             _stop(worker)
