@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
+from typing import Any
 
 from common.paths import PROJECT_ROOT
 
@@ -70,10 +72,40 @@ def main(args: argparse.Namespace) -> int:
         force=args.force,
     )
     print()
-    for r in summary["stages"]:
-        print(f"  {r['stage']:<15} {r['status']:<18} {r['seconds']:8.1f} s  {r['out_dir']}")
-    print(f"W&B group: {summary['wandb_group']} (offline runs: see the report for `wandb sync`)")
-    if summary.get("report_html"):
-        print(f"Report: {summary['report_html']}")
-        print(f"        {summary['report_md']}")
+    print(end_summary(summary))
     return 0
+
+
+def end_summary(summary: dict[str, Any]) -> str:
+    """What a person needs when the flow ends: the stages, then the result and where it is."""
+    import json
+
+    from finetuning.scorecard import headline_text
+    from pipelines.report_sections import duration
+
+    stages = summary["stages"]
+    lines = [
+        f"  {r['stage']:<15} {r['status']:<18} {duration(r['seconds']):>12}  {r['out_dir']}" for r in stages
+    ]
+    out = {r["stage"]: Path(r["out_dir"]) for r in stages}
+    lines.append("")
+    card = out.get("finetune", Path("/nonexistent")) / "scorecard.json"
+    if card.is_file():
+        headline = headline_text(json.loads(card.read_text()).get("headline"))
+        lines += ["Result: " + headline.replace("**", "").replace("  \n", "\n        "), ""]
+    if "pretrain" in out and (out["pretrain"] / "model").is_dir():
+        lines.append(f"Model:  {out['pretrain'] / 'model'}  (model card: README.md)")
+    if summary.get("report_html"):
+        lines.append(f"Report: {summary['report_html']}")
+    root = Path(summary["run_dir"])
+    if (root / "latest").is_dir():
+        lines.append(f"Latest: {root / 'latest'}/  (`bertflow runs` lists past runs)")
+    if any(r["status"] not in ("cached", "reused") for r in stages):
+        lines.append(
+            f"W&B:    group {summary['wandb_group']} (offline runs: see the report for `wandb sync`)"
+        )
+    else:
+        lines.append(
+            "W&B:    nothing new logged (every stage was reused; its runs are in the earlier flow runs' groups)"
+        )
+    return "\n".join(lines)

@@ -88,3 +88,35 @@ def test_stage_flag_help_in_a_real_shell() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "--epochs EPOCHS" in proc.stdout and "passes over the training examples" in proc.stdout
+
+
+def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path) -> None:
+    import json
+
+    from pipelines.flow_command import end_summary
+
+    pre, fin = tmp_path / "pretrain" / "k1", tmp_path / "finetune" / "k2"
+    (pre / "model").mkdir(parents=True)
+    fin.mkdir(parents=True)
+    headline = {"name": "pretrained (tiny, 300 steps)", "checkpoint": "k1/model", "versus_name": "random init (tiny)",
+                "glue_average_delta": 1.5, "ahead_on": ["stsb"], "tasks": ["sst2", "stsb"], "seeds": 1,
+                "at_chance": [], "random_at_chance": []}  # fmt: skip
+    (fin / "scorecard.json").write_text(json.dumps({"headline": headline}))
+    stages = [
+        {"stage": "pretrain", "status": "ran", "seconds": 350.0, "out_dir": str(pre)},
+        {"stage": "finetune", "status": "ran", "seconds": 4.0, "out_dir": str(fin)},
+    ]
+    summary = {
+        "stages": stages,
+        "run_dir": str(tmp_path),
+        "wandb_group": "default-x",
+        "report_html": "r.html",
+    }
+    text = end_summary(summary)
+    assert (
+        "Result: pretrained (tiny, 300 steps) vs random init (tiny): GLUE-style average +1.5 points" in text
+    )
+    assert f"Model:  {pre / 'model'}" in text and "Report: r.html" in text and "group default-x" in text
+    cached = [{**r, "status": "cached"} for r in stages]
+    text = end_summary({**summary, "stages": cached})
+    assert "default-x" not in text and "nothing new logged" in text  # no group in which no run was written
