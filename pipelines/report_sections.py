@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.progress import duration_text
 from model.model_card import CardFacts, quality_lines, verdict
 
 
@@ -49,14 +50,7 @@ class Links:
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    if seconds < 90:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 90:
-        return f"{minutes} min {secs:02d} s"
-    return f"{minutes // 60} h {minutes % 60:02d} min"
+    return "—" if seconds is None else duration_text(seconds)
 
 
 # ----------------------------------------------------------------------------- 1. result
