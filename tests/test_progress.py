@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from common.progress import Progress, duration_text, eta_seconds
 
 
@@ -12,10 +14,7 @@ def test_eta_at_the_rate_so_far() -> None:
 
 
 def test_progress_line_and_durations() -> None:
-    progress = Progress(10, "units", start=0.0)
-    import time
-
-    progress.started = time.monotonic() - 120.0
+    progress = Progress(10, "units", start=time.monotonic() - 120.0)  # started two minutes ago
     line = progress.step(4)
     assert line.startswith("4/10 units done, 2 min 00 s elapsed, about 3 min 00 s left"), line
     progress.done = 9
