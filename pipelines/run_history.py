@@ -20,7 +20,8 @@ from typing import Any
 
 from common.atomic import MARKER_NAME, progress_state
 from common.errors import UserError
-from pipelines.stage_keys import FLOW_RECORDS, STAGES
+from pipelines.flow_records import FLOW_RECORDS
+from pipelines.stage_keys import STAGES
 
 LATEST = "latest"
 UNITS = ("finetune", "units")
