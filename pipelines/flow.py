@@ -49,17 +49,17 @@ def bert_pipeline(
         run.root, run.selected, sorted(run.forced) or "-", run.group,
     )  # fmt: skip
 
-    run.stage("verify", verify_task, cfg=cfg)
-    run.stage("tokenizer", tokenizer_task, after=("verify",), cfg=cfg)
-    run.stage("preprocess", preprocess_task, upstream=("tokenizer",), cfg=cfg)
-    run.stage("pretrain", pretrain_task, upstream=("tokenizer", "preprocess"), cfg=cfg, wandb=run.wandb)
-    run.fan_out(finetune_unit_task, upstream=("pretrain", "tokenizer"))
-    run.stage("finetune", scorecard_task, upstream=("units",), wandb=run.wandb)
-    record = run.write_record()
-    run.stage(
-        "report", report_task, upstream=("finetune",), cfg=cfg, record_path=str(record), wandb=run.wandb
-    )
-    run.write_record()
+    with run.recorded():
+        run.stage("verify", verify_task, cfg=cfg, wandb=run.wandb)
+        run.stage("tokenizer", tokenizer_task, after=("verify",), cfg=cfg, wandb=run.wandb)
+        run.stage("preprocess", preprocess_task, upstream=("tokenizer",), cfg=cfg, wandb=run.wandb)
+        run.stage("pretrain", pretrain_task, upstream=("tokenizer", "preprocess"), cfg=cfg, wandb=run.wandb)
+        run.fan_out(finetune_unit_task, upstream=("pretrain", "tokenizer"))
+        run.stage("finetune", scorecard_task, upstream=("units",), wandb=run.wandb)
+        record = run.write_record()
+        run.stage(
+            "report", report_task, upstream=("finetune",), cfg=cfg, record_path=str(record), wandb=run.wandb
+        )
 
     return _summary(run, cfg.name)
 

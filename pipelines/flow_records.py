@@ -33,7 +33,11 @@ def write_record(
     records: list[dict[str, Any]],
     started: float,
     path: Path | None = None,
+    status: str = "running",
+    units: list[str] | None = None,
 ) -> Path:
+    """`status`: running (written at the start and after each stage), completed or failed;
+    `units`: the fine-tuning unit directories this flow run used (for `bertflow runs clean`)."""
     if path is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
         path = root / FLOW_RECORDS / f"{stamp}-{run_name}.json"
@@ -44,7 +48,9 @@ def write_record(
             "wandb_group": group,
             "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
             "seconds": round(time.time() - started, 3),
+            "status": status,
             "stages": records,
+            "units": units or [],
         },
     )
     return path

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from prefect import get_run_logger
 from prefect.futures import as_completed, wait
 from prefect.states import State
 
@@ -24,6 +27,7 @@ from common.errors import UserError
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import stage_record, write_record
+from pipelines.run_history import update_latest
 from pipelines.stage_keys import run_root, stage_dirs, stage_key_inputs
 from pipelines.stage_plan import plan_stages
 
@@ -58,6 +62,8 @@ class FlowRun:
         self.records: list[dict[str, Any]] = []
         self.started = time.time()
         self.record_path: Path | None = None
+        self.status = "running"
+        self.unit_dirs: list[str] = []
 
     def wanted(self, stage: str) -> bool:
         return stage in self.selected
@@ -122,6 +128,7 @@ class FlowRun:
         pretrain, tokenizer = (self.upstream(s) for s in upstream)
         model_dir = Path(value_of(pretrain)["out_dir"]) / "model"
         jobs = flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
+        self.unit_dirs = [str(job.out_dir) for job in jobs]
         if "finetune" in self.forced:
             for job in jobs:
                 clear(job.out_dir)
@@ -145,26 +152,64 @@ class FlowRun:
         self.outputs["units"] = futures
 
     def _submit_bounded(self, task_fn: Any, jobs: list[Any], pool: Any, wait_for: list[Any]) -> list[Any]:
+        """Submit with at most `pool.workers` units in flight; log each unit as it finishes, with how
+        many are left to run and about how long that takes at the rate so far."""
+        from common.progress import Progress
+
+        logger = get_run_logger()
+        to_run = [job for job in jobs if read_marker(job.out_dir) is None]
+        logger.info(
+            "finetune: %d units, %d already complete, %d to run on %d worker(s)",
+            len(jobs), len(jobs) - len(to_run), len(to_run), pool.workers,
+        )  # fmt: skip
+        progress = Progress(len(to_run), "units to run")
+        names: dict[int, str] = {}
+
+        def finished(future: Any) -> None:
+            name = names.pop(id(future), None)
+            if name is not None and future.state.name != "Cached":
+                state = "done" if future.state.is_completed() else "FAILED"
+                logger.info("finetune: %s %s; %s", name, state, progress.step())
+
         in_flight: list[Any] = []
         futures: list[Any] = []
         for job in jobs:
             if len(in_flight) >= pool.workers:  # bounded fan-out: wait for a free slot
                 first = next(as_completed(in_flight))
                 in_flight = [f for f in in_flight if f is not first]
+                finished(first)
             job.out_dir.mkdir(parents=True, exist_ok=True)
             options = self._options(read_marker(job.out_dir) is not None)
             future = task_fn.with_options(**options).submit(job=job, pool=pool, wait_for=wait_for)
+            names[id(future)] = job.name
             in_flight.append(future)
             futures.append(future)
+        for future in as_completed(futures):
+            finished(future)
         wait(futures)
         return futures
 
     def write_record(self) -> Path:
         """What this flow run did so far, stage by stage (rewritten in place on later calls)."""
         self.record_path = write_record(
-            self.root, self.run_name, self.group, self.records, self.started, path=self.record_path
-        )
+            self.root, self.run_name, self.group, self.records, self.started,
+            path=self.record_path, status=self.status, units=self.unit_dirs,
+        )  # fmt: skip
         return self.record_path
+
+    @contextmanager
+    def recorded(self) -> Iterator[None]:
+        """The flow run's record from its first moment (status running), then completed or failed;
+        on completion `run_dir/latest/` points at this run's outputs."""
+        self.write_record()
+        try:
+            yield
+        except BaseException:
+            self.status = "failed"
+            self.write_record()
+            raise
+        self.status = "completed"
+        update_latest(self.root, self.dirs, self.write_record())
 
 
 def _cache_status(state: Any) -> str:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 
-from common.atomic import read_marker, remove_temp_files, write_marker
+from common.atomic import mark_in_progress, read_marker, remove_temp_files, write_marker
 from common.errors import UserError
 from common.fingerprint import digest
 from common.tracking import WandbTarget
@@ -52,55 +52,91 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def run_in_dir(stage: str, out_dir: str, body: Callable[[Path], dict[str, Any] | None]) -> dict[str, Any]:
-    """Reuse a complete `out_dir`, else clear its leftovers, run `body`, and mark it complete."""
+def run_in_dir(
+    stage: str,
+    out_dir: str,
+    body: Callable[[Path], dict[str, Any] | None],
+    wandb: WandbTarget | None = None,
+) -> dict[str, Any]:
+    """Reuse a complete `out_dir`, else clear its leftovers, run `body`, and mark it complete.
+    While it runs, `_IN_PROGRESS.json` says so. With `wandb`, the stage's figures (what `body`
+    returns, flattened) become a W&B run of the flow run's group, for stages that log none
+    themselves."""
     out = Path(out_dir)
     logger = get_run_logger()
     if read_marker(out) is not None:
         logger.info("%s: reusing the complete output in %s", stage, out)
         return {"stage": stage, "out_dir": str(out), "status": "reused", "seconds": 0.0, "result": {}}
-    out.mkdir(parents=True, exist_ok=True)
+    mark_in_progress(out)
     remove_temp_files(out)
     started = time.time()
     result = body(out) or {}
     seconds = time.time() - started
+    if wandb is not None:
+        log_stage_run(out, wandb, stage, {**result, "seconds": seconds})
     if read_marker(out) is None:  # stages that do not write their own marker
         write_marker(out, {"stage": stage, "seconds": round(seconds, 3)})
     logger.info("%s: finished in %.1f s -> %s", stage, seconds, out)
     return {"stage": stage, "out_dir": str(out), "status": "ran", "seconds": seconds, "result": result}
 
 
-@task(name="verify-data", **TASK_OPTIONS)
-def verify_task(stage: str, out_dir: str, cfg: PipelineConfig) -> dict[str, Any]:
+def log_stage_run(out: Path, wandb: WandbTarget, stage: str, figures: dict[str, Any]) -> None:
+    """One W&B run for a stage: its numeric figures as the run summary."""
+    if wandb.resolved_mode() == "disabled":
+        return
+    from common.tracking import Tracker
+    from pipelines.report_sections import flatten
+
+    numbers = {
+        k.replace(".", "/"): v
+        for k, v in flatten(_jsonable(figures)).items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    tracker = Tracker(out, wandb, name=stage, job_type=stage)
+    try:
+        tracker.summary(numbers)
+    finally:
+        tracker.finish()
+
+
+# Task and task-run names are the stage names `bertflow run` prints (and the stage directories).
+@task(name="verify", task_run_name="verify", **TASK_OPTIONS)
+def verify_task(stage: str, out_dir: str, cfg: PipelineConfig, wandb: WandbTarget) -> dict[str, Any]:
     from pipelines.verify_data import verify_data
 
-    return run_in_dir(stage, out_dir, lambda out: verify_data(cfg))
+    return run_in_dir(stage, out_dir, lambda out: verify_data(cfg), wandb)
 
 
-@task(name="tokenizer", **TASK_OPTIONS)
-def tokenizer_task(stage: str, out_dir: str, cfg: PipelineConfig) -> dict[str, Any]:
+@task(name="tokenizer", task_run_name="tokenizer", **TASK_OPTIONS)
+def tokenizer_task(stage: str, out_dir: str, cfg: PipelineConfig, wandb: WandbTarget) -> dict[str, Any]:
     def body(out: Path) -> dict[str, Any]:
         from pipelines.stage_tokenizer import run_tokenizer_stage
 
-        return {"tokenizer_dir": str(run_tokenizer_stage(cfg.tokenizer, out, data_root=cfg.data_root))}
+        written = run_tokenizer_stage(cfg.tokenizer, out, data_root=cfg.data_root)
+        marker = read_marker(written) or {}
+        return {"vocab_size": marker.get("vocab_size"), "corpus": marker.get("corpus", {})}
 
-    return run_in_dir(stage, out_dir, body)
+    return run_in_dir(stage, out_dir, body, wandb)
 
 
-@task(name="preprocess", **TASK_OPTIONS)
+@task(name="preprocess", task_run_name="preprocess", **TASK_OPTIONS)
 def preprocess_task(
-    stage: str, out_dir: str, cfg: PipelineConfig, tokenizer: dict[str, Any]
+    stage: str, out_dir: str, cfg: PipelineConfig, tokenizer: dict[str, Any], wandb: WandbTarget
 ) -> dict[str, Any]:
     def body(out: Path) -> dict[str, Any]:
+        from pipelines.beam_console import beam_log_path, quiet_beam
         from pipelines.stage_preprocess import run_preprocess_stage
 
-        stats = run_preprocess_stage(cfg.preprocess, Path(tokenizer["out_dir"]), out, data_root=cfg.data_root)
+        with quiet_beam(beam_log_path(out)):
+            stats = run_preprocess_stage(
+                cfg.preprocess, Path(tokenizer["out_dir"]), out, data_root=cfg.data_root
+            )
         return {"stats": _jsonable(stats)}
 
-    return run_in_dir(stage, out_dir, body)
+    return run_in_dir(stage, out_dir, body, wandb)
 
 
-@task(name="pretrain", **TASK_OPTIONS)
+@task(name="pretrain", task_run_name="pretrain", **TASK_OPTIONS)
 def pretrain_task(
     stage: str,
     out_dir: str,
@@ -115,7 +151,9 @@ def pretrain_task(
         from pipelines.stage_pretrain import run_pretrain_stage
 
         shards, tokenizer_dir = Path(preprocess["out_dir"]), Path(tokenizer["out_dir"])
-        model_dir = run_pretrain_stage(cfg, shards, tokenizer_dir, out, log_line=logger.info, wandb=wandb)
+        model_dir = run_pretrain_stage(
+            cfg, shards, tokenizer_dir, out, log_line=logger.info, log_debug=logger.debug, wandb=wandb
+        )
         return {"model_dir": str(model_dir)}
 
     return run_in_dir(stage, out_dir, body)
@@ -132,7 +170,7 @@ def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any]:
     return result
 
 
-@task(name="scorecard", **TASK_OPTIONS)
+@task(name="finetune", task_run_name="finetune", **TASK_OPTIONS)
 def scorecard_task(
     stage: str, out_dir: str, units: list[dict[str, Any]], wandb: WandbTarget
 ) -> dict[str, Any]:
@@ -150,7 +188,7 @@ def scorecard_task(
     return run_in_dir(stage, out_dir, body)
 
 
-@task(name="report", **TASK_OPTIONS)
+@task(name="report", task_run_name="report", **TASK_OPTIONS)
 def report_task(
     stage: str,
     out_dir: str,

@@ -181,18 +181,25 @@ def main(args: argparse.Namespace) -> int:
     selected = [j for j in jobs if j.unit == find_unit(cfg, args.unit)] if args.unit else jobs
     group = args.group or output.resolve().name
     wandb = cfg_all.wandb.target(group)
+    from common.progress import Progress
+
+    complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
     print(
-        f"bertflow finetune: {len(selected)} unit(s), {min(cfg.concurrency, len(selected))} worker(s) -> {output}",
+        f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete, "
+        f"{min(cfg.concurrency, len(selected))} worker(s) -> {output}",
         flush=True,
     )
+    progress = Progress(len(selected) - len(complete), "units to run")
 
     def report(job: Job, result: dict) -> None:
+        done = "" if job.out_dir in complete else f"  [{progress.step()}]"
         if "error" in result:
-            print(f"  FAILED {job.name}: {result['error']}", flush=True)
+            print(f"  FAILED {job.name}: {result['error']}{done}", flush=True)
         else:
             shown = ", ".join(f"{k} {v:.1f}" for k, v in result["metrics"].items())
             print(
-                f"  done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s)", flush=True
+                f"  done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s){done}",
+                flush=True,
             )
 
     results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)

@@ -34,11 +34,6 @@ def _marker_times(summary: dict) -> dict[str, int]:
     }
 
 
-def _stage_of(task_run_name: str) -> str:
-    """`tokenizer-3f2` -> tokenizer; `finetune-rte-lr5e-05-s42-<label>` -> one name per unit."""
-    return task_run_name if task_run_name.startswith("finetune-") else task_run_name.rsplit("-", 1)[0]
-
-
 def _upstream_graph(flow_run_id: str) -> dict[str, set[str]]:
     """task run -> the task runs its inputs came from, as recorded by the Prefect API."""
     from uuid import UUID
@@ -50,7 +45,7 @@ def _upstream_graph(flow_run_id: str) -> dict[str, set[str]]:
         runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
         )
-    names = {r.id: _stage_of(r.name) for r in runs}
+    names = {r.id: r.name for r in runs}  # the stage names `bertflow run` prints; one per unit
     return {
         names[r.id]: {
             names[i.id] for inputs in r.task_inputs.values() for i in inputs if i.input_type == "task_run"
@@ -96,16 +91,19 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     graph = _upstream_graph(first["flow_run_id"])
     unit_runs = {name for name in graph if name.startswith("finetune-")}
     assert len(unit_runs) == 4 and f"finetune-rte-lr5e-05-s42-{pretrain_dir.name}/model" in unit_runs, graph
-    assert graph["tokenizer"] == {"verify-data"} and graph["preprocess"] == {"tokenizer"}
+    assert set(graph) == {"verify", "tokenizer", "preprocess", "pretrain", "finetune", "report"} | unit_runs
+    assert graph["tokenizer"] == {"verify"} and graph["preprocess"] == {"tokenizer"}
     assert graph["pretrain"] == {"tokenizer", "preprocess"}
     assert all(graph[unit] == {"pretrain", "tokenizer"} for unit in unit_runs), graph
-    assert graph["scorecard"] == unit_runs and graph["report"] == {"scorecard"}
+    assert graph["finetune"] == unit_runs and graph["report"] == {"finetune"}
     # every W&B run of the flow run: the config's project and entity, the flow run's group
     from tests.wandb_records import run_info
 
     runs = [run_info(Path(p).parent) for p in sorted(run.glob("**/wandb_files"))]
-    assert {r["job_type"] for r in runs} == {"pretrain", "finetune", "scorecard", "report"}
-    assert len(runs) == 7, runs
+    assert {r["job_type"] for r in runs} == {
+        "verify", "tokenizer", "preprocess", "pretrain", "finetune", "scorecard", "report"
+    }  # fmt: skip
+    assert len(runs) == 10, runs  # one per stage and per unit
     assert all(
         (r["project"], r["entity"], r["group"]) == (wandb["project"], wandb["entity"], first["wandb_group"])
         for r in runs
@@ -142,7 +140,16 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert Path(first["report_html"]).is_file() and (report_md.parent / "loss.png").is_file()
     assert "| pretrain | ran |" in md and f"pretrain/{pretrain_dir.name}" in md
     assert md.index("## Result") < md.index("## Fine-tuning scorecard") < md.index("## Pretraining")
-    assert (model_dir / "README.md").is_file()  # the model card
+    assert (report_md.parent / "report_embedded.md").is_file()  # the Prefect artifact's text
+    # the model card, and the tokenizer truncating where the model was trained
+    assert "| masked-LM accuracy |" in (model_dir / "README.md").read_text()
+    assert json.loads((model_dir / "tokenizer_config.json").read_text())["model_max_length"] == 64
+    # the flow run's record, and runs/latest pointing at its outputs
+    record = json.loads(Path(first["record"]).read_text())
+    assert record["status"] == "completed" and len(record["units"]) == 4
+    assert (run / "latest" / "model").resolve() == model_dir.resolve()
+    assert (run / "latest" / "report.html").resolve() == Path(first["report_html"]).resolve()
+    assert not list(run.glob("**/_IN_PROGRESS.json"))  # every output finished
     assert "rte" in md and "wandb sync" in md and "offline-run-" in md
     assert first["wandb_group"].startswith("tiny-test-")
 
@@ -150,7 +157,9 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     card_bytes = (finetune_dir / "scorecard.json").read_bytes()
 
     # --- rerun: nothing recomputes; Prefect reports the stages as Cached
+    wandb_runs = sorted(run.glob("**/wandb_files/wandb/*run-*"))
     second = bert_pipeline(config=config)
+    assert sorted(run.glob("**/wandb_files/wandb/*run-*")) == wandb_runs  # no W&B run: nothing ran
     assert _status(second) == {
         "verify": "cached",
         "tokenizer": "cached",

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from common.errors import UserError
+from common.progress import duration_text
 from common.tracking import Tracker
 from model.config import BertConfig
 from model.heads import BertForPreTraining
@@ -438,7 +439,8 @@ def log_row(tracker: Tracker | None, row: dict[str, float], step: int, max_steps
         print(
             f"step {step}/{max_steps} loss {row['loss']:.4f} mlm_acc {row['mlm_acc']:.3f} "
             f"lr {row['lr']:.2e} {row['tokens_per_s']:.0f} tok/s "
-            f"data_wait {row['data_wait_fraction']:.1%}",
+            f"data_wait {row['data_wait_fraction']:.1%} "
+            f"ETA {duration_text((max_steps - step) * row['step_time_s'])}",  # at the recent step time
             flush=True,
         )
 
