@@ -100,7 +100,7 @@ def end_summary(summary: dict[str, Any]) -> str:
     root = Path(summary["run_dir"])
     if (root / "latest").is_dir():
         lines.append(f"Latest: {root / 'latest'}/  (`bertflow runs` lists past runs)")
-    if any(r["status"] not in ("cached", "reused") for r in stages):
+    if any(r["status"] not in ("cached", "reused") and not r["status"].startswith("0 ran") for r in stages):
         lines.append(
             f"W&B:    group {summary['wandb_group']} (offline runs: see the report for `wandb sync`)"
         )

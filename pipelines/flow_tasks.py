@@ -166,7 +166,8 @@ def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any]:
     result = pool.run(job)
     if "error" in result:  # fail the task (retried, never cached); the other units go on
         raise RuntimeError(f"fine-tuning unit {job.name} failed: {result['error']}")
-    get_run_logger().info("%s: %s", job.name, result.get("metrics"))
+    shown = ", ".join(f"{k} {v:.1f}" for k, v in (result.get("metrics") or {}).items())
+    get_run_logger().info("%s: %s", job.name, shown)
     return result
 
 

@@ -118,5 +118,8 @@ def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path) 
     )
     assert f"Model:  {pre / 'model'}" in text and "Report: r.html" in text and "group default-x" in text
     cached = [{**r, "status": "cached"} for r in stages]
+    cached.append(
+        {"stage": "finetune-units", "status": "0 ran, 4 cached", "seconds": 0.2, "out_dir": str(fin)}
+    )
     text = end_summary({**summary, "stages": cached})
     assert "default-x" not in text and "nothing new logged" in text  # no group in which no run was written
