@@ -13,8 +13,10 @@ imported inside the tasks, so the flow imports fast and a missing stage only fai
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +72,8 @@ def run_in_dir(
     mark_in_progress(out)
     remove_temp_files(out)
     started = time.time()
-    result = body(out) or {}
+    with stage_logs_to(logger):
+        result = body(out) or {}
     seconds = time.time() - started
     if wandb is not None:
         log_stage_run(out, wandb, stage, {**result, "seconds": seconds})
@@ -78,6 +81,28 @@ def run_in_dir(
         write_marker(out, {"stage": stage, "seconds": round(seconds, 3)})
     logger.info("%s: finished in %.1f s -> %s", stage, seconds, out)
     return {"stage": stage, "out_dir": str(out), "status": "ran", "seconds": seconds, "result": result}
+
+
+@contextmanager
+def stage_logs_to(run_logger: Any) -> Iterator[None]:
+    """The stages' own loggers (`bertflow.tokenizer`, `bertflow.preprocess`: what they report,
+    progress included) into this task run's log, at INFO and above."""
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            run_logger.log(record.levelno, record.getMessage())
+
+    stage_logger = logging.getLogger("bertflow")
+    handler, level, propagate = Forward(logging.INFO), stage_logger.level, stage_logger.propagate
+    stage_logger.addHandler(handler)
+    stage_logger.setLevel(logging.INFO)
+    stage_logger.propagate = False  # once, through the run logger (which also prints it)
+    try:
+        yield
+    finally:
+        stage_logger.removeHandler(handler)
+        stage_logger.setLevel(level)
+        stage_logger.propagate = propagate
 
 
 def log_stage_run(out: Path, wandb: WandbTarget, stage: str, figures: dict[str, Any]) -> None:

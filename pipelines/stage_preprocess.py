@@ -18,6 +18,7 @@ from pathlib import Path
 
 from common.atomic import MARKER_NAME, TMP_PREFIX
 from common.errors import UserError
+from pipelines.preprocess_progress import watch_preprocess
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels
@@ -191,10 +192,11 @@ def run_preprocess_stage(
         len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],
     )  # fmt: skip
     start = time.perf_counter()
-    counts, entries = run_pipeline(
-        [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
-        cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
-    )  # fmt: skip
+    with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
+        counts, entries = run_pipeline(
+            [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
+            cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
+        )  # fmt: skip
     seconds = time.perf_counter() - start
     if counts.get("documents_read", 0) == 0:
         _clear_outputs(out_dir, work_dir)

@@ -1,0 +1,37 @@
+"""Preprocessing progress from the files its workers leave: input files tokenized, shards written,
+reported while the job runs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pipelines.preprocess_progress import progress_line, watch_preprocess
+
+
+def test_progress_lines_while_the_job_runs(tmp_path: Path) -> None:
+    work, out = tmp_path / "_work", tmp_path
+    (work / "stats").mkdir(parents=True)
+    (work / "entries").mkdir()
+    lines: list[str] = []
+    with watch_preprocess(work, out, n_files=4, n_shards=3, log=lines.append, every=0.05):
+        (work / "stats" / "read-a.json").write_text("{}")  # a worker finished its first file
+        deadline = time.monotonic() + 30
+        while not any("1/4" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "1/4 input files tokenized, 0/3 shards written" in lines[-1]
+    assert "left to read the corpus" in lines[-1]
+    count = len(lines)
+    time.sleep(0.2)
+    assert len(lines) == count  # the reporter was stopped and joined with the block
+
+
+def test_counts_from_doc_chunks_and_shard_files(tmp_path: Path) -> None:
+    work = tmp_path / "_work"
+    (work / "docs").mkdir(parents=True)
+    for name in ("f0-00000.arrow", "f0-00001.arrow", "f1-00000.arrow"):
+        (work / "docs" / name).write_bytes(b"")
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "shard-00000-of-00002.parquet").write_bytes(b"")
+    line = progress_line(work, tmp_path, n_files=2, n_shards=3, elapsed=12.0)
+    assert line == "preprocess: 12.0 s: 2/2 input files tokenized, 1/3 shards written"
