@@ -29,17 +29,13 @@ RELAY_LOGGER = "apache_beam.runners.portability.local_job_service"  # workers' m
 
 
 def beam_log_path(out_dir: str | Path) -> Path:
-    """Where a job's chatter goes: OUT/beam.log for a local output, a temp file for a URL."""
-    text = str(out_dir)
-    if "://" in text:
-        import hashlib
-        import tempfile
+    """Where a job's chatter goes: a temp file named after the output (the output directory itself
+    holds only what the job makes, byte-identical from run to run)."""
+    import hashlib
+    import tempfile
 
-        return (
-            Path(tempfile.gettempdir())
-            / f"bertflow-beam-{hashlib.sha256(text.encode()).hexdigest()[:12]}.log"
-        )
-    return Path(text) / "beam.log"
+    tag = hashlib.sha256(str(out_dir).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"bertflow-beam-{tag}.log"
 
 
 def is_chatter(text: str) -> bool:

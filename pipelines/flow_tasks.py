@@ -188,6 +188,8 @@ def pretrain_task(
 # with its share of the CPU threads, or one GPU each), exactly as `bertflow finetune` runs them.
 @task(name="finetune-unit", task_run_name="finetune-{job.unit.name}-{job.label}", **TASK_OPTIONS)
 def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any]:
+    if read_marker(job.out_dir) is None:
+        mark_in_progress(job.out_dir)  # the unit's worker writes its _COMPLETE.json
     result = pool.run(job)
     if "error" in result:  # fail the task (retried, never cached); the other units go on
         raise RuntimeError(f"fine-tuning unit {job.name} failed: {result['error']}")

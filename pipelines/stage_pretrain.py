@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common.atomic import read_marker, write_marker
+from common.atomic import mark_in_progress, read_marker, write_marker
 from common.errors import UserError
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
@@ -82,7 +82,7 @@ def run_pretrain_stage(
             fix="choose a new --output directory (or delete that one to retrain).",
         )
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    mark_in_progress(out_dir)  # until write_marker below
     spec_path = out_dir / "run_spec.json"
     spec.write(spec_path)
     port = p.master_port or launch.free_port()
