@@ -66,6 +66,11 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def write_marker(directory: str | os.PathLike, payload: dict[str, Any] | None = None) -> None:
     """Mark a stage output directory complete. Call last, after every other file is in place."""
     atomic_write_json(Path(directory) / MARKER_NAME, payload or {})
+    clear_in_progress(directory)
+
+
+def clear_in_progress(directory: str | os.PathLike) -> None:
+    """The writer is done (`write_marker` calls it; so does a stage that writes its marker itself)."""
     (Path(directory) / IN_PROGRESS_NAME).unlink(missing_ok=True)
 
 

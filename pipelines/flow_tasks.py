@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 
-from common.atomic import mark_in_progress, read_marker, remove_temp_files, write_marker
+from common.atomic import (
+    clear_in_progress,
+    mark_in_progress,
+    read_marker,
+    remove_temp_files,
+    write_marker,
+)
 from common.errors import UserError
 from common.fingerprint import digest
 from common.tracking import WandbTarget
@@ -79,6 +85,7 @@ def run_in_dir(
         log_stage_run(out, wandb, stage, {**result, "seconds": seconds})
     if read_marker(out) is None:  # stages that do not write their own marker
         write_marker(out, {"stage": stage, "seconds": round(seconds, 3)})
+    clear_in_progress(out)
     logger.info("%s: finished in %.1f s -> %s", stage, seconds, out)
     return {"stage": stage, "out_dir": str(out), "status": "ran", "seconds": seconds, "result": result}
 
