@@ -30,3 +30,13 @@ def read_json_object(
     if not isinstance(data, dict):
         raise UserError(f"{what} {path} must hold a JSON object, not {type(data).__name__}.", fix=invalid_fix)
     return data
+
+
+def read_json_or_empty(path: Path) -> dict[str, Any]:
+    """A JSON object written by an earlier stage, or {} when it is missing or not an object: for
+    what only describes a result (the model card, display names), never for what decides one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

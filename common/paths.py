@@ -28,3 +28,9 @@ def resolve_data_path(path: str | os.PathLike, root: str | os.PathLike | None = 
     if text.startswith("data:"):
         return data_root(root) / text[len("data:") :]
     return Path(text).expanduser()
+
+
+def torch_extensions_dir() -> Path:
+    """Where torch keeps JIT-compiled ops (DeepSpeed's CPU communication op): TORCH_EXTENSIONS_DIR,
+    else the checkout's `.cache/torch_extensions`."""
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or PROJECT_ROOT / ".cache" / "torch_extensions")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_write_json, atomic_write_text
+from common.jsonfile import read_json_or_empty
 from common.tracking import Tracker
 from finetuning.chance import is_at_chance
 
@@ -360,7 +361,7 @@ def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
         return f"random init ({shape})"
     path = Path(checkpoint)
     preset = _preset(path)
-    marker = _json(path.parent / "_COMPLETE.json") if path.name == "model" else {}
+    marker = read_json_or_empty(path.parent / "_COMPLETE.json") if path.name == "model" else {}
     if "max_steps" in marker and (path.parent / "run_spec.json").is_file():
         return f"pretrained ({preset or 'custom shape'}, {marker['max_steps']:,} steps)"
     return f"{label} ({preset})" if preset else label
@@ -369,14 +370,4 @@ def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
 def _preset(model_dir: Path) -> str | None:
     from model.config import preset_of
 
-    return preset_of(_json(model_dir / "config.json"))
-
-
-def _json(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return preset_of(read_json_or_empty(model_dir / "config.json"))

@@ -12,14 +12,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from common.paths import PROJECT_ROOT
+from common.paths import PROJECT_ROOT, torch_extensions_dir
 
 # Prefect reads its settings when it is first imported: set ours before that.
 ENV_DEFAULTS = {
     "PREFECT_HOME": str(PROJECT_ROOT / ".cache" / "prefect"),
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "TORCH_EXTENSIONS_DIR": str(PROJECT_ROOT / ".cache" / "torch_extensions"),
+    "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir()),
     "DS_BUILD_OPS": "0",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",

@@ -9,12 +9,11 @@ it, progress bars of internal loading) goes to DEBUG.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 
-from common.paths import PROJECT_ROOT
+from common.paths import torch_extensions_dir
 
 # `[2026-11-22 21:30:26,607] [WARNING] [real_accelerator.py:213:get_accelerator] ...`
 DEEPSPEED_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
@@ -23,11 +22,6 @@ PYTHON_WARNING = re.compile(r"^\S+:\d+: [A-Za-z]*Warning: ")
 SELF_TALK = ("built successfully", "Loading checkpoint shards", "Loading extension module")
 
 SHM_OP = "deepspeed_shm_comm"  # the CPU communication op DeepSpeed compiles on first use
-
-
-def torch_extensions_dir() -> Path:
-    """Where torch keeps JIT-compiled ops: TORCH_EXTENSIONS_DIR, else the checkout's .cache."""
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or PROJECT_ROOT / ".cache" / "torch_extensions")
 
 
 def jit_build_notice(on_gpu: bool) -> str | None:

@@ -8,37 +8,31 @@ held-out examples the last evaluation used (`training.evaluate.mlm_baselines`).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from common.jsonfile import read_json_or_empty
 from common.tracking import read_metrics
 from common.version import package_version
 from model.config import preset_of
 from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _data_facts(
     shards_dir: Path, model_config: dict[str, Any], tokenizer_dir: Path | None
 ) -> DataFacts | None:
-    manifest = _read_json(shards_dir / "manifest.json")
-    stats = _read_json(shards_dir / "stats.json")
+    manifest = read_json_or_empty(shards_dir / "manifest.json")
+    stats = read_json_or_empty(shards_dir / "stats.json")
     if not manifest:
         return None
     cfg = manifest.get("config", {})
     inputs = manifest.get("input_fingerprint")
     inputs = inputs if isinstance(inputs, list) else []
     lowercase = (
-        _read_json(tokenizer_dir / "tokenizer_config.json").get("do_lower_case") if tokenizer_dir else None
+        read_json_or_empty(tokenizer_dir / "tokenizer_config.json").get("do_lower_case")
+        if tokenizer_dir
+        else None
     )
     return DataFacts(
         corpus_files=[
@@ -110,13 +104,13 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
     """The model card facts of the pretraining output directory `out_dir` (its model is
     `out_dir/model`)."""
     out_dir = Path(out_dir)
-    spec = _read_json(out_dir / "run_spec.json")
-    model_config = _read_json(out_dir / "model" / "config.json")
+    spec = read_json_or_empty(out_dir / "run_spec.json")
+    model_config = read_json_or_empty(out_dir / "model" / "config.json")
     shards_dir = Path(spec["shards_dir"]) if spec.get("shards_dir") else None
     tokenizer_dir = Path(spec["tokenizer_dir"]) if spec.get("tokenizer_dir") else None
     rows = read_metrics(out_dir)
     data = _data_facts(shards_dir, model_config, tokenizer_dir) if shards_dir else None
-    stats = _read_json(shards_dir / "stats.json") if shards_dir else {}
+    stats = read_json_or_empty(shards_dir / "stats.json") if shards_dir else {}
     training = _training_facts(spec, rows, stats)
     training.seconds = seconds
     preset = preset_of(model_config)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import UserError
-from common.paths import PROJECT_ROOT
+from common.paths import PROJECT_ROOT, torch_extensions_dir
 
 ERROR_LINE = re.compile(r"rank \S+: error: (.*)")
 
@@ -95,7 +95,7 @@ def child_env(num_processes: int, on_gpu: bool) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".cache" / "torch_extensions"))
+    env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
     if not on_gpu:
         # One process per core share: N ranks each spawning all-core thread pools thrash.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
