@@ -4,7 +4,6 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)
 export DS_BUILD_OPS := 0
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_HOME ?= $(CURDIR)/.cache/prefect

@@ -90,7 +90,7 @@ def prepare_environment() -> None:
     """What every part's process needs on a bare machine: no W&B, no hub, JIT builds for this GPU."""
     os.environ["WANDB_MODE"] = "disabled"  # the GPU image has no wandb; metrics.jsonl is kept
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("PYTHONUNBUFFERED", "1"),
-                       ("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")),  # as training/launch.py
+                       ("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")),  # a bare machine: nothing to share
                        ("MAX_JOBS", str(os.cpu_count() or 4))):  # fmt: skip
         os.environ.setdefault(key, value)
     if "TORCH_CUDA_ARCH_LIST" not in os.environ and shutil.which("nvidia-smi"):

@@ -7,6 +7,8 @@ The data root is a setting: `BERTFLOW_DATA` (env) or the config's `data_root`; b
 from __future__ import annotations
 
 import os
+import sys
+from importlib import metadata
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +33,25 @@ def resolve_data_path(path: str | os.PathLike, root: str | os.PathLike | None = 
 
 
 def torch_extensions_dir() -> Path:
-    """Where torch keeps JIT-compiled ops (DeepSpeed's CPU communication op): TORCH_EXTENSIONS_DIR,
-    else the checkout's `.cache/torch_extensions`."""
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or PROJECT_ROOT / ".cache" / "torch_extensions")
+    """Where torch keeps JIT-compiled ops (DeepSpeed's CPU communication op, 2-3 min to build):
+    TORCH_EXTENSIONS_DIR, else one per-user cache that every checkout shares,
+    `$XDG_CACHE_HOME` (or `~/.cache`)`/bertflow/torch_extensions/py<X.Y>-torch<version>`. The
+    folder names the Python and torch it was built for: torch reuses a built op by the hash of its
+    sources and flags, not of the torch it was compiled against."""
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if env:
+        return Path(env).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return (
+        cache
+        / "bertflow"
+        / "torch_extensions"
+        / f"py{sys.version_info.major}.{sys.version_info.minor}-torch{_torch_version()}"
+    )
+
+
+def _torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from common.paths import PROJECT_ROOT
+from common.paths import PROJECT_ROOT, torch_extensions_dir
 from common.tracking import read_metrics
 from pipelines.config import PipelineConfig, load_config
 
@@ -50,7 +50,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 def cli_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(PROJECT_ROOT)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".cache" / "torch_extensions"))
+    env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
     env.update(extra)
     return env
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.paths import PROJECT_ROOT
+from common.paths import PROJECT_ROOT, torch_extensions_dir
 from common.tracking import Tracker, WandbTarget, read_metrics
 
 BENCH = PROJECT_ROOT / "benchmarks"
@@ -55,7 +55,7 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT / "tests" / "forbid_imports"), str(PROJECT_ROOT)])
     env["BERTFLOW_FORBID_IMPORTS"] = FORBIDDEN
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(PROJECT_ROOT / ".cache" / "torch_extensions"))
+    env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
     cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--dry-run", "--carry", str(carry), "--out", str(out),
            "--work", str(work), "--peak-tflops", "1"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)

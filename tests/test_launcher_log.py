@@ -4,10 +4,13 @@ compile instead of minutes of silence."""
 
 from __future__ import annotations
 
+import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from common.paths import PROJECT_ROOT, torch_extensions_dir
 from pipelines.launcher_log import LauncherLog, jit_build_notice
 
 # lines as a 2-rank CPU run prints them (torch 2.13, DeepSpeed 0.19)
@@ -54,3 +57,14 @@ def test_notice_before_the_first_compile(tmp_path: Path, monkeypatch: pytest.Mon
     built.mkdir()
     (built / "deepspeed_shm_comm.so").write_bytes(b"\x7fELF")
     assert jit_build_notice(on_gpu=False) is None
+
+
+def test_the_compiled_op_is_shared_by_every_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    directory = torch_extensions_dir()
+    assert directory.parent == tmp_path / "bertflow" / "torch_extensions"  # outside the checkout
+    assert not directory.is_relative_to(PROJECT_ROOT)
+    python = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    assert directory.name == f"{python}-torch{metadata.version('torch')}"  # an op per Python and torch
+    assert str(directory) in (jit_build_notice(on_gpu=False) or "")
