@@ -222,6 +222,9 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
         "seeds": max((len(row["tasks"][t]["seeds"]) for t in shared), default=0),
         "at_chance": [t for t in shared if row["tasks"][t]["at_chance"]],
         "random_at_chance": [t for t in shared if base["tasks"][t]["at_chance"]],
+        "pretraining_helped": d["glue_average"] is not None
+        and d["glue_average"] > 0
+        and 2 * len(ahead) > len(shared),
     }
 
 
@@ -238,6 +241,12 @@ def headline_text(h: dict[str, Any] | None) -> str:
         + (f" ({', '.join(h['ahead_on'])})" if h["ahead_on"] else "")
         + f", mean of {h['seeds']} seed(s) per task."
     ]
+    if not h.get("pretraining_helped", True):
+        lines.append(
+            f"**Pretraining has not helped here:** {name} is no better than {versus} of the same shape "
+            "under the same fine-tuning budget (GLUE-style average not above it, or ahead on half the "
+            "tasks or fewer). Pretrain on more tokens; docs/quality.md says what it takes."
+        )
     if h["at_chance"]:
         lines.append(
             f"**At chance (no better than the majority class within evaluation noise):** "

@@ -60,7 +60,22 @@ def test_scorecard_marks_chance_rows_and_states_the_headline(tmp_path):
     assert ours["tasks"]["sst2"]["metrics_std"]["accuracy"] == pytest.approx(math.sqrt(2.0))
     h = card["headline"]
     assert h["ahead_on"] == ["sst2"] and h["at_chance"] == ["cola"] and h["seeds"] == 2
+    assert h["pretraining_helped"] is False  # ahead on 1 of 2 tasks: not a majority
     md = (tmp_path / "scorecard.md").read_text()
     assert "| ours | 71.0 ±1.4 | 2.0 ±1.4 (chance) | 36.5 |" in md
     assert "| majority class (chance) | 50.9 | 0.0 | — |" in md
     assert "ahead on 1 of 2 tasks (sst2)" in md and "**At chance" in md
+    assert "**Pretraining has not helped here:**" in md
+
+
+def test_headline_says_pretraining_helped_only_when_ahead_on_average_and_on_most_tasks(tmp_path):
+    sst2, cola = {"accuracy": 50.9}, {"mcc": 0.0}
+    results = [
+        _unit("ours", "pretrained", "sst2", 1, {"accuracy": 80.0}, sst2),
+        _unit("ours", "pretrained", "cola", 1, {"mcc": 20.0}, cola),
+        _unit("random:tiny", "random", "sst2", 1, {"accuracy": 70.0}, sst2),
+        _unit("random:tiny", "random", "cola", 1, {"mcc": 10.0}, cola),
+    ]
+    card = build_scorecard(results, tmp_path)
+    assert card["headline"]["pretraining_helped"] is True
+    assert "has not helped" not in (tmp_path / "scorecard.md").read_text()
