@@ -55,6 +55,20 @@ class _DropChatter(logging.Filter):
         return True
 
 
+class _DropImportChatter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not is_chatter(record.getMessage())
+
+
+def drop_import_chatter() -> None:
+    """Beam warns about BigQuery's missing apitools on the root logger when it is first imported,
+    outside any job (so `quiet_beam` cannot catch it; in a flow it became a task-run WARNING):
+    drop that record in this process. Idempotent."""
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropImportChatter) for f in root.filters):
+        root.addFilter(_DropImportChatter())
+
+
 @contextmanager
 def quiet_beam(log_path: Path) -> Iterator[None]:
     """Within the block, Beam's known chatter goes to `log_path`, the rest of stderr to the console."""

@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         print(f"bertflow {args.command}: not implemented yet.", file=sys.stderr)
         return 0 if args.command == "run" else 1
+    from pipelines.beam_console import drop_import_chatter
+
+    drop_import_chatter()
     try:
         return int(module.main(args) or 0)
     except UserError as exc:

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run as runtime_flow_run
 
+from pipelines.beam_console import drop_import_chatter
 from pipelines.config import load_config
 from pipelines.flow_run import FlowRun
 from pipelines.flow_tasks import (
@@ -42,6 +43,7 @@ def bert_pipeline(
     force: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run the pipeline for one YAML config (+ `section.key=value` overrides)."""
+    drop_import_chatter()  # a deployment's worker calls this function without the CLI
     cfg = load_config(config, overrides)
     run = FlowRun(cfg, str(runtime_flow_run.name or "local"), only, from_stage, force)
     get_run_logger().info(
