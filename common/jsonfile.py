@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from common.textfile import read_user_text
 
 
 def read_json_object(
@@ -22,7 +23,7 @@ def read_json_object(
     if not path.is_file():
         raise UserError(missing or f"{what} {path} does not exist.", fix=missing_fix)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_user_text(path, what))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(
             f"{what} {path} is not valid JSON (corrupt or truncated: {exc}).", fix=invalid_fix

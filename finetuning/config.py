@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import Field
+
+from common.settings import Section, Seed
+
+LearningRate = Annotated[float, Field(gt=0, le=1)]
 
 
-class FinetuneConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FinetuneConfig(Section):
     tasks: list[str] = Field(default_factory=lambda: ["sst2", "mrpc", "rte", "cola", "stsb"])
     task_config: str | None = Field(None, description="YAML with extra task definitions")
     baselines: list[str] = Field(
@@ -15,13 +19,13 @@ class FinetuneConfig(BaseModel):
     )
     max_train_examples: int | None = Field(2000, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
-    epochs: float = Field(3.0, gt=0)
-    lrs: list[float] = Field(default_factory=lambda: [5e-5])
-    seeds: list[int] = Field(default_factory=lambda: [42])
+    epochs: float = Field(3.0, gt=0, le=1000)
+    lrs: list[LearningRate] = Field(default_factory=lambda: [5e-5], min_length=1)
+    seeds: list[Seed] = Field(default_factory=lambda: [42], min_length=1)
     batch_size: int = Field(32, ge=1)
     max_seq_length: int = Field(128, gt=8)
     warmup_proportion: float = Field(0.1, ge=0, le=1)
-    weight_decay: float = Field(0.01, ge=0)
+    weight_decay: float = Field(0.01, ge=0, le=1)
     concurrency: int = Field(2, ge=1)
     dropout: float = Field(0.1, ge=0, lt=1, description="hidden and attention dropout while fine-tuning")
     threads: int | None = Field(

@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from common.errors import UserError
+from common.textfile import read_user_text
 from finetuning.metrics import squad_metrics
 from finetuning.tasks import TaskSpec, check_file
 from model.config import BertConfig
@@ -41,7 +42,7 @@ def read_squad(path: Path, spec: TaskSpec) -> list[list[QAExample]]:
     """Examples grouped by article, in file order."""
     check_file(path, spec)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))["data"]
+        data = json.loads(read_user_text(path, "SQuAD file"))["data"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is not a SQuAD v1.1 JSON file: {exc}", fix="use dev-v1.1.json.") from None
     articles = []

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from common.errors import UserError
 from common.paths import resolve_data_path
+from common.textfile import read_user_text
 
 BUILTIN_TASKS_FILE = Path(__file__).with_name("tasks.yaml")
 METRICS_BY_KIND = {
@@ -81,7 +82,7 @@ class TaskSpec(BaseModel):
 
 def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.safe_load(read_user_text(path, "task config")) or {}
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise UserError(f"task config {path} cannot be read: {exc}", fix="pass a valid YAML file.") from None
     if not isinstance(raw, dict):
@@ -160,10 +161,7 @@ def check_file(path: Path, spec: TaskSpec) -> None:
 def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> list[TextExample]:
     """Read a GLUE-format TSV: tab separated, no quoting (csv.QUOTE_NONE), optional BOM and header."""
     check_file(path, spec)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text: {exc}", fix="re-encode the file as UTF-8.") from None
+    text = read_user_text(path, "task data file")
     lines = text.splitlines()
     if not lines or not any(line.strip() for line in lines):
         raise UserError(

@@ -13,13 +13,15 @@ import types
 import typing
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from common.errors import UserError
 from common.paths import data_root, resolve_data_path
+from common.settings import Section
+from common.textfile import read_user_text
 from common.tracking import WandbTarget
 from finetuning.config import FinetuneConfig
 from model.config import PRESETS
@@ -27,20 +29,18 @@ from preprocessing.config import PreprocessConfig, TokenizerConfig
 from training.config import PretrainConfig
 
 
-class ModelSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    preset: str = "tiny"
+class ModelSection(Section):
+    preset: str | None = Field(
+        "tiny", description="null (or unset, with pretrain.init_from): init_from's shape"
+    )
     hidden_dropout_prob: float = Field(0.1, ge=0, lt=1)
     attention_probs_dropout_prob: float = Field(0.1, ge=0, lt=1)
     max_position_embeddings: int = Field(512, gt=0)
 
 
-class WandbSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WandbSection(Section):
     project: str = "bertflow"
-    mode: str = Field("offline", description="offline | online | disabled; WANDB_MODE wins")
+    mode: Literal["offline", "online", "disabled"] = Field("offline", description="WANDB_MODE wins")
     entity: str | None = None
 
     def target(self, group: str | None) -> WandbTarget:
@@ -48,29 +48,21 @@ class WandbSection(BaseModel):
         return WandbTarget(project=self.project, entity=self.entity, group=group, mode=self.mode)
 
 
-class ReportSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ReportSection(Section):
     title: str = "BERT pipeline report"
 
 
-class VerifySection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class VerifySection(Section):
     checksums: bool = Field(False, description="also compare sha256 of every input with the checksum file")
     checksum_file: str = Field("data:SHA256SUMS", description="`sha256sum` format, paths relative to it")
 
 
-class FlowSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FlowSection(Section):
     retries: int = Field(1, ge=0, description="retries of a stage task after a transient failure")
-    retry_delay_seconds: float = Field(10.0, ge=0)
+    retry_delay_seconds: float = Field(10.0, ge=0, le=86400)
 
 
-class PipelineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PipelineConfig(Section):
     name: str = "default"
     run_dir: str = "runs"
     data_root: str | None = None
@@ -196,9 +188,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
                 f"config file {p} does not exist.", fix="pass an existing YAML, e.g. configs/default.yaml."
             )
         try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as exc:
-            raise UserError(f"config file {p} is not UTF-8 text: {exc}") from None
+            raw = yaml.safe_load(read_user_text(p, "config file")) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -212,7 +202,15 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     except ValidationError as exc:
         where = f"config file {path}" if path else "config"
         raise UserError(f"{where} is invalid: {validation_message(exc)}") from None
-    if cfg.model.preset not in PRESETS:
+    if cfg.pretrain.init_from and "preset" not in cfg.model.model_fields_set:
+        cfg.model.preset = None  # the model is init_from's; the record must not name a default preset
+    if cfg.model.preset is None and not cfg.pretrain.init_from:
+        raise UserError(
+            f"{path or 'config'}: model.preset is null, which means pretrain.init_from's shape, but "
+            "pretrain.init_from is not set.",
+            fix="name a preset (tiny, mini, small, medium, base, large) or set pretrain.init_from.",
+        )
+    if cfg.model.preset is not None and cfg.model.preset not in PRESETS:
         raise UserError(
             f"{path or 'config'}: model.preset {cfg.model.preset!r} is unknown"
             f"{did_you_mean(cfg.model.preset, PRESETS)}; use one of {', '.join(PRESETS)}."

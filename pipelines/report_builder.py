@@ -93,7 +93,7 @@ def render_markdown(inputs: ReportInputs, links: Links) -> str:
     lines = [
         f"# {cfg.report.title}",
         "",
-        f"Config **{cfg.name}** · model preset **{cfg.model.preset}** · run directory `{links.root}` · "
+        f"Config **{cfg.name}** · model **{cfg.model.preset or 'of pretrain.init_from'}** · run directory `{links.root}` · "
         f"generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
         "",
     ]

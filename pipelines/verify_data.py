@@ -14,6 +14,7 @@ from typing import Any
 
 from common.atomic import sha256_file
 from common.errors import UserError
+from common.textfile import read_user_text
 from pipelines.config import PipelineConfig
 from preprocessing.corpus import match_inputs
 
@@ -99,7 +100,7 @@ def _task_files(cfg: PipelineConfig) -> list[tuple[str, Path]]:
 def read_checksums(path: Path) -> dict[Path, str]:
     """`sha256sum` output → {absolute path: hex digest}."""
     sums: dict[Path, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_user_text(path, "checksum file").splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split(None, 1)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from common.settings import Section, Seed
 
 
-class TokenizerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TokenizerConfig(Section):
     input: list[str] = Field(
         default_factory=lambda: ["data:wiki/summaries_en.txt"],
         description="corpus files or globs; 'data:' = the data root",
@@ -21,9 +21,7 @@ class TokenizerConfig(BaseModel):
     )
 
 
-class PreprocessConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PreprocessConfig(Section):
     input: list[str] = Field(default_factory=lambda: ["data:wiki/summaries_en.txt"])
     max_seq_length: int = Field(128, gt=8)
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)
@@ -40,9 +38,9 @@ class PreprocessConfig(BaseModel):
         0.01, ge=0.0, lt=0.5, description="documents held out for validation shards"
     )
     bucket_size_mb: float = Field(
-        4.0, gt=0, description="raw text per document bucket (NotNext pool; bounds worker memory)"
+        4.0, gt=0, le=1e6, description="raw text per document bucket (NotNext pool; bounds worker memory)"
     )
     workers: int = Field(2, ge=1)
-    seed: int = 12345
+    seed: Seed = 12345
     runner: str = "DirectRunner"
     beam_options: list[str] = Field(default_factory=list, description="extra Beam pipeline flags")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from common.settings import Section, Seed
 
 
-class PretrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PretrainConfig(Section):
     deepspeed_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed JSON template")
     zero_stage: int | None = Field(None, ge=0, description="overrides the template's ZeRO stage")
     num_processes: int = Field(2, ge=1)
@@ -17,8 +17,8 @@ class PretrainConfig(BaseModel):
     gradient_accumulation_steps: int = Field(1, ge=1)
     max_steps: int = Field(200, ge=1)
     optimizer: Literal["adamw", "lamb"] = "adamw"
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    lr: float = Field(1e-4, gt=0, le=1)
+    weight_decay: float = Field(0.01, ge=0, le=1)
     dropout: float | None = Field(
         None,
         ge=0,
@@ -39,7 +39,7 @@ class PretrainConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(50, ge=1)
     log_every: int = Field(10, ge=1)
-    seed: int = 42
+    seed: Seed = 42
     compile: bool = Field(False, description="torch.compile the model (GPU fast path; off on CPU)")
     init_from: str | None = Field(
         None, description="phase 2: start from this model dir (e.g. phase 1's out/model), fresh optimizer"
@@ -63,6 +63,10 @@ class PretrainConfig(BaseModel):
         description="node-local folder for the memory-mapped data cache ($VARS expanded on each node); "
         "default OUTPUT/data_cache",
     )
-    dist_timeout_s: int = Field(600, ge=10, description="collective timeout: a hung rank fails all ranks")
-    peak_tflops: float | None = Field(None, gt=0, description="MFU denominator override (dense TFLOP/s)")
+    dist_timeout_s: int = Field(
+        600, ge=10, le=7 * 86400, description="collective timeout: a hung rank fails all ranks"
+    )
+    peak_tflops: float | None = Field(
+        None, gt=0, le=1e6, description="MFU denominator override (dense TFLOP/s)"
+    )
     prefetch_batches: int = Field(4, ge=1)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.paths import PROJECT_ROOT, torch_extensions_dir
+from common.textfile import read_user_text
 
 ERROR_LINE = re.compile(r"rank \S+: error: (.*)")
 
@@ -40,7 +41,7 @@ def hostfile_slots(path: Path) -> int:
     if not path.is_file():
         raise UserError(f"hostfile {path} does not exist.", fix="see infra/hostfile.example.")
     total = 0
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(read_user_text(path, "hostfile").splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue

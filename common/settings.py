@@ -1,0 +1,29 @@
+"""The base of every config section: unknown keys refused, every number finite and in range.
+
+Each stage's section (`tokenizer:`, `preprocess:`, `pretrain:`, ...) derives from `Section`, so a
+bad value is one message naming `section.key` when the YAML is read, before any process starts:
+NaN and infinity are refused everywhere (`allow_inf_nan=False`), and every integer (also inside a
+list) must fit a C int, which is what torch, numpy and the Rust tokenizer turn it into. Fields add
+their own bounds (`Field(gt=0, le=1)`); seeds use `Seed`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+INT_MAX = 2**31 - 1
+Seed = Annotated[int, Field(ge=0, le=INT_MAX, description="random seed, 0 .. 2**31-1")]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _ints_fit_a_c_int(cls, value: Any) -> Any:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > INT_MAX:
+                raise ValueError(f"must be at most {INT_MAX}")
+        return value
