@@ -55,3 +55,22 @@ def _torch_version() -> str:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
         return "none"
+
+
+def check_output_dir(path: str | os.PathLike, key: str) -> None:
+    """A folder a stage will write into must be a folder or creatable: no file in its place or on
+    its way, and its nearest existing parent writable. Raises a UserError naming `key`."""
+    from common.errors import UserError
+
+    path = Path(path).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"lies below the file {existing}"
+        raise UserError(
+            f"{key} {path} {where}, not a folder.",
+            fix=f"set {key} to a folder (or a path where one can be made).",
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{key} {path}: {existing} is not writable.", fix=f"set {key} to a writable folder.")

@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     apply_env_defaults()
+    from common.paths import check_output_dir
     from pipelines.config import load_config
     from pipelines.stage_plan import plan_stages
     from pipelines.verify_data import check_data_paths
@@ -61,6 +62,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # fails fast, before Prefect starts
     plan_stages(args.only, args.from_stage, args.force)
     check_data_paths(cfg)
+    check_output_dir(cfg.run_dir, "run_dir")
 
     from pipelines.flow import bert_pipeline
 

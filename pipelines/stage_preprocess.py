@@ -18,6 +18,7 @@ from pathlib import Path
 
 from common.atomic import MARKER_NAME, TMP_PREFIX
 from common.errors import UserError
+from common.stage_output import check_own_output
 from pipelines.preprocess_progress import watch_preprocess
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
@@ -138,6 +139,8 @@ def run_preprocess_stage(
     from preprocessing.wordpiece import SPECIAL_TOKENS, load_tokenizer, vocab_list
 
     out_dir = str(out_dir)
+    if not storage.is_remote(out_dir):
+        check_own_output(out_dir, "preprocess", {"tokenizer": Path(tokenizer_path)})
     if cfg.max_predictions_per_seq > cfg.max_seq_length - 3:
         raise UserError(
             f"preprocess.max_predictions_per_seq={cfg.max_predictions_per_seq} exceeds the "
@@ -217,7 +220,9 @@ def run_preprocess_stage(
     storage.write_json(storage.join(out_dir, STATS_NAME), stats)
     storage.write_json(storage.join(out_dir, MANIFEST_NAME), manifest)
     storage.delete_tree(work_dir)
-    storage.write_json(storage.join(out_dir, MARKER_NAME), {"examples": stats["examples"]})  # last
+    storage.write_json(
+        storage.join(out_dir, MARKER_NAME), {"stage": "preprocess", "examples": stats["examples"]}
+    )  # last
     log.info(
         "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
         stats["examples"], stats["examples_per_split"], out_dir, seconds, stats["mb_per_second"] or 0,

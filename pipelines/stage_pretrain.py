@@ -24,6 +24,7 @@ from pathlib import Path
 
 from common.atomic import mark_in_progress, read_marker, write_marker
 from common.errors import UserError
+from common.stage_output import check_own_output
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
 
@@ -53,6 +54,7 @@ def run_pretrain_stage(
     from training import launch, preflight
 
     out_dir = Path(out_dir)
+    check_own_output(out_dir, "pretrain", {"shards": shards_dir, "tokenizer": tokenizer_dir})
     on_gpu, bf16_ok = _device_caps()
     p = cfg.pretrain
     check_nodes(cfg, node_rank)
@@ -77,9 +79,11 @@ def run_pretrain_stage(
         if marker.get("fingerprint") == fingerprint and (out_dir / "model" / "config.json").is_file():
             log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
             return out_dir / "model"
+        differences = spec.differences(marker["settings"]) if "settings" in marker else []
         raise UserError(
-            f"{out_dir} holds a finished pretraining run with different settings.",
-            fix="choose a new --output directory (or delete that one to retrain).",
+            f"{out_dir} holds a finished pretraining run with other settings"
+            + (f": {'; '.join(differences)}." if differences else "."),
+            fix=f"choose a new --output directory, or delete {out_dir} to retrain it with these settings.",
         )
 
     mark_in_progress(out_dir)  # until write_marker below
@@ -108,7 +112,16 @@ def run_pretrain_stage(
         raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
     card = finish_model_dir(out_dir, seconds=time.time() - started)
     log_line(f"pretrain: model card {card}")
-    write_marker(out_dir, {"fingerprint": fingerprint, "max_steps": p.max_steps, "model": str(model_dir)})
+    write_marker(
+        out_dir,
+        {
+            "stage": "pretrain",
+            "fingerprint": fingerprint,
+            "settings": spec.settings(),
+            "max_steps": p.max_steps,
+            "model": str(model_dir),
+        },
+    )
     log_line(f"pretrain: done, model at {model_dir}")
     return model_dir
 

@@ -16,6 +16,7 @@ from common.atomic import MARKER_NAME, read_marker, remove_temp_files, sha256_fi
 from common.errors import UserError
 from common.fingerprint import file_stamp
 from common.paths import resolve_data_path
+from common.stage_output import check_own_output
 from preprocessing.config import TokenizerConfig
 from preprocessing.corpus import expand_inputs, iter_texts
 
@@ -34,6 +35,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
     from preprocessing.wordpiece import load_tokenizer, save_tokenizer, train_tokenizer
 
     out_dir = Path(out_dir)
+    check_own_output(out_dir, "tokenizer", {})
     if cfg.vocab:
         source = resolve_data_path(cfg.vocab, data_root)
         identity = None  # loading is cheap: always redone
@@ -55,8 +57,19 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
     else:
         log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
         tok = train_tokenizer(
-            _Corpus(files, counts), cfg.vocab_size, cfg.lowercase, cfg.min_frequency, cfg.limit_alphabet
+            _Corpus(files, counts),
+            cfg.vocab_size,
+            cfg.lowercase,
+            cfg.min_frequency,
+            cfg.limit_alphabet,
+            counts=counts,
         )
+        if counts["words_skipped_over_100_chars"]:
+            log.warning(
+                "left %d word(s) longer than 100 characters out of the vocabulary (WordPiece encodes "
+                "each as one [UNK])",
+                counts["words_skipped_over_100_chars"],
+            )
         lowercase = cfg.lowercase
         if counts["documents_read"] == 0:
             raise UserError(
@@ -72,6 +85,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
     write_marker(
         out_dir,
         {
+            "stage": "tokenizer",
             "identity": identity,
             "files": {name: sha256_file(out_dir / name) for name in OUTPUT_FILES},
             "vocab_size": tok.get_vocab_size(),

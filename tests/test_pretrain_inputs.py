@@ -14,11 +14,12 @@ import pytest
 from common.atomic import sha256_file, write_marker
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
+from pipelines.config import load_config
 from pipelines.stage_pretrain import run_pretrain_stage
 from preprocessing import shard_format
 from tests.pretrain_runs import cli_env, config
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
-from training import checkpoint
+from training import checkpoint, preflight
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_checkpoint_of_another_model_shape(data, tmp_path):
     checkpoint.write_verification(
         tag, {"step": 4, "world_size": 2, "global_batch": 16, "model_config": shape}
     )
-    _fails(config(), *data, out, "different model shape .*hidden_size 256 vs 128")
+    _fails(config(), *data, out, "other settings.*model.hidden_size: 256 -> 128")
     # same shape but another process count: ZeRO partitions cannot be reused
     shape.update(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
     checkpoint.write_verification(
@@ -120,7 +121,7 @@ def test_checkpoint_of_another_model_shape(data, tmp_path):
 def test_finished_run_with_other_settings(data, tmp_path):
     out = tmp_path / "out"
     write_marker(out, {"fingerprint": "from-another-run"})
-    _fails(config(), *data, out, "finished pretraining run with different settings")
+    _fails(config(), *data, out, "finished pretraining run with other settings")
 
 
 def test_cli_prints_one_paragraph_and_exits_2(data, tmp_path):
@@ -131,3 +132,58 @@ def test_cli_prints_one_paragraph_and_exits_2(data, tmp_path):
     assert res.returncode == 2, res.stderr
     assert "ZeRO stage 4 does not exist" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _spec(cfg, shards, tok, out):
+    return preflight.build_spec(cfg, shards, tok, out, False, False, 2, cfg.wandb.target(group=None))
+
+
+def _checkpoint(out, info):
+    tag = out / "checkpoints" / "global_step4"
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    checkpoint.write_verification(tag, {"step": 4, "world_size": 2, "global_batch": 16, **info})
+
+
+def test_resume_with_other_settings_names_each_key(data, tmp_path):
+    """Issue 14 item 1: a resume with another lr kept the checkpoint's schedule and weights while
+    run_spec.json recorded the new lr. Now each differing key is named and nothing starts."""
+    shards, tok = data
+    out = tmp_path / "out"
+    spec = _spec(config(), shards, tok, out)
+    _checkpoint(out, {"model_config": spec.model, "settings": spec.settings()})
+    changed = config("pretrain.lr=1e-3", "pretrain.warmup_steps=3")
+    _fails(changed, shards, tok, out, r"pretrain\.lr: 0\.002 -> 0\.001; pretrain\.warmup_steps: 2 -> 3")
+    # how a run is watched and checkpointed may change on a resume; the weights do not depend on it
+    _spec(
+        config("pretrain.log_every=5", "pretrain.checkpoint_every=2", "pretrain.eval_every=3"),
+        shards,
+        tok,
+        out,
+    )
+
+
+def test_resume_of_a_checkpoint_without_recorded_settings_uses_run_spec(data, tmp_path):
+    """Checkpoints written before _VERIFIED.json held the settings: run_spec.json of that run decides."""
+    shards, tok = data
+    out = tmp_path / "out"
+    spec = _spec(config(), shards, tok, out)
+    _checkpoint(out, {"model_config": spec.model})
+    spec.write(out / "run_spec.json")
+    _fails(config("pretrain.seed=6"), shards, tok, out, r"pretrain\.seed: 5 -> 6")
+
+
+def test_preset_that_is_not_the_shape_of_init_from(data, tmp_path, minilm_dir):
+    """Issue 14 item 1: `--preset mini` with init_from a model of another shape trained init_from's
+    shape while the record said mini. Named explicitly, a preset must match; unset, the record says
+    the model is init_from's (preset null)."""
+    shards, tok = data
+    sets = ["pretrain.num_processes=2", "pretrain.micro_batch_size=8", f"pretrain.init_from={minilm_dir}"]
+    _fails(load_config(None, [*sets, "model.preset=mini"]), shards, tok, tmp_path / "out",
+           r"model.preset 'mini' describes another model than pretrain.init_from .*hidden_size 256 vs 384")  # fmt: skip
+    cfg = load_config(None, sets)
+    spec = _spec(cfg, shards, tok, tmp_path / "out")
+    assert cfg.model.preset is None and spec.pipeline_config["model"]["preset"] is None
+    assert spec.model["hidden_size"] == 384
+    with pytest.raises(UserError, match="model.preset is null"):
+        load_config(None, ["model.preset=null"])

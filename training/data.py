@@ -135,6 +135,17 @@ class BatchPlan:
         return perm[start : start + self.micro_batch_size]
 
 
+def require_one_global_batch(num_examples: int, micro: int, accum: int, world: int, where: str = "") -> None:
+    """A step needs one full global batch; fewer training examples than that is a UserError."""
+    if num_examples < micro * accum * world:
+        raise UserError(
+            f"the training split{where} has {num_examples} examples, fewer than one global batch "
+            f"({micro} micro x {accum} accumulation x {world} processes = {micro * accum * world}).",
+            fix="lower pretrain.micro_batch_size / gradient_accumulation_steps / num_processes, or "
+            "preprocess more text.",
+        )
+
+
 def collate(
     store: ExampleStore,
     indices: np.ndarray,
@@ -214,13 +225,7 @@ class PretrainLoader:
         prefetch: int = 4,
         pin_memory: bool = False,
     ) -> None:
-        if plan.steps_per_epoch == 0:
-            raise UserError(
-                f"the training split has {plan.num_examples} examples, fewer than one global batch "
-                f"({plan.micro_batch_size} micro x {plan.grad_accum} accumulation x {plan.world_size} "
-                "processes).",
-                fix="lower pretrain.micro_batch_size / gradient_accumulation_steps or preprocess more text.",
-            )
+        require_one_global_batch(plan.num_examples, plan.micro_batch_size, plan.grad_accum, plan.world_size)
         self.store, self.plan, self.masking = store, plan, masking
         self.pin_memory = pin_memory  # GPU: page-locked batches make the host→device copy async
         self.step = start_step

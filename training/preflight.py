@@ -15,11 +15,13 @@ import pyarrow.parquet as pq
 
 from common.atomic import sha256_file
 from common.errors import UserError
+from common.textfile import read_user_text
 from common.tracking import WandbTarget
 from model.config import BertConfig
 from preprocessing import shard_format
 from preprocessing.wordpiece import SPECIAL_TOKENS
 from training import checkpoint
+from training.data import require_one_global_batch
 from training.ds_config import build_ds_config
 from training.run_spec import MaskingSettings, RunSpec
 
@@ -41,7 +43,7 @@ def read_vocab(tokenizer_dir: Path) -> list[str]:
             f"tokenizer directory {tokenizer_dir} has no vocab.txt.",
             fix="pass the output dir of `bertflow tokenizer` (or an HF model dir with vocab.txt).",
         )
-    vocab = path.read_text(encoding="utf-8").splitlines()
+    vocab = read_user_text(path, "vocabulary").splitlines()
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
         raise UserError(f"{path} lacks the special tokens {missing}.", fix="retrain the tokenizer.")
@@ -137,6 +139,7 @@ def model_config(cfg, vocab_size: int, tokenizer_dir: Path) -> BertConfig:
                 f"{tokenizer_dir} has {vocab_size}.",
                 fix="use the tokenizer of phase 1 for phase 2.",
             )
+        check_init_shape(m, base, init_dir)
         base.hidden_dropout_prob = m.hidden_dropout_prob
         base.attention_probs_dropout_prob = m.attention_probs_dropout_prob
         return base
@@ -149,20 +152,42 @@ def model_config(cfg, vocab_size: int, tokenizer_dir: Path) -> BertConfig:
     )
 
 
-def check_existing_checkpoints(ckpt_root: Path, model_cfg: BertConfig, world: int, global_batch: int) -> None:
-    for tag in checkpoint.tag_dirs(ckpt_root):
+def check_init_shape(m: Any, base: BertConfig, init_dir: Path) -> None:
+    """With `pretrain.init_from` the model is that checkpoint's; a `model:` setting given
+    explicitly that describes another shape is refused (it would be recorded but not trained)."""
+    given = m.model_fields_set
+    wanted: dict[str, Any] = {}
+    if m.preset is not None and "preset" in given:
+        preset = BertConfig.from_preset(m.preset).to_hf_dict()
+        wanted.update(
+            {k: preset[k] for k in SHAPE_KEYS if k not in ("vocab_size", "max_position_embeddings")}
+        )
+    if "max_position_embeddings" in given:
+        wanted["max_position_embeddings"] = m.max_position_embeddings
+    actual = base.to_hf_dict()
+    differ = {k: v for k, v in wanted.items() if actual[k] != v}
+    if differ:
+        detail = ", ".join(f"{k} {v} vs {actual[k]}" for k, v in differ.items())
+        from_preset = set(differ) - {"max_position_embeddings"}
+        source = f"model.preset {m.preset!r}" if from_preset else "model.max_position_embeddings"
+        raise UserError(
+            f"{source} describes another model than pretrain.init_from {init_dir} ({detail}); "
+            "the run would train init_from's shape while its record names the other.",
+            fix="drop model.preset / model.max_position_embeddings (or set model.preset: null) to take "
+            "init_from's shape, or point init_from to a model of that shape.",
+        )
+
+
+def check_resume(spec: RunSpec) -> None:
+    """A checkpoint in the output dir is resumed only by the run that wrote it: the same world size
+    and global batch, and the same settings (`RunSpec.settings`: everything that decides the
+    weights). Anything else is refused, naming each differing key, before a process starts; a
+    resume never silently keeps the checkpoint's optimizer and schedule under new settings."""
+    for tag in checkpoint.tag_dirs(spec.checkpoints_dir):
         info = checkpoint.read_verification(tag)
         if info is None:
             continue
-        old = info.get("model_config", {})
-        new = model_cfg.to_hf_dict()
-        diff = [k for k in SHAPE_KEYS if old.get(k) != new.get(k)]
-        if diff:
-            detail = ", ".join(f"{k} {old.get(k)} vs {new.get(k)}" for k in diff)
-            raise UserError(
-                f"checkpoint {tag} is of a different model shape ({detail}) than this run.",
-                fix="use a new --output directory, or the model settings that wrote the checkpoint.",
-            )
+        world, global_batch = spec.world_size, spec.ds_config["train_batch_size"]
         if info.get("world_size") != world or info.get("global_batch") != global_batch:
             raise UserError(
                 f"checkpoint {tag} was written by {info.get('world_size')} processes with global batch "
@@ -170,9 +195,39 @@ def check_existing_checkpoints(ckpt_root: Path, model_cfg: BertConfig, world: in
                 "ZeRO partitions and the data position cannot be carried over.",
                 fix="resume with the same number of processes (pretrain.num_processes x pretrain.nnodes) and "
                 "batch settings; or continue on the new size from its weights: `bertflow export-hf "
-                f"{ckpt_root.parent} DIR`, then a new --output with --set pretrain.init_from=DIR (fresh optimizer).",
+                f"{spec.out_dir} DIR`, then a new --output with --set pretrain.init_from=DIR (fresh optimizer).",
+            )
+        recorded = info.get("settings") or _recorded_settings(spec.out_dir)
+        if recorded is not None:
+            differences = spec.differences(recorded)
+        else:  # a checkpoint of an older bertflow: only its model shape is known
+            old = info.get("model_config", {})
+            differences = [
+                f"model.{k}: {old.get(k)!r} -> {spec.model.get(k)!r}"
+                for k in SHAPE_KEYS
+                if old.get(k) != spec.model.get(k)
+            ]
+        if differences:
+            raise UserError(
+                f"{spec.out_dir} holds checkpoint {tag.name} of a run with other settings, which a resume "
+                f"would silently keep (optimizer state, schedule, weights): {'; '.join(differences)}.",
+                fix="rerun with the recorded settings to resume it (they are in its run_spec.json), or "
+                "start a new run in another --output (with --set pretrain.init_from=DIR to start from "
+                f"its weights, after `bertflow export-hf {spec.out_dir} DIR`).",
             )
         return  # the newest recorded one decides
+
+
+def _recorded_settings(out_dir: Path) -> dict[str, Any] | None:
+    """The settings of the run spec an earlier launch wrote (checkpoints from before they were
+    recorded in `_VERIFIED.json`)."""
+    path = out_dir / "run_spec.json"
+    if not path.is_file():
+        return None
+    try:
+        return RunSpec.read(path).settings()
+    except (UserError, ValueError):
+        return None
 
 
 def masking_settings(manifest: dict[str, Any]) -> MaskingSettings:
@@ -207,8 +262,12 @@ def build_spec(
             fix="raise model.max_position_embeddings (phase 1 should use 512 so phase 2 can follow).",
         )
     ds = build_ds_config(cfg.pretrain, world_size, on_gpu, bf16_ok)
-    check_existing_checkpoints(out_dir / "checkpoints", mcfg, world_size, ds["train_batch_size"])
-    return RunSpec(
+    p = cfg.pretrain
+    n_train = sum(int(e.get("num_examples", 0)) for e in manifest["splits"]["train"])
+    require_one_global_batch(
+        n_train, p.micro_batch_size, p.gradient_accumulation_steps, world_size, f" of {shards_dir}"
+    )
+    spec = RunSpec(
         out_dir=out_dir,
         shards_dir=shards_dir,
         tokenizer_dir=tokenizer_dir,
@@ -223,3 +282,5 @@ def build_spec(
         pipeline_config=cfg.model_dump(mode="json"),
         shards_manifest_sha256=sha256_file(shards_dir / shard_format.MANIFEST_NAME),
     )
+    check_resume(spec)
+    return spec

@@ -19,8 +19,31 @@ from common.tracking import WandbTarget
 from model.config import BertConfig
 from training.config import PretrainConfig
 
-# Settings that change how a run is watched, not what it computes (kept out of the fingerprint).
-NOT_IN_FINGERPRINT = ("log_every", "master_port", "master_addr", "data_cache_dir")
+# Pretrain settings that change how a run is watched, scheduled or laid out, never the weights it
+# computes: kept out of the fingerprint, so they may change when a run is resumed (and a finished
+# run with other values of them is the same run). The DeepSpeed template's path and the ZeRO stage
+# override are here because the resolved `ds_config` (in the fingerprint) holds what they decide;
+# the process layout because the world size and the global batch are in it too (and a resume on
+# another world size is refused by preflight with its own message).
+NOT_IN_FINGERPRINT = (
+    "log_every",
+    "eval_every",
+    "eval_batches",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "prefetch_batches",
+    "peak_tflops",
+    "dist_timeout_s",
+    "master_port",
+    "master_addr",
+    "data_cache_dir",
+    "launcher",
+    "hostfile",
+    "nnodes",
+    "num_processes",
+    "deepspeed_config",
+    "zero_stage",
+)
 
 
 class MaskingSettings(BaseModel):
@@ -62,14 +85,27 @@ class RunSpec(BaseModel):
     def zero_stage(self) -> int:
         return int(self.ds_config["zero_optimization"]["stage"])
 
-    def fingerprint(self) -> str:
-        """What makes two runs "the same" (a finished output is reused only for the same one):
-        everything but where it runs and how it is logged."""
+    def settings(self) -> dict[str, Any]:
+        """What makes two runs "the same": everything that decides the weights (not where the run
+        runs, how it is logged or how often it is checkpointed). A finished output is reused only
+        for the same settings, and a checkpoint is resumed only with them."""
         same = self.model_dump(
             mode="json", include={"model", "ds_config", "masking", "shards_manifest_sha256"}
         )
         same["pretrain"] = self.pretrain.model_dump(mode="json", exclude=set(NOT_IN_FINGERPRINT))
-        return digest(same)
+        return same
+
+    def fingerprint(self) -> str:
+        return digest(self.settings())
+
+    def differences(self, recorded: dict[str, Any]) -> list[str]:
+        """`key: recorded -> now` for every setting that differs from `recorded` (a `settings()`)."""
+        old, new = _flatten(recorded), _flatten(self.settings())
+        return [
+            f"{key}: {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
+            for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)
+        ]
 
     def write(self, path: Path) -> None:
         atomic_write_json(path, self.model_dump(mode="json"))
@@ -77,3 +113,14 @@ class RunSpec(BaseModel):
     @classmethod
     def read(cls, path: Path) -> RunSpec:
         return cls.model_validate(read_json_object(path, "run spec"))
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"pretrain": {"lr": 1e-4}} -> {"pretrain.lr": 1e-4}."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -478,6 +478,7 @@ def save_checkpoint(engine: Any, spec: RunSpec, step: int, plan: BatchPlan, rank
                 "global_batch": plan.global_batch,
                 "zero_stage": spec.zero_stage,
                 "model_config": spec.model,
+                "settings": spec.settings(),  # what a resume must match (training/preflight.py)
             },
         )
         for gone in checkpoint.prune(root, spec.pretrain.keep_checkpoints):
