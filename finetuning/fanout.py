@@ -57,6 +57,7 @@ def plan(
     units = finetune_units(cfg) if units is None else units
     jobs = []
     for checkpoint in (normalize_checkpoint(c) for c in checkpoints):
+        check_model_limits(cfg, checkpoint, {u.task for u in units})
         tokenizer = tokenizer_dir_for(checkpoint, tokenizer_dir)
         label = checkpoint_label(checkpoint)
         for unit in units:
@@ -64,6 +65,31 @@ def plan(
             slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{unit.name}__{label}")
             jobs.append(Job(unit, checkpoint, label, tokenizer, Path(root) / "units" / f"{slug}-{key}", key))
     return jobs
+
+
+def check_model_limits(cfg: FinetuneConfig, checkpoint: str, tasks: set[str]) -> None:
+    """Settings the checkpoint's architecture cannot serve, refused before any unit runs: longer
+    sequences than its position table, or sentence pairs without a second token type."""
+    from model.config import BertConfig
+    from model.hf_io import read_config
+
+    target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+    model = read_config(Path(target)) if "/" in target else BertConfig.from_preset(target)
+    if cfg.max_seq_length > model.max_position_embeddings:
+        raise UserError(
+            f"finetune.max_seq_length {cfg.max_seq_length} exceeds the {model.max_position_embeddings} "
+            f"positions of checkpoint {checkpoint}; longer inputs would index past its position table.",
+            fix=f"use --max-seq-length {model.max_position_embeddings} or less.",
+        )
+    pairs = sorted(
+        t for t in tasks if (s := get_task(t, cfg.task_config)).text_b is not None or s.format == "squad"
+    )
+    if pairs and model.type_vocab_size < 2:
+        raise UserError(
+            f"checkpoint {checkpoint} has type_vocab_size {model.type_vocab_size}, but the tasks "
+            f"{pairs} feed sentence pairs (token type 1).",
+            fix="drop those tasks for this checkpoint, or use a checkpoint with two token types.",
+        )
 
 
 def unit_key(

@@ -25,6 +25,36 @@ def preset_of(config: dict[str, Any]) -> str | None:
     return next((name for name, dims in PRESETS.items() if dims == shape), None)
 
 
+# Hugging Face BERT options that change what the network computes, with the one value this
+# implementation computes (a bidirectional encoder, absolute positions, a tied MLM decoder). A
+# config.json with another value is refused: dropping the key would silently give another model.
+SUPPORTED_OPTIONS: dict[str, tuple[Any, str]] = {
+    "is_decoder": (False, "a causal (decoder) attention mask"),
+    "add_cross_attention": (False, "cross-attention layers"),
+    "is_encoder_decoder": (False, "an encoder-decoder model"),
+    "position_embedding_type": ("absolute", "relative position embeddings"),
+    "tie_word_embeddings": (True, "an MLM decoder with weights of its own"),
+    "pruned_heads": ({}, "pruned attention heads"),
+}
+
+
+def check_supported(d: dict[str, Any]) -> None:
+    """Refuse architecture options this BERT does not implement (see SUPPORTED_OPTIONS)."""
+    for key, (supported, meaning) in SUPPORTED_OPTIONS.items():
+        if key in d and d[key] != supported and not (supported == {} and not d[key]):
+            raise UserError(
+                f"model config: {key} {d[key]!r} ({meaning}) is not supported; bertflow's BERT is a "
+                f"bidirectional encoder with absolute positions and a tied MLM decoder ({key} {supported!r}).",
+                fix="use an encoder checkpoint without that option.",
+            )
+    if d.get("embedding_size") not in (None, d.get("hidden_size")):
+        raise UserError(
+            f"model config: embedding_size {d['embedding_size']} differs from hidden_size "
+            f"{d.get('hidden_size')} (a factorized embedding, as in ALBERT) and is not supported.",
+            fix="use a BERT checkpoint whose embeddings have hidden_size.",
+        )
+
+
 @dataclass
 class BertConfig:
     vocab_size: int = 30522
@@ -92,6 +122,7 @@ class BertConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> BertConfig:
+        check_supported(d)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         keep = ("architectures", "num_labels", "id2label", "label2id", "problem_type")

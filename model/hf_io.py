@@ -18,6 +18,8 @@ import torch
 
 from common.errors import UserError
 from common.jsonfile import read_json_object
+from common.stage_output import model_dir_hint
+from common.textfile import read_user_text
 from model.config import BertConfig
 from model.heads import BertForPreTraining
 
@@ -32,8 +34,10 @@ def read_config(directory: Path) -> BertConfig:
     data = read_json_object(
         path,
         "model config",
-        missing=f"{directory} is not a BERT checkpoint: {path} is missing.",
-        missing_fix="pass a directory with config.json and model.safetensors (or pytorch_model.bin).",
+        missing=f"{directory} is not a BERT checkpoint: {path} is missing{model_dir_hint(directory)}.",
+        missing_fix=f"pass {directory / 'model'}."
+        if model_dir_hint(directory)
+        else "pass a directory with config.json and model.safetensors (or pytorch_model.bin).",
         invalid_fix="use the config.json that was saved with these weights.",
     )
     if data.get("model_type", "bert") != "bert":
@@ -80,7 +84,9 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         index = directory / (name + ".index.json")
         if index.is_file():
             try:
-                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+                shards = sorted(
+                    set(json.loads(read_user_text(index, "weights index"))["weight_map"].values())
+                )
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
                 raise UserError(f"{index} is not a valid weights index (no 'weight_map').") from None
             state: dict[str, torch.Tensor] = {}
@@ -231,7 +237,7 @@ def copy_tokenizer_files(
     meta = src / "tokenizer_config.json"
     if meta.is_file():
         try:
-            source_meta = json.loads(meta.read_text(encoding="utf-8"))
+            source_meta = json.loads(read_user_text(meta, "tokenizer config"))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise UserError(f"{meta} is not valid JSON.") from None
         if not isinstance(source_meta, dict):
@@ -245,7 +251,7 @@ def copy_tokenizer_files(
         shutil.copyfile(src / name, out / name)
     if "vocab.txt" not in found:
         atomic_write_text(out / "vocab.txt", "".join(t + "\n" for t in _vocab_from_tokenizer_json(src)))
-    vocab = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab = read_user_text(out / "vocab.txt", "vocabulary").splitlines()
     if vocab_size is not None and len(vocab) > vocab_size:
         raise UserError(
             f"{src}: the tokenizer has {len(vocab)} tokens but the model's vocab_size is {vocab_size}; "
@@ -287,7 +293,7 @@ def _vocab_from_tokenizer_json(src: Path) -> list[str]:
 
     path = src / "tokenizer.json"
     try:
-        tok = Tokenizer.from_file(str(path))
+        tok = Tokenizer.from_str(read_user_text(path, "tokenizer file"))
     except Exception as exc:
         raise UserError(f"cannot read tokenizer file {path}: {exc}") from None
     vocab = tok.get_vocab(with_added_tokens=True)

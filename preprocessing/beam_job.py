@@ -384,7 +384,29 @@ def pipeline_options(runner: str, workers: int, extra: list[str]) -> PipelineOpt
         "--default_sdk_harness_log_level=WARNING",
         *extra,
     ]
-    return PipelineOptions(flags)
+    options = PipelineOptions(flags)
+    check_runner(options.get_all_options()["runner"])
+    return options
+
+
+def check_runner(name: str) -> None:
+    """The runner must be one Beam knows (a name or a class path) and installed here."""
+    from apache_beam.options.pipeline_options import StandardOptions
+    from apache_beam.runners.runner import create_runner
+
+    try:
+        create_runner(name)
+    except ValueError:
+        raise UserError(
+            f"preprocess.runner {name!r} is not a Beam runner.",
+            fix=f"use one of {', '.join(StandardOptions.KNOWN_RUNNER_NAMES)} (see infra/beam/), "
+            "or the full class path of a PipelineRunner.",
+        ) from None
+    except (ImportError, AttributeError) as exc:
+        raise UserError(
+            f"preprocess.runner {name!r} cannot be loaded here: {exc}.",
+            fix="install the runner's extra (e.g. apache-beam[gcp] for DataflowRunner) or pick another runner.",
+        ) from None
 
 
 def filesystem_options(options: PipelineOptions) -> dict[str, Any]:
