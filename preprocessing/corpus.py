@@ -16,7 +16,7 @@ import logging
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -27,6 +27,9 @@ from common.paths import resolve_data_path
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 1 << 20  # lines longer than this are skipped and counted
+READ_BLOCK_BYTES = 1 << 20
+UTF8_BOM = b"\xef\xbb\xbf"
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 SNIFF_BYTES = 8192
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
@@ -61,7 +64,9 @@ def match_inputs(patterns: list[str], data_root: str | None = None) -> tuple[lis
 
 def _entry_files(path: Path) -> list[Path]:
     text = str(path)
-    matches = [Path(m) for m in glob.glob(text, recursive=True)] if glob.has_magic(text) else [path]
+    # an existing file or folder is itself, even when its name holds glob characters (`wiki[1].txt`)
+    literal = path.exists() or not glob.has_magic(text)
+    matches = [path] if literal else [Path(m) for m in glob.glob(text, recursive=True)]
     files: list[Path] = []
     for match in matches:
         if match.is_dir():
@@ -151,6 +156,39 @@ class _GzipClosingSource(gzip.GzipFile):
                 source.close()
 
 
+def _raw_lines(fh: BinaryIO, on_long_line: Callable[[], None]) -> Iterator[bytes]:
+    """The lines of a binary stream without their ends. A line ends at LF, CRLF or a lone CR (old
+    Mac files, some exports), so no line-ending convention turns a file into one line. A line over
+    MAX_LINE_BYTES is skipped (`on_long_line` is called once for it)."""
+    pending = b""  # the unfinished last line (a trailing CR may be half of a CRLF: kept with it)
+    skipping = False  # inside a line over MAX_LINE_BYTES: drop bytes up to its end
+    while block := fh.readline(READ_BLOCK_BYTES):  # by line: a damaged gzip loses only the last one
+        if not pending and not skipping and block.endswith(b"\n") and b"\r" not in block[:-2]:
+            line = block[:-2] if block.endswith(b"\r\n") else block[:-1]  # the common case, fast
+            if len(line) <= MAX_LINE_BYTES:
+                yield line
+            else:
+                on_long_line()
+            continue
+        data = pending + block
+        held = b"\r" if data.endswith(b"\r") else b""
+        parts = _LINE_END.split(data[: len(data) - len(held)])
+        tail = parts.pop()
+        for part in parts:
+            if skipping:  # the end of the long line
+                skipping = False
+            elif len(part) > MAX_LINE_BYTES:
+                on_long_line()
+            else:
+                yield part
+        if not skipping and len(tail) > MAX_LINE_BYTES:
+            on_long_line()
+            skipping = True
+        pending = held if skipping else tail + held
+    if pending and not skipping:
+        yield pending[:-1] if pending.endswith(b"\r") else pending
+
+
 def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[str]:
     """Decoded lines (without newline) of one file; handles binary, long lines, bad bytes."""
     warn = (lambda *a: None) if quiet else log.warning
@@ -166,16 +204,14 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                 warn("skipping %s: binary file (NUL bytes)", path)
                 return
             any_content = False
-            while True:
-                raw = fh.readline(MAX_LINE_BYTES + 1)
-                if not raw:
-                    break
-                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                    while raw and not raw.endswith(b"\n"):  # skip the rest of the long line
-                        raw = fh.readline(MAX_LINE_BYTES)
-                    counts["lines_skipped_over_1mb"] += 1
-                    warn("%s: skipped a line longer than 1 MB", path)
-                    continue
+
+            def long_line() -> None:
+                counts["lines_skipped_over_1mb"] += 1
+                warn("%s: skipped a line longer than 1 MB", path)
+
+            for n, raw in enumerate(_raw_lines(fh, long_line)):
+                if n == 0 and raw.startswith(UTF8_BOM):
+                    raw = raw[len(UTF8_BOM) :]
                 if b"\x00" in raw:
                     counts["lines_skipped_binary"] += 1
                     continue
@@ -185,7 +221,7 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                     line = raw.decode("utf-8", errors="replace")
                     counts["lines_with_invalid_utf8_replaced"] += 1
                 any_content = any_content or bool(line.strip())
-                yield line.rstrip("\r\n")
+                yield line
         except (EOFError, OSError, zlib.error) as exc:
             counts["files_truncated_or_corrupt"] += 1
             log.warning(

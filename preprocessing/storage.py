@@ -71,6 +71,8 @@ def exists(path: str) -> bool:
 
 
 def size(path: str) -> int:
+    if not is_remote(str(path)):  # a local name is a name, never a glob (`wiki[1].txt`)
+        return os.path.getsize(path)
     found = FileSystems.match([str(path)])[0].metadata_list
     if not found:
         raise FileNotFoundError(path)

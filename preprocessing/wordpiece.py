@@ -9,6 +9,7 @@ truncation per task; padding is always off, batches are padded dynamically).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,12 +19,16 @@ from tokenizers.models import WordPiece
 
 from common.atomic import atomic_write_json, atomic_write_text
 from common.errors import UserError
+from common.textfile import read_user_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+MAX_WORD_CHARS = 100  # WordPiece's max_input_chars_per_word (as BERT): a longer word is one [UNK]
+# a text that may hold such a word (normalization can lengthen a word: the check is generous)
+_LONG_RUN = re.compile(rf"\S{{{MAX_WORD_CHARS // 2 + 1},}}")
 
 
 def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:
@@ -58,6 +63,7 @@ def train_tokenizer(
     lowercase: bool = True,
     min_frequency: int = 2,
     limit_alphabet: int = 1000,
+    counts: Counter | None = None,
 ) -> Tokenizer:
     """Train WordPiece from texts; the corpus is streamed (twice), never held whole.
 
@@ -75,8 +81,17 @@ def train_tokenizer(
     characters) collects those that can continue a word, and their `##x` tokens are registered
     before training: every id, and so every tie-break, is then fixed, and the same corpus always
     gives the same vocab.txt.
+
+    Words longer than MAX_WORD_CHARS are left out of training (counted in `counts` as
+    `words_skipped_over_100_chars`): WordPiece encodes such a word as one [UNK], so the pieces the
+    trainer would learn from it could never be produced.
     """
-    base = _bert_pipeline(Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100)), lowercase)
+    base = _bert_pipeline(
+        Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=MAX_WORD_CHARS)), lowercase
+    )
+    # a tokenizer of its own: `base` is locked while it trains, and the texts are read meanwhile
+    splitter = _bert_pipeline(Tokenizer(WordPiece(unk_token=UNK)), lowercase)
+    texts = _WithoutLongWords(texts, splitter, counts if counts is not None else Counter())
     alphabet, continuing = _alphabet(texts, base, limit_alphabet)
     continuations = [f"##{c}" for c in sorted(continuing)]
     trainer = trainers.WordPieceTrainer(
@@ -93,11 +108,31 @@ def train_tokenizer(
     # as "special" only to fix their ids during training)
     vocab = base.get_vocab(with_added_tokens=True)
     model = WordPiece(
-        vocab=vocab, unk_token=UNK, max_input_chars_per_word=100, continuing_subword_prefix="##"
+        vocab=vocab, unk_token=UNK, max_input_chars_per_word=MAX_WORD_CHARS, continuing_subword_prefix="##"
     )
     tok = _bert_pipeline(Tokenizer(model), lowercase)
     tok.add_special_tokens(SPECIAL_TOKENS)
     return _set_template(tok)
+
+
+class _WithoutLongWords:
+    """The training texts without the words WordPiece never encodes into pieces (longer than
+    MAX_WORD_CHARS after normalization: they become one [UNK]); re-iterable like `texts`."""
+
+    def __init__(self, texts: Iterable[str], tok: Tokenizer, counts: Counter) -> None:
+        self.texts, self.tok, self.counts, self.passes = texts, tok, counts, 0
+
+    def __iter__(self) -> Iterator[str]:
+        self.passes += 1
+        for text in self.texts:
+            yield self._without_long_words(text) if _LONG_RUN.search(text) else text
+
+    def _without_long_words(self, text: str) -> str:
+        words = self.tok.pre_tokenizer.pre_tokenize_str(self.tok.normalizer.normalize_str(text))
+        kept = [w for w, _ in words if len(w) <= MAX_WORD_CHARS]
+        if self.passes == 1:
+            self.counts["words_skipped_over_100_chars"] += len(words) - len(kept)
+        return " ".join(kept)
 
 
 def _alphabet(texts: Iterable[str], tok: Tokenizer, limit: int) -> tuple[set[str], set[str]]:
@@ -124,10 +159,7 @@ def _batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
 
 
 def _read_vocab_txt(path: Path) -> dict[str, int]:
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text; a vocab.txt has one token per line.") from None
+    lines = read_user_text(path, "vocabulary").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     vocab: dict[str, int] = {}
@@ -152,7 +184,7 @@ def _lowercase_from_dir(directory: Path, default: bool) -> bool:
     cfg = directory / TOKENIZER_CONFIG
     if cfg.is_file():
         try:
-            return bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", default))
+            return bool(json.loads(read_user_text(cfg, "tokenizer config")).get("do_lower_case", default))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise UserError(f"{cfg} is not valid JSON.", fix="fix or delete it.") from None
     return default
@@ -184,7 +216,7 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tok
     default_lower = _lowercase_from_dir(path.parent, True) if lowercase is None else lowercase
     if path.suffix == ".json":
         try:
-            tok = Tokenizer.from_file(str(path))
+            tok = Tokenizer.from_str(read_user_text(path, "tokenizer file"))
         except Exception as exc:  # tokenizers raises a bare Exception for malformed files
             raise UserError(f"{path} is not a tokenizers JSON file: {exc}") from None
         if not isinstance(tok.model, WordPiece):
@@ -193,7 +225,7 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tok
         lower = _json_lowercase(tok, default_lower)
         return _set_template(tok), lower
     vocab = _read_vocab_txt(path)
-    tok = Tokenizer(WordPiece(vocab=vocab, unk_token=UNK, max_input_chars_per_word=100))
+    tok = Tokenizer(WordPiece(vocab=vocab, unk_token=UNK, max_input_chars_per_word=MAX_WORD_CHARS))
     _check_specials(tok, path)
     return _set_template(_bert_pipeline(tok, default_lower)), default_lower
 
