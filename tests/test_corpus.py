@@ -149,3 +149,34 @@ def test_a_directory_input_is_every_file_below_it(tmp_path: Path, data_dir: Path
     assert [s["path"] for s in stage_key_inputs(cfg)["tokenizer"]["inputs"]] == [str(p) for p in expected]
     out = run_tokenizer_stage(cfg.tokenizer.model_copy(update={"vocab_size": 500}), tmp_path / "tok")
     assert (out / "vocab.txt").is_file()
+
+
+def test_every_line_ending_convention_gives_the_same_documents(tmp_path: Path):
+    """Issue 14 item 3: a file with CR-only line endings was read as one document (IsNext ratio
+    1.0, no validation examples). LF, CRLF and a lone CR all end a line; a long line is still
+    skipped and counted."""
+    from preprocessing.corpus import MAX_LINE_BYTES
+
+    text = "\ufeffAlpha one.\nAlpha two.\n\nBeta one.\n\nGamma one.\n"
+    docs = {}
+    for name, end in {"lf": "\n", "crlf": "\r\n", "cr": "\r"}.items():
+        path = tmp_path / f"{name}.txt"
+        path.write_bytes(text.replace("\n", end).encode("utf-8"))
+        docs[name] = [d.paragraphs for d in read_documents(path, Counter())]
+    assert docs["lf"] == [["Alpha one.", "Alpha two."], ["Beta one."], ["Gamma one."]]
+    assert docs["crlf"] == docs["cr"] == docs["lf"]
+    path = tmp_path / "long_cr.txt"
+    path.write_bytes(b"First.\r\r" + b"x" * (MAX_LINE_BYTES + 10) + b"\r\rLast.\r")
+    counts: Counter = Counter()
+    assert [d.paragraphs for d in read_documents(path, counts)] == [["First."], ["Last."]]
+    assert counts["lines_skipped_over_1mb"] == 1
+
+
+def test_an_existing_file_whose_name_looks_like_a_glob_is_that_file(tmp_path: Path):
+    """Issue 14 item 13: `wiki[1].txt` 'matched no file' (read as a glob for wiki1.txt)."""
+    from preprocessing import storage
+
+    path = tmp_path / "wiki[1].txt"
+    path.write_text("Hello there.\n")
+    assert expand_inputs([str(path)]) == [path]
+    assert storage.size(str(path)) == path.stat().st_size

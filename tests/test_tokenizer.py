@@ -164,3 +164,32 @@ def test_alphabet_keeps_only_the_most_frequent_characters(data_dir):
 
     assert words(vocab) > words(unlimited)
     assert tok.encode(f"the {rare[0]} city", add_special_tokens=False).tokens == ["the", "[UNK]", "city"]
+
+
+def test_a_word_wordpiece_never_splits_adds_no_vocabulary(data_dir):
+    """Issue 14 item 6: one 50,000-character word added pieces that no text can ever produce
+    (WordPiece encodes a word over max_input_chars_per_word as one [UNK]). Such words are left out
+    of training and counted."""
+    from collections import Counter
+
+    from preprocessing.wordpiece import MAX_WORD_CHARS, train_tokenizer, vocab_list
+
+    common = real_lines(data_dir, 300)
+    counts: Counter = Counter()
+    huge = "zqxjkv" * 9000  # 54,000 characters of pairs that repeat
+    with_word = vocab_list(train_tokenizer([*common, f"a {huge} b"], vocab_size=800, counts=counts))
+    assert with_word == vocab_list(train_tokenizer(common, vocab_size=800))
+    assert counts["words_skipped_over_100_chars"] == 1
+    assert len("x" * MAX_WORD_CHARS) == 100  # as BERT's max_input_chars_per_word
+
+
+def test_a_vocabulary_with_a_byte_order_mark_loads(tmp_path, minilm_dir):
+    """Issue 14 item 13: a vocab.txt saved with a UTF-8 BOM 'lacked the special tokens' ([PAD] was
+    read as '\\ufeff[PAD]')."""
+    from training.preflight import read_vocab
+
+    text = (minilm_dir / "vocab.txt").read_text(encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text("\ufeff" + text, encoding="utf-8")
+    tok, _ = load_tokenizer(tmp_path / "vocab.txt")
+    assert tok.token_to_id("[PAD]") == 0 and tok.get_vocab_size() == len(text.splitlines())
+    assert read_vocab(tmp_path)[0] == "[PAD]"

@@ -62,6 +62,18 @@ def inputs(tmp_path_factory, data_dir, minilm_dir) -> dict[str, Path]:
         "movies:\n  format: tsv\n  kind: classification\n  train: m.tsv\n  dev: m.tsv\n"
         "  text_a: text\n  label: sentiment\n  labels: [neg, pos]\n  metricz: [accuracy]\n"
     )
+    decoder = root / "hf_decoder"  # issue 14 item 5: an option this BERT does not compute
+    decoder.mkdir()
+    (decoder / "config.json").write_text(
+        json.dumps({**json.loads((minilm_dir / "config.json").read_text()), "is_decoder": True})
+    )
+    (decoder / "model.safetensors").symlink_to(minilm_dir / "model.safetensors")
+    f["hf_decoder"] = decoder
+    pretrain_out = root / "a_pretrain_output"  # issue 14 item 13: its model is in model/
+    (pretrain_out / "model").mkdir(parents=True)
+    (pretrain_out / "run_spec.json").write_text("{}")
+    (pretrain_out / "model" / "config.json").write_text((minilm_dir / "config.json").read_text())
+    f["pretrain_out"] = pretrain_out
     hf = root / "hf_corrupt"
     hf.mkdir()
     (hf / "config.json").write_text((minilm_dir / "config.json").read_text())
@@ -173,6 +185,46 @@ CASES = [
         ),
         lambda f: ["max_predictions_per_seq", "max_seq_length=16"],
     ),  # noqa: E501
+    Case(
+        "preprocess-unknown-runner",  # issue 14 item 8 (a ValueError traceback before)
+        _preprocess("--input", "{good_txt}", "--set", "preprocess.runner=FooRunner", "--output", "{root}/o8"),
+        lambda f: ["preprocess.runner", "FooRunner", "DirectRunner"],
+    ),
+    Case(
+        "global-batch-larger-than-the-data",  # issue 14 item 11 (a launcher traceback before)
+        _pretrain("--micro-batch-size", "4000"),
+        lambda f: [str(f["shards"]), "fewer than one global batch", "4000"],
+    ),
+    Case(
+        "pretrain-output-is-the-shards",  # issue 14 item 13 (it advised deleting the shards)
+        lambda f: _pretrain()(f)[:6] + [str(f["shards"])] + _pretrain()(f)[7:],
+        lambda f: [str(f["shards"]), "shards directory", "--output"],
+    ),
+    Case(
+        "finetune-max-seq-above-the-positions",  # issue 14 item 10 (an IndexError on long inputs)
+        _finetune("--tasks", "sst2", "--max-seq-length", "1024"),
+        lambda f: ["max_seq_length 1024", "512 positions", "random:tiny"],
+    ),
+    Case(
+        "finetune-checkpoint-is-a-pretrain-output",  # issue 14 item 13 (it suggested --tokenizer)
+        lambda f: [
+            "finetune",
+            "--checkpoint",
+            str(f["pretrain_out"]),
+            "--tasks",
+            "sst2",
+            "--baselines",
+            "",
+            "--output",
+            str(f["root"] / "ft2"),
+        ],  # fmt: skip
+        lambda f: [str(f["pretrain_out"] / "model")],
+    ),
+    Case(
+        "import-hf-is-decoder",  # issue 14 item 5 (wrote a bidirectional encoder)
+        lambda f: ["import-hf", str(f["hf_decoder"]), str(f["root"] / "imp2")],
+        lambda f: ["is_decoder", "not supported"],
+    ),
     Case("micro-batch-zero", _pretrain("--micro-batch-size", "0"), lambda f: ["micro_batch_size"]),
     Case("epochs-zero", _finetune("--tasks", "sst2", "--epochs", "0"), lambda f: ["epochs"]),
     Case(
@@ -305,6 +357,11 @@ CASES = [
         lambda f: _pretrain()(f)[:6] + [str(f["regular_file"] / "run")] + _pretrain()(f)[7:],
         lambda f: [str(f["regular_file"])],
     ),  # noqa: E501
+    Case(
+        "run-dir-is-a-file",  # issue 14 item 11 (a Prefect traceback before)
+        lambda f: ["run", "--set", f"run_dir={f['regular_file']}"],
+        lambda f: ["run_dir", str(f["regular_file"]), "is a file"],
+    ),
     Case(
         "import-hf-output-under-a-file",
         lambda f: ["import-hf", str(f["minilm"]), str(f["regular_file"] / "m")],
