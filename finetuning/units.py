@@ -8,12 +8,9 @@ processes; `run_finetune_unit` is what one worker does with one job.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from typing import Any
 import torch
 
 from common.atomic import atomic_write_json, read_marker, remove_temp_files, write_marker
+from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.tracking import Tracker, WandbTarget
 from finetuning.config import FinetuneConfig
@@ -30,7 +28,6 @@ from model.config import BertConfig
 from preprocessing.wordpiece import load_tokenizer, pad_id
 
 RESULT_FILE = "result.json"
-LOCK_FILE = ".lock"
 
 
 @dataclass(frozen=True, order=True)
@@ -156,25 +153,8 @@ def run_finetune_unit(
             )
         return json.loads((out_dir / RESULT_FILE).read_text())
     out_dir.mkdir(parents=True, exist_ok=True)
-    with _unit_lock(out_dir, job.unit):
+    with exclusive_dir(out_dir, f"unit {job.unit.name}"):
         return _run_locked(cfg, job, data_root, wandb or WandbTarget())
-
-
-@contextmanager
-def _unit_lock(out_dir: Path, unit: FinetuneUnit) -> Iterator[None]:
-    """One process per unit directory at a time (the lock dies with its process)."""
-    fh = open(out_dir / LOCK_FILE, "a+")
-    try:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(
-                f"unit {unit.name} in {out_dir} is being run by another process.",
-                fix="wait for it to finish, or use another --output directory.",
-            ) from None
-        yield
-    finally:
-        fh.close()
 
 
 def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:

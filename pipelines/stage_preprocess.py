@@ -14,9 +14,11 @@ import hashlib
 import logging
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from common.atomic import MARKER_NAME, TMP_PREFIX
+from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.stage_output import check_own_output
 from pipelines.preprocess_progress import watch_preprocess
@@ -174,60 +176,64 @@ def run_preprocess_stage(
     if stats is not None:
         log.info("shards in %s are up to date", out_dir)
         return stats
-    _clear_outputs(out_dir, work_dir)
-    # fail here, not in a worker, when the output or the work folder cannot be written
-    if not storage.is_remote(out_dir):
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-    storage.write_json(storage.join(work_dir, "job.json"), {"output": out_dir, "inputs": len(files)})
+    local = not storage.is_remote(out_dir)  # an object store has no locks: one writer is up to the user
+    with exclusive_dir(out_dir, "preprocess") if local else nullcontext():
+        _clear_outputs(out_dir, work_dir)
+        # fail here, not in a worker, when the output or the work folder cannot be written
+        if not storage.is_remote(out_dir):
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+        storage.write_json(storage.join(work_dir, "job.json"), {"output": out_dir, "inputs": len(files)})
 
-    input_bytes = sum(text_size(p) for p in files)
-    num_buckets = max(1, math.ceil(input_bytes / (cfg.bucket_size_mb * 2**20)))
-    labels = file_labels(files)
-    params = ExampleParams(
-        cfg.max_seq_length, cfg.short_seq_prob, cfg.dupe_factor, cfg.seed, vocab.index("[CLS]"), vocab.index("[SEP]"),
-        cfg.balance_nsp,
-    )  # fmt: skip
-    spec = MaskingSpec.from_vocab(
-        vocab, SPECIAL_TOKENS, cfg.masked_lm_prob, cfg.max_predictions_per_seq, cfg.whole_word_mask
-    )
-    log.info(
-        "preprocess: %d file(s), %.1f MB of text, %d bucket(s), %d shard(s), runner %s",
-        len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],
-    )  # fmt: skip
-    start = time.perf_counter()
-    with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
-        counts, entries = run_pipeline(
-            [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
-            cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
+        input_bytes = sum(text_size(p) for p in files)
+        num_buckets = max(1, math.ceil(input_bytes / (cfg.bucket_size_mb * 2**20)))
+        labels = file_labels(files)
+        params = ExampleParams(
+            cfg.max_seq_length, cfg.short_seq_prob, cfg.dupe_factor, cfg.seed, vocab.index("[CLS]"), vocab.index("[SEP]"),
+            cfg.balance_nsp,
         )  # fmt: skip
-    seconds = time.perf_counter() - start
-    if counts.get("documents_read", 0) == 0:
-        _clear_outputs(out_dir, work_dir)
-        raise UserError(
-            f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
-            f"{ {k: v for k, v in counts.items() if k != 'files_read'} }).",
-            fix="check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
+        spec = MaskingSpec.from_vocab(
+            vocab, SPECIAL_TOKENS, cfg.masked_lm_prob, cfg.max_predictions_per_seq, cfg.whole_word_mask
         )
-    if counts.get("examples", 0) == 0:
-        _clear_outputs(out_dir, work_dir)
-        raise UserError(
-            f"the corpus {', '.join(map(str, files))} gave no examples ({counts.get('documents_read')} documents).",
-            fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
-        )
-    stats = _summarize(counts, input_bytes, seconds, entries)
-    splits = {s: [e for sp, _, e in sorted(entries, key=lambda x: (x[0], x[1])) if sp == s] for s in SPLITS}
-    manifest = {**identity, "schema": schema_description(), "num_buckets": num_buckets, "splits": splits}
-    storage.write_json(storage.join(out_dir, STATS_NAME), stats)
-    storage.write_json(storage.join(out_dir, MANIFEST_NAME), manifest)
-    storage.delete_tree(work_dir)
-    storage.write_json(
-        storage.join(out_dir, MARKER_NAME), {"stage": "preprocess", "examples": stats["examples"]}
-    )  # last
-    log.info(
-        "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
-        stats["examples"], stats["examples_per_split"], out_dir, seconds, stats["mb_per_second"] or 0,
-    )  # fmt: skip
-    return stats
+        log.info(
+            "preprocess: %d file(s), %.1f MB of text, %d bucket(s), %d shard(s), runner %s",
+            len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],
+        )  # fmt: skip
+        start = time.perf_counter()
+        with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
+            counts, entries = run_pipeline(
+                [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
+                cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
+            )  # fmt: skip
+        seconds = time.perf_counter() - start
+        if counts.get("documents_read", 0) == 0:
+            _clear_outputs(out_dir, work_dir)
+            raise UserError(
+                f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
+                f"{ {k: v for k, v in counts.items() if k != 'files_read'} }).",
+                fix="check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
+            )
+        if counts.get("examples", 0) == 0:
+            _clear_outputs(out_dir, work_dir)
+            raise UserError(
+                f"the corpus {', '.join(map(str, files))} gave no examples ({counts.get('documents_read')} documents).",
+                fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
+            )
+        stats = _summarize(counts, input_bytes, seconds, entries)
+        splits = {
+            s: [e for sp, _, e in sorted(entries, key=lambda x: (x[0], x[1])) if sp == s] for s in SPLITS
+        }
+        manifest = {**identity, "schema": schema_description(), "num_buckets": num_buckets, "splits": splits}
+        storage.write_json(storage.join(out_dir, STATS_NAME), stats)
+        storage.write_json(storage.join(out_dir, MANIFEST_NAME), manifest)
+        storage.delete_tree(work_dir)
+        storage.write_json(
+            storage.join(out_dir, MARKER_NAME), {"stage": "preprocess", "examples": stats["examples"]}
+        )  # last
+        log.info(
+            "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
+            stats["examples"], stats["examples_per_split"], out_dir, seconds, stats["mb_per_second"] or 0,
+        )  # fmt: skip
+        return stats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 from common.atomic import mark_in_progress, read_marker, write_marker
+from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.stage_output import check_own_output
 from common.tracking import WandbTarget
@@ -86,44 +88,46 @@ def run_pretrain_stage(
             fix=f"choose a new --output directory, or delete {out_dir} to retrain it with these settings.",
         )
 
-    mark_in_progress(out_dir)  # until write_marker below
-    spec_path = out_dir / "run_spec.json"
-    spec.write(spec_path)
-    port = p.master_port or launch.free_port()
-    local = p.num_processes if p.nnodes > 1 else world
-    cmd = launch.build_command(
-        p.launcher, local, spec_path, port, p.hostfile, p.nnodes, node_rank, p.master_addr
-    )
-    notice = jit_build_notice(on_gpu)
-    if notice:
-        log_line(notice)
-    started = time.time()
-    ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
-    try:
-        launch.run_launcher(cmd, launch.child_env(local, on_gpu), ranks_log)
-    finally:
-        ranks_log.close()
+    # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
+    with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():
+        mark_in_progress(out_dir)  # until write_marker below
+        spec_path = out_dir / "run_spec.json"
+        spec.write(spec_path)
+        port = p.master_port or launch.free_port()
+        local = p.num_processes if p.nnodes > 1 else world
+        cmd = launch.build_command(
+            p.launcher, local, spec_path, port, p.hostfile, p.nnodes, node_rank, p.master_addr
+        )
+        notice = jit_build_notice(on_gpu)
+        if notice:
+            log_line(notice)
+        started = time.time()
+        ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
+        try:
+            launch.run_launcher(cmd, launch.child_env(local, on_gpu), ranks_log)
+        finally:
+            ranks_log.close()
 
-    model_dir = out_dir / "model"
-    if node_rank > 0:
-        log_line(f"pretrain: node {node_rank} done (node 0 writes {model_dir})")
+        model_dir = out_dir / "model"
+        if node_rank > 0:
+            log_line(f"pretrain: node {node_rank} done (node 0 writes {model_dir})")
+            return model_dir
+        if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
+            raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
+        card = finish_model_dir(out_dir, seconds=time.time() - started)
+        log_line(f"pretrain: model card {card}")
+        write_marker(
+            out_dir,
+            {
+                "stage": "pretrain",
+                "fingerprint": fingerprint,
+                "settings": spec.settings(),
+                "max_steps": p.max_steps,
+                "model": str(model_dir),
+            },
+        )
+        log_line(f"pretrain: done, model at {model_dir}")
         return model_dir
-    if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
-        raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
-    card = finish_model_dir(out_dir, seconds=time.time() - started)
-    log_line(f"pretrain: model card {card}")
-    write_marker(
-        out_dir,
-        {
-            "stage": "pretrain",
-            "fingerprint": fingerprint,
-            "settings": spec.settings(),
-            "max_steps": p.max_steps,
-            "model": str(model_dir),
-        },
-    )
-    log_line(f"pretrain: done, model at {model_dir}")
-    return model_dir
 
 
 def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:

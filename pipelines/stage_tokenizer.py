@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from common.atomic import MARKER_NAME, read_marker, remove_temp_files, sha256_file, write_marker
+from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.fingerprint import file_stamp
 from common.paths import resolve_data_path
@@ -48,53 +49,54 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
             log.info("tokenizer in %s is up to date", out_dir)
             return out_dir
         log.warning("tokenizer files in %s differ from their checksums: retraining", out_dir)
-    (out_dir / MARKER_NAME).unlink(missing_ok=True)
-    remove_temp_files(out_dir)  # leftovers of a killed run's writes
-    counts: Counter = Counter()
-    if cfg.vocab:
-        tok, lowercase = load_tokenizer(source, lowercase=cfg.lowercase)
-        log.info("loaded %s (%d tokens)", source, tok.get_vocab_size())
-    else:
-        log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
-        tok = train_tokenizer(
-            _Corpus(files, counts),
-            cfg.vocab_size,
-            cfg.lowercase,
-            cfg.min_frequency,
-            cfg.limit_alphabet,
-            counts=counts,
+    with exclusive_dir(out_dir, "the tokenizer stage"):
+        (out_dir / MARKER_NAME).unlink(missing_ok=True)
+        remove_temp_files(out_dir)  # leftovers of a killed run's writes
+        counts: Counter = Counter()
+        if cfg.vocab:
+            tok, lowercase = load_tokenizer(source, lowercase=cfg.lowercase)
+            log.info("loaded %s (%d tokens)", source, tok.get_vocab_size())
+        else:
+            log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
+            tok = train_tokenizer(
+                _Corpus(files, counts),
+                cfg.vocab_size,
+                cfg.lowercase,
+                cfg.min_frequency,
+                cfg.limit_alphabet,
+                counts=counts,
+            )
+            if counts["words_skipped_over_100_chars"]:
+                log.warning(
+                    "left %d word(s) longer than 100 characters out of the vocabulary (WordPiece encodes "
+                    "each as one [UNK])",
+                    counts["words_skipped_over_100_chars"],
+                )
+            lowercase = cfg.lowercase
+            if counts["documents_read"] == 0:
+                raise UserError(
+                    f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
+                    fix="check --input (plain text needs non-empty lines; WikiExtractor files <doc> blocks).",
+                )
+            if tok.get_vocab_size() < 6:
+                raise UserError(
+                    "the trained vocabulary is empty.", fix="use a larger corpus or lower min_frequency."
+                )
+        save_tokenizer(tok, out_dir, lowercase)
+        sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
+        write_marker(
+            out_dir,
+            {
+                "stage": "tokenizer",
+                "identity": identity,
+                "files": {name: sha256_file(out_dir / name) for name in OUTPUT_FILES},
+                "vocab_size": tok.get_vocab_size(),
+                "tokenizer_sha256": sha,
+                "corpus": dict(counts),
+            },
         )
-        if counts["words_skipped_over_100_chars"]:
-            log.warning(
-                "left %d word(s) longer than 100 characters out of the vocabulary (WordPiece encodes "
-                "each as one [UNK])",
-                counts["words_skipped_over_100_chars"],
-            )
-        lowercase = cfg.lowercase
-        if counts["documents_read"] == 0:
-            raise UserError(
-                f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
-                fix="check --input (plain text needs non-empty lines; WikiExtractor files <doc> blocks).",
-            )
-        if tok.get_vocab_size() < 6:
-            raise UserError(
-                "the trained vocabulary is empty.", fix="use a larger corpus or lower min_frequency."
-            )
-    save_tokenizer(tok, out_dir, lowercase)
-    sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
-    write_marker(
-        out_dir,
-        {
-            "stage": "tokenizer",
-            "identity": identity,
-            "files": {name: sha256_file(out_dir / name) for name in OUTPUT_FILES},
-            "vocab_size": tok.get_vocab_size(),
-            "tokenizer_sha256": sha,
-            "corpus": dict(counts),
-        },
-    )
-    log.info("wrote %s (vocab %d)", out_dir, tok.get_vocab_size())
-    return out_dir
+        log.info("wrote %s (vocab %d)", out_dir, tok.get_vocab_size())
+        return out_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,51 @@
+"""One process at a time per output directory.
+
+Every stage that writes a directory (the tokenizer, preprocess and pretrain stages, each
+fine-tuning unit) holds an exclusive `flock` on DIR/.lock while it writes: a second run on the same
+directory (`bertflow run cfg.yaml` twice on one run_dir) is refused with one message instead of
+both writing the same files. The lock dies with its process (kill -9 included), so a stale
+.lock file never blocks a rerun. The file holds the holder's pid, which the message names.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from common.errors import UserError
+
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def exclusive_dir(directory: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold DIR/.lock (DIR is created); a UserError naming `what` when another process holds it."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fh = open(directory / LOCK_FILE, "a+")
+    except OSError as exc:
+        raise UserError(
+            f"cannot write {directory}: {exc.strerror}.", fix="choose a writable output folder."
+        ) from None
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            raise UserError(
+                f"{what} in {directory} is being run by another process (pid {holder}, which holds "
+                f"{directory / LOCK_FILE}); two runs writing one directory would mix their files.",
+                fix="wait for that run to finish, or give this one another output directory (or run_dir).",
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        yield
+    finally:
+        fh.close()
