@@ -212,6 +212,8 @@ STATS: dict[str, tuple[str, str]] = {
     "documents_single_sentence": ("documents with a single sentence (no IsNext pair possible)", "count"),
     "sentences": ("sentences", "count"),
     "tokens": ("WordPiece tokens", "count"),
+    "unk_token_ratio": ("tokens that are [UNK]", "share"),
+    "documents_duplicate": ("documents repeating an earlier one's text (kept)", "count"),
     "examples": ("examples", "count"),
     "examples_per_split.train": ("examples, train", "count"),
     "examples_per_split.validation": ("examples, validation", "count"),
@@ -257,7 +259,10 @@ def data_section(stats_path: Path, links: Links) -> list[str]:
     lines = ["## Data", ""]
     if not stats_path.is_file():
         return [*lines, f"No preprocessing statistics at `{stats_path}`.", ""]
-    flat = flatten(json.loads(stats_path.read_text()))
+    stats = json.loads(stats_path.read_text())
+    warnings = stats.pop("warnings", [])  # data that makes pretraining meaningless (stage_preprocess)
+    lines += [f"**Warning:** {w}  " for w in warnings] + ([""] if warnings else [])
+    flat = flatten(stats)
     lines += [
         f"From {links.file(stats_path)}:",
         "",

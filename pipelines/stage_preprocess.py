@@ -109,8 +109,10 @@ def _summarize(counts: dict[str, int], input_bytes: int, seconds: float, entries
             if k.startswith(("documents_skipped", "files_", "lines_", "jsonl_", "docs_"))
             and k != "files_read"
         },
+        "documents_duplicate": counts.get("documents_duplicate", 0),
         "sentences": counts.get("sentences", 0),
         "tokens": counts.get("tokens", 0),
+        "unk_token_ratio": counts.get("tokens_unk", 0) / counts["tokens"] if counts.get("tokens") else None,
         "examples": n,
         "examples_per_split": split_examples,
         "is_next_ratio": counts.get("examples_is_next", 0) / n if n else None,
@@ -124,6 +126,41 @@ def _summarize(counts: dict[str, int], input_bytes: int, seconds: float, entries
         "seconds": round(seconds, 2),
         "mb_per_second": round(input_bytes / 2**20 / seconds, 3) if seconds > 0 else None,
     }
+
+
+# how far the IsNext share may stray from the configured balance (0.5) before it is flagged
+NSP_RATIO_TOLERANCE = 0.1
+UNK_RATIO_WARN = 0.05
+
+
+def data_warnings(stats: dict, cfg: PreprocessConfig) -> list[str]:
+    """Statistics that make pretraining on these shards meaningless or misleading, each one line
+    (stats.json `warnings`, logged loudly, and shown in the report)."""
+    found = []
+    unk = stats.get("unk_token_ratio")
+    if unk is not None and unk > UNK_RATIO_WARN:
+        found.append(
+            f"{unk:.1%} of the tokens are [UNK]: the vocabulary does not cover this corpus (train the "
+            "tokenizer on it, or check the lowercase setting)."
+        )
+    ratio = stats.get("is_next_ratio")
+    if ratio is not None and abs(ratio - 0.5) > NSP_RATIO_TOLERANCE:
+        found.append(
+            f"the IsNext share is {ratio:.3f}, far from the 0.5 balance: next-sentence prediction learns "
+            "the imbalance (documents too short for max_seq_length, or too few documents / sentences)."
+        )
+    if cfg.validation_fraction > 0 and not stats.get("examples_per_split", {}).get("validation"):
+        found.append(
+            f"the validation split is empty (validation_fraction {cfg.validation_fraction}, "
+            f"{stats.get('documents_read')} documents): pretraining will report no validation metrics."
+        )
+    duplicate = stats.get("documents_duplicate", 0)
+    if duplicate:
+        found.append(
+            f"{duplicate} of {stats.get('documents_read')} documents repeat an earlier document's text "
+            "(kept: deduplicate the corpus if they are not meant to weigh more)."
+        )
+    return found
 
 
 def run_preprocess_stage(
@@ -219,6 +256,9 @@ def run_preprocess_stage(
                 fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
             )
         stats = _summarize(counts, input_bytes, seconds, entries)
+        stats["warnings"] = data_warnings(stats, cfg)
+        for line in stats["warnings"]:
+            log.warning("WARNING (%s): %s", out_dir, line)
         splits = {
             s: [e for sp, _, e in sorted(entries, key=lambda x: (x[0], x[1])) if sp == s] for s in SPLITS
         }

@@ -36,10 +36,11 @@ import hashlib
 import math
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -68,13 +69,19 @@ MERGE_IN_MEMORY_ROWS = 1 << 17  # larger shards are merged by key range (~100 MB
 PART_BATCH_ROWS = 256  # record batch size of part files: what the merge reads at least
 SHARD_ROW_GROUP_ROWS = 1 << 16  # rows per key range (and row group) of shards merged by key range
 KEY_SPACE = 1 << 63  # example keys are uniform in [0, 2**63)
-STATS_DIR, ENTRIES_DIR = "stats", "entries"
+STATS_DIR, ENTRIES_DIR, DIGESTS_DIR = "stats", "entries", "digests"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
 
 def document_hash(doc_id: str, text: str) -> int:
     digest = hashlib.blake2b(f"{doc_id}\0{text}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
+
+
+def count_duplicates(digest_files: Iterable[bytes]) -> int:
+    """Documents whose text an earlier document already had (8-byte digests, any file)."""
+    digests = np.frombuffer(b"".join(digest_files), dtype=np.uint64)
+    return int(len(digests) - len(np.unique(digests)))
 
 
 def split_of(h: int, validation_fraction: float) -> str:
@@ -126,7 +133,9 @@ class ReadAndTokenize(_StorageFn):
         file_id = hashlib.blake2b(path.encode(), digest_size=8).hexdigest()
         buffered: dict[str, list] = {}
         size, chunk, batch = 0, 0, []
+        digests = bytearray()  # of each document's text: duplicates are counted across all files
         for doc in read_documents(path, counts, label):
+            digests += hashlib.blake2b(doc.text.encode(), digest_size=8).digest()
             batch.append(doc)
             if len(batch) >= TOKENIZE_BATCH_DOCS:
                 size += self._tokenize(batch, counts, buffered)
@@ -138,6 +147,7 @@ class ReadAndTokenize(_StorageFn):
             self._tokenize(batch, counts, buffered)
         yield from self._flush(buffered, file_id, chunk)
         counts["files_read"] += 1
+        storage.write_bytes(storage.join(self.work_dir, DIGESTS_DIR, f"read-{file_id}.bin"), bytes(digests))
         storage.write_json(storage.join(self.work_dir, STATS_DIR, f"read-{file_id}.json"), dict(counts))
 
     def _tokenize(self, docs, counts: Counter, buffered: dict[str, list]) -> int:
@@ -461,6 +471,9 @@ def run_pipeline(
         client.close()
     stats = _sum_counts(
         storage.read_json(f) for f, _ in storage.match(storage.join(work_dir, STATS_DIR, "*.json"))
+    )
+    stats["documents_duplicate"] = count_duplicates(
+        storage.read_bytes(f) for f, _ in storage.match(storage.join(work_dir, DIGESTS_DIR, "*.bin"))
     )
     entries = [storage.read_json(f) for f, _ in storage.match(storage.join(work_dir, ENTRIES_DIR, "*.json"))]
     return stats, [(e["split"], e["shard"], e["entry"]) for e in entries]

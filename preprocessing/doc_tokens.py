@@ -21,6 +21,7 @@ def tokenize_documents(tok: Tokenizer, docs: list[Document], counts: Counter) ->
         for para in doc.paragraphs:
             flat.extend(split_sentences(para))
         bounds.append(len(flat))
+    unk = tok.token_to_id("[UNK]")
     encodings = tok.encode_batch_fast(flat, add_special_tokens=False) if flat else []
     out: list[list[np.ndarray]] = []
     for d in range(len(docs)):
@@ -28,6 +29,7 @@ def tokenize_documents(tok: Tokenizer, docs: list[Document], counts: Counter) ->
         sentences = [s for s in sentences if len(s)]
         counts["sentences"] += len(sentences)
         counts["tokens"] += sum(len(s) for s in sentences)
+        counts["tokens_unk"] += sum(s.count(unk) for s in sentences) if unk is not None else 0
         out.append(sentences)
     return out
 

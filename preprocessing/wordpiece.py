@@ -178,6 +178,12 @@ def _check_specials(tok: Tokenizer, path: Path) -> None:
             f"{path}: the vocabulary lacks the special tokens {', '.join(missing)}.",
             fix="use a BERT vocabulary holding [PAD] [UNK] [CLS] [SEP] [MASK], or train one with `bertflow tokenizer`.",
         )
+    if tok.get_vocab_size(with_added_tokens=True) <= len(SPECIAL_TOKENS):
+        raise UserError(
+            f"{path}: the vocabulary holds only the special tokens {' '.join(SPECIAL_TOKENS)}, so every "
+            "word would be [UNK].",
+            fix="train a tokenizer on the corpus (`bertflow tokenizer`) or use a real BERT vocab.txt.",
+        )
 
 
 def _lowercase_from_dir(directory: Path, default: bool) -> bool:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
-from pipelines.stage_pretrain import run_pretrain_stage
 from pipelines.stage_preprocess import run_preprocess_stage
+from pipelines.stage_pretrain import run_pretrain_stage
 from pipelines.stage_tokenizer import run_tokenizer_stage
 from preprocessing.config import PreprocessConfig, TokenizerConfig
 from tests.pretrain_runs import config

@@ -1,0 +1,67 @@
+"""Data that makes pretraining meaningless is never accepted without a word (issue 14 item 3): a
+vocabulary of only the special tokens is an error; an [UNK]-dominated corpus, an IsNext share far
+from 0.5, an empty validation split and duplicate documents are counted in stats.json, listed in
+its `warnings` (logged loudly) and shown in the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.errors import UserError
+from pipelines.stage_preprocess import run_preprocess_stage
+from preprocessing.config import PreprocessConfig
+from preprocessing.wordpiece import SPECIAL_TOKENS, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, data_dir):
+    """40 real documents of several sentences each, the first five repeated at the end."""
+    root = tmp_path_factory.mktemp("degenerate")
+    text = (data_dir / "wiki/summaries_en.txt").read_text(encoding="utf-8")
+    docs = [d for d in text.split("\n") if d.count(". ") >= 3][:40]
+    path = root / "corpus.txt"
+    path.write_text("\n\n".join(docs + docs[:5]) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_vocabulary_of_only_special_tokens_is_refused(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(t + "\n" for t in SPECIAL_TOKENS))
+    with pytest.raises(UserError, match="only the special tokens"):
+        load_tokenizer(vocab)
+
+
+def test_degenerate_statistics_are_warnings_in_stats_and_report(tmp_path, corpus, minilm_dir, caplog):
+    cfg = PreprocessConfig(
+        input=[str(corpus)],
+        max_seq_length=9,
+        max_predictions_per_seq=2,
+        workers=1,
+        num_shards=1,
+        validation_fraction=0.001,
+    )
+    stats = run_preprocess_stage(cfg, minilm_dir / "vocab.txt", tmp_path / "shards")
+    assert stats["documents_duplicate"] == 5 and stats["documents_read"] == 45
+    assert abs(stats["is_next_ratio"] - 0.5) > 0.1
+    assert stats["examples_per_split"]["validation"] == 0
+    text = " ".join(stats["warnings"])
+    for expected in ("IsNext share", "validation split is empty", "5 of 45 documents repeat"):
+        assert expected in text
+        assert expected in caplog.text  # logged, not only written
+    assert json.loads((tmp_path / "shards" / "stats.json").read_text())["warnings"] == stats["warnings"]
+    # a balanced, varied corpus with a validation split gets no warning
+    fine = run_preprocess_stage(cfg.model_copy(update={"max_seq_length": 128, "max_predictions_per_seq": 20, "validation_fraction": 0.2}),
+                                minilm_dir / "vocab.txt", tmp_path / "fine")  # fmt: skip
+    assert [w for w in fine["warnings"] if "repeat" not in w] == []
+
+
+def test_a_vocabulary_that_does_not_cover_the_corpus_is_a_warning(tmp_path, corpus):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(t + "\n" for t in [*SPECIAL_TOKENS, "the", "of", "and", "a", "in", ".", ","]))
+    stats = run_preprocess_stage(
+        PreprocessConfig(input=[str(corpus)], workers=1, num_shards=1), vocab, tmp_path / "o"
+    )
+    assert stats["unk_token_ratio"] > 0.5
+    assert any("are [UNK]" in w for w in stats["warnings"])
