@@ -1,6 +1,8 @@
 """Evaluation metrics exactly as GLUE, CoNLL (seqeval) and SQuAD v1.1 define them; numpy only.
 
-Scores are returned on a 0-100 scale (as papers and leaderboards print them).
+Scores are returned on a 0-100 scale (as papers and leaderboards print them). A score the dev set
+cannot define (a correlation with constant labels, MCC or F1 on a dev set without both classes) is
+None, reported as "undefined", never as 0.
 """
 
 from __future__ import annotations
@@ -13,21 +15,25 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def accuracy(preds: Sequence[int], labels: Sequence[int]) -> float:
+def accuracy(preds: Sequence[int], labels: Sequence[int]) -> float | None:
     p, y = np.asarray(preds), np.asarray(labels)
-    return float((p == y).mean() * 100) if len(y) else 0.0
+    return float((p == y).mean() * 100) if len(y) else None
 
 
-def binary_f1(preds: Sequence[int], labels: Sequence[int], positive: int = 1) -> float:
+def binary_f1(preds: Sequence[int], labels: Sequence[int], positive: int = 1) -> float | None:
+    """None (undefined) when the labels hold no positive example: recall has no denominator."""
     p, y = np.asarray(preds) == positive, np.asarray(labels) == positive
+    if not y.any():
+        return None
     tp = float(np.sum(p & y))
     fp = float(np.sum(p & ~y))
     fn = float(np.sum(~p & y))
     return 100 * 2 * tp / (2 * tp + fp + fn) if tp else 0.0
 
 
-def matthews_corrcoef(preds: Sequence[int], labels: Sequence[int]) -> float:
-    """Multi-class MCC (Gorodkin), as sklearn computes it; 0 when undefined (constant predictions)."""
+def matthews_corrcoef(preds: Sequence[int], labels: Sequence[int]) -> float | None:
+    """Multi-class MCC (Gorodkin), as sklearn computes it: 0 for constant predictions (a model
+    that learned nothing), None (undefined) when the labels hold a single class."""
     p, y = np.asarray(preds), np.asarray(labels)
     classes = np.union1d(p, y)
     c = np.zeros((len(classes), len(classes)), dtype=np.float64)
@@ -37,12 +43,18 @@ def matthews_corrcoef(preds: Sequence[int], labels: Sequence[int]) -> float:
     cov_yp = correct * n - t_k @ p_k
     cov_pp = n * n - p_k @ p_k
     cov_yy = n * n - t_k @ t_k
+    if not cov_yy:
+        return None
     denom = np.sqrt(cov_pp * cov_yy)
     return float(100 * cov_yp / denom) if denom else 0.0
 
 
-def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Correlation of predictions `x` with labels `y`: None (undefined) when the labels are constant,
+    0 when only the predictions are (a model that learned nothing)."""
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(b) < 2 or not (b != b[0]).any():
+        return None
     a, b = a - a.mean(), b - b.mean()
     denom = np.sqrt((a * a).sum() * (b * b).sum())
     return float(100 * (a * b).sum() / denom) if denom else 0.0
@@ -63,13 +75,13 @@ def rankdata(x: Sequence[float]) -> np.ndarray:
     return ranks
 
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return pearson(rankdata(x), rankdata(y))
 
 
 def classification_metrics(
     names: Sequence[str], preds: Sequence[int], labels: Sequence[int]
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     fns = {"accuracy": accuracy, "f1": binary_f1, "mcc": matthews_corrcoef}
     return {n: fns[n](preds, labels) for n in names}
 

@@ -48,12 +48,21 @@ BERT_BASE_SOURCE = {
 }
 
 
-def _mean(values: list[float]) -> float:
+def _mean(values: list[float | None]) -> float | None:
+    """None (undefined) when any value is."""
+    if any(v is None for v in values):
+        return None
     return sum(values) / len(values)
 
 
-def _std(values: list[float]) -> float:
-    """Sample standard deviation (0 for a single value)."""
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _std(values: list[float | None]) -> float | None:
+    """Sample standard deviation (0 for a single value; None when a value is undefined)."""
+    if any(v is None for v in values):
+        return None
     if len(values) < 2:
         return 0.0
     m = _mean(values)
@@ -68,7 +77,7 @@ def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for task, by_lr in by_task.items():
         lr_scores = {lr: _mean([r["score"] for r in rs]) for lr, rs in by_lr.items()}
-        best_lr = max(sorted(lr_scores), key=lambda lr: lr_scores[lr])
+        best_lr = max(sorted(lr_scores), key=lambda lr: -math.inf if lr_scores[lr] is None else lr_scores[lr])
         rs = by_lr[best_lr]
         first = rs[0]
         chance = first.get("chance_metrics")
@@ -80,7 +89,10 @@ def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "score": lr_scores[best_lr],
             "score_std": _std([r["score"] for r in rs]),
             "chance_metrics": chance,
-            "at_chance": is_at_chance(lr_scores[best_lr], chance, first["n_eval"]) if chance else None,
+            "at_chance": is_at_chance(lr_scores[best_lr], chance, first["n_eval"])
+            if chance and lr_scores[best_lr] is not None
+            else None,
+            "diverged": any(r.get("diverged") for r in rs),
             "lr_scores": {f"{lr:g}": s for lr, s in sorted(lr_scores.items())},
             "glue": first.get("glue", False),
             "n_train": first["n_train"],
@@ -139,10 +151,8 @@ def build_scorecard(
             values = {}
             for t, m in columns:
                 if t in row["tasks"] and t in base["tasks"]:
-                    values[f"{t}/{m}"] = row["tasks"][t]["metrics"][m] - base["tasks"][t]["metrics"][m]
-            avg = None
-            if row["glue_average"] is not None and base["glue_average"] is not None:
-                avg = row["glue_average"] - base["glue_average"]
+                    values[f"{t}/{m}"] = _diff(row["tasks"][t]["metrics"][m], base["tasks"][t]["metrics"][m])
+            avg = _diff(row["glue_average"], base["glue_average"])
             deltas.append(
                 {
                     "checkpoint": row["checkpoint"],
@@ -210,7 +220,7 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
     row = next(r for r in rows if r["checkpoint"] == d["checkpoint"])
     base = next(r for r in rows if r["checkpoint"] == d["versus"])
     shared = [t for t in row["tasks"] if t in base["tasks"]]
-    ahead = [t for t in shared if row["tasks"][t]["score"] > base["tasks"][t]["score"]]
+    ahead = [t for t in shared if (_diff(row["tasks"][t]["score"], base["tasks"][t]["score"]) or 0) > 0]
     return {
         "checkpoint": d["checkpoint"],
         "name": row["name"],
@@ -289,8 +299,14 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
 
 
 def _cell(info: dict[str, Any], metric: str) -> str:
-    """'81.2', '81.2 ±1.3' over several seeds, '(chance)' appended when the task is at chance."""
-    text = _fmt(info["metrics"][metric])
+    """'81.2', '81.2 ±1.3' over several seeds, '(chance)' appended when the task is at chance,
+    'undefined' for a metric the dev set cannot define, '(diverged)' when a run's loss was NaN."""
+    value = info["metrics"][metric]
+    if value is None:
+        return "undefined" + (" (diverged)" if info.get("diverged") else "")
+    text = _fmt(value)
+    if info.get("diverged"):
+        return text + " (diverged)"
     if len(info["seeds"]) > 1:
         text += f" ±{info.get('metrics_std', {}).get(metric, 0.0):.1f}"
     return text + (" (chance)" if info.get("at_chance") else "")
@@ -346,7 +362,9 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
     ]
     for row in card["rows"]:
         for t, info in row["tasks"].items():
-            tried = ", ".join(f"{lr} ({s:.1f})" for lr, s in info["lr_scores"].items())
+            tried = ", ".join(
+                f"{lr} ({_fmt(s) if s is not None else 'undefined'})" for lr, s in info["lr_scores"].items()
+            )
             lines.append(
                 f"| {row.get('name', row['checkpoint'])} | {t} | {info['lr']:g} | {tried} | "
                 f"{', '.join(map(str, info['seeds']))} | {info['n_train']} | {info['n_eval']} | "

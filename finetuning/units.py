@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -157,6 +158,12 @@ def run_finetune_unit(
         return _run_locked(cfg, job, data_root, wandb or WandbTarget())
 
 
+def unit_score(metrics: dict[str, float | None]) -> float | None:
+    """The mean of a unit's metrics; None (undefined) when any of them is."""
+    values = list(metrics.values())
+    return None if any(v is None for v in values) else sum(values) / len(values)
+
+
 def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:
     out_dir, unit, checkpoint, label = job.out_dir, job.unit, job.checkpoint, job.label
     if read_marker(out_dir) is not None and (out_dir / RESULT_FILE).is_file():  # finished meanwhile
@@ -216,7 +223,8 @@ def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: Wan
             "glue": spec.glue,
             "metric_names": list(spec.metrics),
             "metrics": metrics,
-            "score": sum(metrics.values()) / len(metrics),
+            "score": unit_score(metrics),
+            "diverged": not math.isfinite(stats.final_loss),
             "chance_metrics": task.chance_metrics(),
             "lr": unit.lr,
             "seed": unit.seed,

@@ -196,7 +196,10 @@ def main(args: argparse.Namespace) -> int:
         if "error" in result:
             print(f"  FAILED {job.name}: {result['error']}{done}", flush=True)
         else:
-            shown = ", ".join(f"{k} {v:.1f}" for k, v in result["metrics"].items())
+            shown = ", ".join(
+                f"{k} {'undefined' if v is None else f'{v:.1f}'}" for k, v in result["metrics"].items()
+            )
+            shown += " (DIVERGED: the training loss is NaN)" if result.get("diverged") else ""
             print(
                 f"  done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s){done}",
                 flush=True,

@@ -1,0 +1,53 @@
+"""Meaningless metrics are not reported as numbers (issue 14 item 4): a dev set with constant
+regression labels has no Pearson/Spearman, one without both classes no MCC (and without a positive
+example no F1) — each is None, shown as "undefined" — while a model that predicts a constant
+still scores 0; a unit whose training loss is NaN is marked diverged in the scorecard."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from finetuning.metrics import binary_f1, classification_metrics, matthews_corrcoef, pearson, spearman
+from finetuning.scorecard import build_scorecard
+from finetuning.units import unit_score
+
+
+def test_metrics_the_dev_set_cannot_define_are_none():
+    assert pearson([0.1, 0.5, 0.9], [2.0, 2.0, 2.0]) is None
+    assert spearman([0.1, 0.5, 0.9], [2.0, 2.0, 2.0]) is None
+    assert matthews_corrcoef([0, 1, 1], [1, 1, 1]) is None
+    assert binary_f1([0, 1, 0], [0, 0, 0]) is None
+    assert classification_metrics(["accuracy", "mcc"], [1, 1], [1, 1]) == {"accuracy": 100.0, "mcc": None}
+    # a constant predictor on a varied dev set is defined: it learned nothing
+    assert pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) == 0.0
+    assert matthews_corrcoef([1, 1, 1, 1], [0, 1, 0, 1]) == 0.0
+    assert unit_score({"accuracy": 90.0, "mcc": None}) is None
+
+
+def _result(label, kind, task, metrics, diverged=False):
+    return {
+        "unit": f"{task}-lr5e-05-s1", "task": task, "metric_names": list(metrics), "metrics": metrics,
+        "score": unit_score(metrics), "lr": 5e-5, "seed": 1, "checkpoint": "/x/" + label,
+        "checkpoint_label": label, "checkpoint_kind": kind, "glue": True, "n_train": 10, "n_eval": 5,
+        "epochs": 1.0, "max_seq_length": 64, "train_examples_per_s": 1.0, "notes": {},
+        "final_train_loss": math.nan if diverged else 0.5, "diverged": diverged,
+    }  # fmt: skip
+
+
+def test_scorecard_shows_undefined_and_diverged(tmp_path):
+    results = [
+        _result("ours", "pretrained", "stsb", {"pearson": None, "spearman": None}),
+        _result("ours", "pretrained", "sst2", {"accuracy": 50.0}, diverged=True),
+        _result("random:tiny", "random", "stsb", {"pearson": 10.0, "spearman": 12.0}),
+        _result("random:tiny", "random", "sst2", {"accuracy": 50.0}),
+    ]
+    card = build_scorecard(results, tmp_path)
+    ours = card["rows"][0]
+    assert ours["tasks"]["stsb"]["metrics"] == {"pearson": None, "spearman": None}
+    assert ours["glue_average"] is None and card["deltas"][0]["values"]["stsb/pearson"] is None
+    assert ours["tasks"]["sst2"]["diverged"] is True
+    md = (tmp_path / "scorecard.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| ours |"))
+    assert row.count("undefined") == 2 and "50.0 (diverged)" in row and "| 0.0" not in row
+    assert json.loads((tmp_path / "scorecard.json").read_text()) == card
