@@ -1,10 +1,14 @@
 """One process at a time per output directory.
 
 Every stage that writes a directory (the tokenizer, preprocess and pretrain stages, each
-fine-tuning unit) holds an exclusive `flock` on DIR/.lock while it writes: a second run on the same
-directory (`bertflow run cfg.yaml` twice on one run_dir) is refused with one message instead of
-both writing the same files. The lock dies with its process (kill -9 included), so a stale
-.lock file never blocks a rerun. The file holds the holder's pid, which the message names.
+fine-tuning unit) holds an exclusive `flock` while it writes: a second run on the same directory
+(`bertflow run cfg.yaml` twice on one run_dir) is refused with one message instead of both writing
+the same files. The lock dies with its process (kill -9 included), so a stale lock file never
+blocks a rerun. The file holds the holder's pid, which the message names.
+
+The lock file of a stage output lies beside it (`PARENT/.NAME.lock`), so that the output holds
+only what the stage writes (fault tests compare shard and tokenizer directories byte for byte);
+a fine-tuning unit's lies inside its directory (`UNIT/.lock`).
 """
 
 from __future__ import annotations
@@ -20,13 +24,19 @@ from common.errors import UserError
 LOCK_FILE = ".lock"
 
 
+def lock_file_of(directory: Path, inside: bool = False) -> Path:
+    return directory / LOCK_FILE if inside else directory.parent / f".{directory.name}.lock"
+
+
 @contextmanager
-def exclusive_dir(directory: str | os.PathLike, what: str) -> Iterator[None]:
-    """Hold DIR/.lock (DIR is created); a UserError naming `what` when another process holds it."""
+def exclusive_dir(directory: str | os.PathLike, what: str, inside: bool = False) -> Iterator[None]:
+    """Hold the lock of DIR (DIR is created): `PARENT/.NAME.lock`, or `DIR/.lock` with `inside`;
+    a UserError naming `what` when another process holds it."""
     directory = Path(directory)
+    lock_path = lock_file_of(directory, inside)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fh = open(directory / LOCK_FILE, "a+")
+        fh = open(lock_path, "a+")
     except OSError as exc:
         raise UserError(
             f"cannot write {directory}: {exc.strerror}.", fix="choose a writable output folder."
@@ -39,7 +49,7 @@ def exclusive_dir(directory: str | os.PathLike, what: str) -> Iterator[None]:
             holder = fh.read().strip() or "unknown"
             raise UserError(
                 f"{what} in {directory} is being run by another process (pid {holder}, which holds "
-                f"{directory / LOCK_FILE}); two runs writing one directory would mix their files.",
+                f"{lock_path}); two runs writing one directory would mix their files.",
                 fix="wait for that run to finish, or give this one another output directory (or run_dir).",
             ) from None
         fh.seek(0)

@@ -154,7 +154,7 @@ def run_finetune_unit(
             )
         return json.loads((out_dir / RESULT_FILE).read_text())
     out_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive_dir(out_dir, f"unit {job.unit.name}"):
+    with exclusive_dir(out_dir, f"unit {job.unit.name}", inside=True):
         return _run_locked(cfg, job, data_root, wandb or WandbTarget())
 
 

@@ -147,7 +147,10 @@ class ReadAndTokenize(_StorageFn):
             self._tokenize(batch, counts, buffered)
         yield from self._flush(buffered, file_id, chunk)
         counts["files_read"] += 1
-        storage.write_bytes(storage.join(self.work_dir, DIGESTS_DIR, f"read-{file_id}.bin"), bytes(digests))
+        if digests:  # (an empty object is a malformed multipart upload on S3)
+            storage.write_bytes(
+                storage.join(self.work_dir, DIGESTS_DIR, f"read-{file_id}.bin"), bytes(digests)
+            )
         storage.write_json(storage.join(self.work_dir, STATS_DIR, f"read-{file_id}.json"), dict(counts))
 
     def _tokenize(self, docs, counts: Counter, buffered: dict[str, list]) -> int:

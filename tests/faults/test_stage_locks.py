@@ -23,21 +23,25 @@ from tests.shard_fixtures import make_shards, make_tokenizer_dir
 
 
 def _files(directory: Path) -> set[Path]:
-    return {p for p in directory.rglob("*") if p.name != ".lock"}
+    return set(directory.rglob("*")) if directory.exists() else set()
+
+
+def _lock_file(directory: Path) -> Path:
+    return directory.parent / f".{directory.name}.lock"  # beside the output, which holds only its files
 
 
 class HeldBy:
-    """DIR/.lock held by another process (as a second `bertflow run` would find it)."""
+    """The lock of DIR held by another process (as a second `bertflow run` would find it)."""
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.parent.mkdir(parents=True, exist_ok=True)
         script = (
             "import fcntl, sys, time\n"
             "fh = open(sys.argv[1], 'a+'); fcntl.flock(fh.fileno(), fcntl.LOCK_EX); fh.write('4242\\n'); fh.flush()\n"
             "print('held', flush=True); sys.stdin.read()\n"
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, str(directory / ".lock")],
+            [sys.executable, "-c", script, str(_lock_file(directory))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -58,7 +62,8 @@ def _refused(run, directory: Path, what: str) -> None:
         assert _files(directory) == before
     finally:
         holder.release()
-    with open(directory / ".lock", "a+") as fh:  # released with the process that held it
+    assert ".lock" not in {p.name for p in _files(directory)}
+    with open(_lock_file(directory), "a+") as fh:  # released with the process that held it
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
