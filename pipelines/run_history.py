@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import MARKER_NAME, progress_state
+from common.dir_lock import lock_file_of
 from common.errors import UserError
 from pipelines.flow_records import FLOW_RECORDS
 from pipelines.stage_keys import STAGES
@@ -163,6 +164,7 @@ def remove(path: Path) -> None:
     if path.is_dir():
         (path / MARKER_NAME).unlink(missing_ok=True)
         shutil.rmtree(path, ignore_errors=True)
+        lock_file_of(path).unlink(missing_ok=True)  # the stage lock beside it (nobody holds it: not running)
     else:
         path.unlink(missing_ok=True)
 

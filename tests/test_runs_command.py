@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, mark_in_progress, progress_state, write_marker
+from common.dir_lock import exclusive_dir, lock_file_of
 from pipelines.cli import main as cli
 from pipelines.run_history import update_latest
 
@@ -67,11 +68,15 @@ def test_list_and_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_clean_a_run_keeps_what_another_run_uses(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with exclusive_dir(root / "pretrain" / "p1", "pretraining"):  # leaves its lock file beside p1
+        pass
+    assert lock_file_of(root / "pretrain" / "p1").is_file()
     assert cli(["runs", "clean", "first-run", "--run-dir", str(root)]) == 0
     assert "Dry run: nothing deleted" in capsys.readouterr().out
     assert (root / "pretrain" / "p1" / MARKER_NAME).is_file()
     assert cli(["runs", "clean", "first-run", "--run-dir", str(root), "--yes"]) == 0
     assert not (root / "pretrain" / "p1").exists() and (root / "tokenizer" / "t1" / MARKER_NAME).is_file()
+    assert not lock_file_of(root / "pretrain" / "p1").exists()
     assert not any("first-run" in p.name for p in (root / "flow_runs").iterdir())
     assert (root / "pretrain" / "p2" / MARKER_NAME).is_file()
 

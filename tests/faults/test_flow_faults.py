@@ -129,7 +129,7 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    pretrain_dirs = list((run_dir / "pretrain").iterdir())
+    pretrain_dirs = [d for d in (run_dir / "pretrain").iterdir() if d.is_dir()]  # not the .KEY.lock beside it
     assert len(pretrain_dirs) == 1 and not (pretrain_dirs[0] / MARKER_NAME).exists()
     completed_before = {d.parent.parent.name: d for d in run_dir.glob("*/*/" + MARKER_NAME)}
     assert {"tokenizer", "preprocess"} <= set(completed_before)
