@@ -19,3 +19,15 @@ class UserError(Exception):
         if fix:
             parts.append(f"Fix: {fix}")
         super().__init__(" ".join(parts))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same cleanup runs (child
+    processes stopped, the flow's end recorded); the CLI exits 143 (128 + SIGTERM)."""
+
+    exit_code = 143
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """A SIGTERM handler (`signal.signal(signal.SIGTERM, raise_terminated)`)."""
+    raise Terminated()

@@ -12,7 +12,7 @@ import errno
 import importlib
 import sys
 
-from common.errors import UserError
+from common.errors import Terminated, UserError
 
 # name -> (module, one-line help), in the order `bertflow --help` lists them: the flow, its stages
 # in pipeline order, then the tools around them.
@@ -145,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    except KeyboardInterrupt:
-        print(f"bertflow {args.command}: interrupted.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the command turns it into Terminated
+        stopped = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"bertflow {args.command}: {stopped}.", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
+from common.errors import raise_terminated
 from common.paths import PROJECT_ROOT, torch_extensions_dir
 
 # Prefect reads its settings when it is first imported: set ours before that.
@@ -65,14 +67,23 @@ def main(args: argparse.Namespace) -> int:
     check_output_dir(cfg.run_dir, "run_dir")
 
     from pipelines.flow import bert_pipeline
+    from pipelines.prefect_server import start_temporary_server, stop_prefect
 
-    summary = bert_pipeline(
-        config=args.config,
-        overrides=args.overrides,
-        only=args.only,
-        from_stage=args.from_stage,
-        force=args.force,
-    )
+    # SIGTERM unwinds like Ctrl-C: the pretraining launcher's group is stopped, the flow records
+    # its crash, the temporary API stops (Prefect's flow engine passes a SIGTERM it catches on here)
+    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        start_temporary_server()
+        summary = bert_pipeline(
+            config=args.config,
+            overrides=args.overrides,
+            only=args.only,
+            from_stage=args.from_stage,
+            force=args.force,
+        )
+    finally:
+        stop_prefect()
+        signal.signal(signal.SIGTERM, previous_handler)
     print()
     print(end_summary(summary))
     return 0

@@ -79,11 +79,6 @@ def stop_ephemeral_prefect() -> None:
 
     if "prefect" not in sys.modules:
         return
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.server.api.server import SubprocessASGIServer
+    from pipelines.prefect_server import stop_prefect
 
-    APILogWorker.drain_all()
-    EventsWorker.drain_all()
-    for server in list(SubprocessASGIServer._instances.values()):
-        server.stop()
+    stop_prefect()

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from common.child_process import die_with_parent
 from common.errors import UserError
 from common.paths import PROJECT_ROOT, torch_extensions_dir
 from common.textfile import read_user_text
@@ -115,7 +116,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], 
         text=True,
         bufsize=1,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,  # the launcher passes SIGTERM on to the ranks
     )
     errors: list[str] = []
     try:
@@ -134,17 +135,6 @@ def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], 
         if errors:
             raise UserError("pretraining stopped: " + " | ".join(errors))
         raise RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
-
-
-def _die_with_parent() -> None:
-    """Linux: the launcher gets SIGTERM when `bertflow` dies (even by kill -9), and passes it on to
-    the ranks, so a killed stage leaves no orphan training processes behind."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -1,17 +1,20 @@
 """Faults of the whole flow: `kill -9` of `bertflow run` during pretraining, then the same command
 again, ends with the scorecard of an uninterrupted run and reuses the stages that had completed; a
-deleted completion marker makes exactly that stage recompute."""
+deleted completion marker makes exactly that stage recompute. Ctrl-C and SIGTERM stop every process
+of the run within seconds."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from common.atomic import MARKER_NAME, sha256_file
@@ -150,3 +153,79 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
     assert status["preprocess"] == "ran"
     assert all(v == "cached" for k, v in status.items() if k not in ("preprocess", "finetune-units")), status
     assert _scores(run_dir) == reference
+
+
+def _stop_and_collect(proc: subprocess.Popen, sig: int, *, group: bool) -> tuple[float, list[psutil.Process]]:
+    """Send `sig` (to the whole process group, as a terminal's Ctrl-C does, or to `bertflow` only,
+    as `kill -TERM PID` does); the seconds until `bertflow` exits and its descendants from just
+    before the signal (the Prefect API server, the launcher and its ranks, W&B's service)."""
+    descendants = psutil.Process(proc.pid).children(recursive=True)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    seconds = time.monotonic() - t0
+    gone, alive = psutil.wait_procs(descendants, timeout=5)
+    return seconds, alive
+
+
+def _kill_all(proc: subprocess.Popen, leftovers: list[psutil.Process]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    for p in leftovers:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """Ctrl-C of `bertflow run` during pretraining used to take ~140 s (the terminal's SIGINT also
+    stopped Prefect's temporary API server, and Prefect retried every call); `kill -TERM` left that
+    server running. Both now stop every process of the run within seconds; a rerun resumes."""
+    pretrain = {"max_steps": 2000, "checkpoint_every": 10, "eval_every": 1000, "log_every": 2}
+    cfg = tiny_config(tmp_path, data_dir, pretrain=pretrain, finetune={"tasks": ["rte"], "baselines": []})
+    run_dir = tmp_path / "run"
+
+    def start(log_path: Path) -> subprocess.Popen:
+        with log_path.open("w") as log:
+            return subprocess.Popen(
+                _cmd(cfg), env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    # Ctrl-C in a terminal: SIGINT to the whole foreground process group, once a checkpoint exists
+    first = start(tmp_path / "first.log")
+    leftovers: list[psutil.Process] = []
+    try:
+        _wait_for(
+            lambda: any((run_dir / "pretrain").glob("*/checkpoints/global_step*")), first, 600, "a checkpoint"
+        )
+        seconds, leftovers = _stop_and_collect(first, signal.SIGINT, group=True)
+    finally:
+        _kill_all(first, leftovers)
+    log = (tmp_path / "first.log").read_text()
+    assert seconds < 20, f"Ctrl-C took {seconds:.0f} s\n{log[-3000:]}"
+    assert not leftovers, [(p.pid, p.cmdline()) for p in leftovers]
+    assert first.returncode == 130 and log.rstrip().endswith("bertflow run: interrupted."), log[-3000:]
+    assert "Traceback" not in log and "Error logging to API" not in log, log[-3000:]
+
+    # the same command again resumes pretraining; `kill -TERM` of bertflow alone (not its group)
+    second = start(tmp_path / "second.log")
+    leftovers = []
+    try:
+        resumed = re.compile(r"start step [1-9]\d*.*\n(.*\n)*.*step \d+/2000 loss")
+        _wait_for(lambda: resumed.search((tmp_path / "second.log").read_text()), second, 600, "resumed steps")
+        seconds, leftovers = _stop_and_collect(second, signal.SIGTERM, group=False)
+    finally:
+        _kill_all(second, leftovers)
+    log = (tmp_path / "second.log").read_text()
+    assert seconds < 20, f"SIGTERM took {seconds:.0f} s\n{log[-3000:]}"
+    assert not leftovers, [(p.pid, p.cmdline()) for p in leftovers]
+    assert second.returncode == 143, log[-3000:]
+    assert log.rstrip().endswith("bertflow run: terminated (SIGTERM)."), log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
