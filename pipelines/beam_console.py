@@ -6,7 +6,8 @@ created", "No semi_persistent_directory found", "Discarding unparseable args", a
 copies of them relayed through the job service. `quiet_beam(log)` routes them to a log file:
 while the job runs, file descriptor 2 is a pipe that a thread reads line by line, sending known
 chatter to `log` and everything else (our own log lines, real warnings, tracebacks) on to the
-console unchanged.
+console unchanged, except Beam's own ERROR records of a failed bundle with their tracebacks
+(`BeamErrorBlocks`): the job raises that error, and the command reports it once.
 """
 
 from __future__ import annotations
@@ -49,10 +50,38 @@ class _DropChatter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if is_chatter(message):
-            self.log.write(f"{record.name}: {message}\n")
+        if is_chatter(message) or (
+            record.levelno >= logging.ERROR and record.name.startswith("apache_beam.")
+        ):
+            self.log.write(f"{record.name}: {message}\n")  # Beam's error records: see BeamErrorBlocks
             return False
         return True
+
+
+class BeamErrorBlocks:
+    """Recognises Beam's own error log records on stderr, each with its traceback: a failing
+    DoFn is logged by the worker, again by the worker's bundle processor, and relayed twice more
+    by the driver's job service (200+ lines for one error). The job then raises that error, so the
+    CLI shows it once (one line for a user error, else its traceback); the copies go to the log."""
+
+    HEADERS = ("Traceback (most recent call last)", "During handling of the above", "The above exception")
+
+    def __init__(self) -> None:
+        self.inside = False
+        self.after_frame = False  # the previous line was a traceback frame: this one may be the error
+
+    def takes(self, line: str) -> bool:
+        if line.startswith(("ERROR:apache_beam.", "CRITICAL:apache_beam.")):
+            self.inside, self.after_frame = True, False
+            return True
+        if not self.inside:
+            return False
+        indented = line[:1] in (" ", "\t")
+        if indented or not line.strip() or line.startswith(self.HEADERS) or self.after_frame:
+            self.after_frame = indented
+            return True
+        self.inside = False
+        return False
 
 
 class _DropImportChatter(logging.Filter):
@@ -82,10 +111,11 @@ def quiet_beam(log_path: Path) -> Iterator[None]:
         logging.getLogger().addFilter(relay)
 
         def pump() -> None:
+            errors = BeamErrorBlocks()
             with os.fdopen(read_end, "rb") as pipe:
                 for raw in pipe:
                     line = raw.decode("utf-8", "replace")
-                    if is_chatter(line):
+                    if is_chatter(line) or errors.takes(line):
                         log.write(line)
                     else:
                         os.write(console, raw)

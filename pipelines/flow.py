@@ -29,6 +29,7 @@ from pipelines.flow_tasks import (
     tokenizer_task,
     verify_task,
 )
+from pipelines.prefect_logging import drop_user_error_tracebacks
 from pipelines.report_builder import EMBEDDED_NAME
 
 FLOW_NAME = "bert-pipeline"
@@ -44,6 +45,7 @@ def bert_pipeline(
 ) -> dict[str, Any]:
     """Run the pipeline for one YAML config (+ `section.key=value` overrides)."""
     drop_import_chatter()  # a deployment's worker calls this function without the CLI
+    drop_user_error_tracebacks()
     cfg = load_config(config, overrides)
     run = FlowRun(cfg, str(runtime_flow_run.name or "local"), only, from_stage, force)
     get_run_logger().info(

@@ -4,7 +4,8 @@ Every line the ranks print is kept, in order, in OUT/launcher.log. On the consol
 Prefect task log, the lines about the run (steps, evaluations, checkpoints, errors) are shown at
 INFO; what DeepSpeed and torch say about themselves on every run (`[WARNING] ... Setting
 accelerator to CPU`, `FutureWarning: ... is deprecated` and the source line Python prints under
-it, progress bars of internal loading) goes to DEBUG.
+it, progress bars of internal loading) goes to DEBUG, and so does torchrun's report of a failed
+rank once that rank has printed its own `rank R: error: ...` line (which the command reports).
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.paths import torch_extensions_dir
+from training.launch import ERROR_LINE
 
 # `[2026-11-22 21:30:26,607] [WARNING] [real_accelerator.py:213:get_accelerator] ...`
 DEEPSPEED_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
 # `/path/c10d_logger.py:83: FutureWarning: ...` (Python's warnings module)
 PYTHON_WARNING = re.compile(r"^\S+:\d+: [A-Za-z]*Warning: ")
+# torchrun's report that a rank failed (`E1122 23:55:37.607000 PID .../api.py:1002] failed (exitcode:
+# 2) local_rank: 0 ...`, then its own traceback and a summary): after a rank has printed its
+# `rank R: error: ...` line, which the command reports, the rest of that output is self-talk
+TORCHRUN_FAILED = re.compile(r"^E\d{4} .*\] failed \(exitcode: ")
 SELF_TALK = ("built successfully", "Loading checkpoint shards", "Loading extension module")
 
 SHM_OP = "deepspeed_shm_comm"  # the CPU communication op DeepSpeed compiles on first use
@@ -46,8 +52,16 @@ class LauncherLog:
         raw_path.parent.mkdir(parents=True, exist_ok=True)
         self.raw = open(raw_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed by close())
         self._in_warning = False
+        self._rank_error = False  # a rank printed `rank R: error: ...`
+        self._failure_report = False  # torchrun is reporting that failure
 
     def is_self_talk(self, line: str) -> bool:
+        self._rank_error = self._rank_error or bool(ERROR_LINE.search(line))
+        self._failure_report = self._failure_report or (
+            self._rank_error and bool(TORCHRUN_FAILED.match(line))
+        )
+        if self._failure_report:
+            return True
         if self._in_warning and line.startswith((" ", "\t")):
             return True  # the source line Python prints under a warning
         self._in_warning = bool(PYTHON_WARNING.match(line))

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.disk_space import byte_size
 from pipelines.run_history import (
     LATEST,
     FlowRunRecord,
@@ -60,13 +61,6 @@ def _root(args: argparse.Namespace) -> Path:
 
         return run_root(load_config(args.config))
     return Path("runs").resolve()
-
-
-def _size(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def _duration(seconds: float | None) -> str:
@@ -156,7 +150,7 @@ def show_run(root: Path, name: str | None) -> str:
                 r["status"],
                 _duration(r.get("seconds")),
                 now,
-                _size(dir_size(out)) if out.exists() else "—",
+                byte_size(dir_size(out)) if out.exists() else "—",
                 str(out),
             ]
         )
@@ -177,13 +171,13 @@ def list_stages(root: Path) -> str:
     if not outputs:
         return f"{root}: no stage outputs."
     rows = [
-        [o.stage, o.path.name, o.state, _size(o.size), time.strftime("%Y-%m-%d %H:%M", time.gmtime(o.modified)),
+        [o.stage, o.path.name, o.state, byte_size(o.size), time.strftime("%Y-%m-%d %H:%M", time.gmtime(o.modified)),
          ", ".join(o.used_by) or "—"]
         for o in outputs
     ]  # fmt: skip
     total = sum(o.size for o in outputs)
     return _table(["stage", "output", "state", "size", "modified (UTC)", "used by flow runs"], rows) + (
-        f"\n\n{len(outputs)} outputs, {_size(total)} in {root}"
+        f"\n\n{len(outputs)} outputs, {byte_size(total)} in {root}"
     )
 
 
@@ -198,8 +192,8 @@ def clean(root: Path, targets: list[str], incomplete: bool, yes: bool) -> str:
     if not plan:
         return "nothing to delete (every output of these runs is still used by another flow run)."
     sizes = {p: dir_size(p) if p.is_dir() else p.stat().st_size for p in plan}
-    lines = [f"  {_size(sizes[p]):>10}  {p}" for p in plan]
-    total = _size(sum(sizes.values()))
+    lines = [f"  {byte_size(sizes[p]):>10}  {p}" for p in plan]
+    total = byte_size(sum(sizes.values()))
     if not yes:
         return "\n".join(
             ["would delete:", *lines, f"  {total} in all. Dry run: nothing deleted; add --yes to delete."]

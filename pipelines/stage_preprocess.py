@@ -19,6 +19,7 @@ from pathlib import Path
 
 from common.atomic import MARKER_NAME, TMP_PREFIX
 from common.dir_lock import exclusive_dir
+from common.disk_space import disk_full_error, full_disk_path
 from common.errors import UserError
 from common.stage_output import check_own_output
 from pipelines.preprocess_progress import watch_preprocess
@@ -33,6 +34,9 @@ PASSES_UNKNOWN_ARGS = True  # leftover flags are Beam pipeline options
 WORK_DIR = "_work"
 # settings that change how the job runs but not what it writes (kept out of the manifest)
 RUN_ONLY_KEYS = ("workers", "runner", "beam_options")
+# the bucket parts and the shards a job writes, per byte of corpus text and per dupe_factor: 1.7
+# at its peak on wiki_00.gz (1.0 MB of text, max_seq_length 128); rounded up for the message
+OUTPUT_BYTES_PER_TEXT_BYTE = 2.0
 
 
 def text_size(path: str) -> int:
@@ -236,11 +240,17 @@ def run_preprocess_stage(
             len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],
         )  # fmt: skip
         start = time.perf_counter()
-        with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
-            counts, entries = run_pipeline(
-                [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
-                cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
-            )  # fmt: skip
+        try:
+            with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
+                counts, entries = run_pipeline(
+                    [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
+                    cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
+                )  # fmt: skip
+        except Exception as exc:  # a Beam worker's error arrives as text in a RuntimeError
+            if (full := full_disk_path(exc)) is None:
+                raise
+            needed = OUTPUT_BYTES_PER_TEXT_BYTE * input_bytes * cfg.dupe_factor
+            raise disk_full_error(full or out_dir, needed, "this preprocess job") from None
         seconds = time.perf_counter() - start
         if counts.get("documents_read", 0) == 0:
             _clear_outputs(out_dir, work_dir)

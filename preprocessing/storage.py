@@ -31,6 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.atomic import TMP_PREFIX
+from common.disk_space import full_disk_path
 
 UNCOMPRESSED = CompressionTypes.UNCOMPRESSED  # gzip is detected by its magic bytes, not the name
 
@@ -147,11 +148,16 @@ def _atomic_writer(path: str) -> Iterator[_HashingWriter]:
             os.fsync(raw.fileno())
         raw.close()
         FileSystems.rename([tmp], [path])
-    except BaseException:
+    except BaseException as exc:
         if not raw.closed:
-            raw.close()
+            try:
+                raw.close()
+            except OSError:
+                pass  # a full disk fails the close too; the error below says so
         if FileSystems.exists(tmp):
             FileSystems.delete([tmp])
+        if isinstance(exc, OSError) and exc.filename is None and full_disk_path(exc) is not None:
+            raise OSError(exc.errno, exc.strerror, path) from None  # name the file (Beam shows only text)
         raise
 
 

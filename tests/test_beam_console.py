@@ -53,3 +53,35 @@ def test_beams_import_time_warning_is_dropped_in_our_processes(drop: bool) -> No
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     assert "a real warning" in err
     assert ("apitools not found" in err) is not drop  # without the filter Beam does print it here
+
+
+def test_beams_error_records_and_their_tracebacks_go_to_the_log(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A failing DoFn is logged by the worker and relayed by the driver (200+ lines for one full
+    disk); the job raises that error, which the command reports once."""
+    log = tmp_path / "beam.log"
+    record = (
+        "ERROR:apache_beam.runners.common:OSError: [Errno 28] No space left on device [while running 'X']\n"
+        "Traceback (most recent call last):\n"
+        '  File "storage.py", line 115, in write\n'
+        "    self.raw.write(data)\n"
+        "OSError: [Errno 28] No space left on device\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "storage.py", line 152, in _atomic_writer\n'
+        "OSError: [Errno 28] No space left on device\n"
+    )
+    worker = f"import sys; sys.stderr.write({record!r} + 'WARNING:corpus:a.txt: a real warning\\n')"
+    with quiet_beam(log):
+        subprocess.run([sys.executable, "-c", worker], check=True)
+        logging.getLogger("apache_beam.runners.portability.local_job_service").error(
+            "Worker: severity: ERROR"
+        )
+    err = capfd.readouterr().err
+    assert "a real warning" in err
+    assert "Errno 28" not in err and "Traceback" not in err and "During handling" not in err, err
+    text = log.read_text()
+    assert text.count("No space left on device") == 3 and "Worker: severity: ERROR" in text

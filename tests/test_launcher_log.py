@@ -68,3 +68,29 @@ def test_the_compiled_op_is_shared_by_every_checkout(tmp_path: Path, monkeypatch
     python = f"py{sys.version_info.major}.{sys.version_info.minor}"
     assert directory.name == f"{python}-torch{metadata.version('torch')}"  # an op per Python and torch
     assert str(directory) in (jit_build_notice(on_gpu=False) or "")
+
+
+def test_torchruns_report_of_a_rank_that_reported_its_error_is_debug(tmp_path: Path) -> None:
+    info: list[str] = []
+    debug: list[str] = []
+    log = LauncherLog(info.append, debug.append, tmp_path / "launcher.log")
+    lines = [
+        "step 4/8 loss 6.6993",
+        "rank 0: error: the disk is full: no space left to write /out/checkpoints/global_step4",
+        "E1122 23:55:37.607000 7707 /venv/torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        "(exitcode: 2) local_rank: 0 (pid: 7710) of binary: /venv/bin/python",
+        "Traceback (most recent call last):",
+        '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "training.train FAILED",
+    ]
+    for line in lines:
+        log(line)
+    log.close()
+    assert info == lines[:2] and debug == lines[2:]
+    # a failure without a rank's error line (a crash): torchrun's report stays visible
+    info.clear()
+    log = LauncherLog(info.append, debug.append, tmp_path / "launcher.log")
+    log(lines[2])
+    log.close()
+    assert info == [lines[2]]

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
 from common.progress import duration_text
 from common.tracking import Tracker
@@ -51,6 +52,9 @@ from training.step_stats import StepStats, all_reduce_sums
 # Fault-injection hooks for the fault tests (never set in normal runs).
 NAN_DEBUG_ENV = "BERTFLOW_DEBUG_NAN_AT_STEP"  # make the loss NaN at this step
 DELAY_DEBUG_ENV = "BERTFLOW_DEBUG_STEP_DELAY_S"  # sleep this long per step (gives kill tests a window)
+# a DeepSpeed checkpoint of an Adam run: fp32 weights, two moments and (mixed precision) fp32 master
+# weights: at most 16 bytes per parameter (the estimate the disk-full message gives)
+CHECKPOINT_BYTES_PER_PARAM = 16
 T0 = time.perf_counter()
 
 
@@ -458,7 +462,19 @@ def log_eval(tracker: Tracker | None, metrics: dict[str, float], step: int) -> N
 
 
 def save_checkpoint(engine: Any, spec: RunSpec, step: int, plan: BatchPlan, rank: int) -> Path:
-    """Every rank writes its part; rank 0 then verifies the tag and prunes old ones."""
+    """Every rank writes its part; rank 0 then verifies the tag and prunes old ones. A full disk
+    is one UserError naming the checkpoint (torch's writer says only "file write failed")."""
+    try:
+        return _save_checkpoint(engine, spec, step, plan, rank)
+    except Exception as exc:
+        needed = CHECKPOINT_BYTES_PER_PARAM * sum(p.numel() for p in engine.module.parameters())
+        tag_dir = spec.checkpoints_dir / checkpoint.tag_for(step)
+        if full_disk_path(exc) is None and (free_bytes(tag_dir) or 0) >= needed:
+            raise
+        raise disk_full_error(tag_dir, needed, "one checkpoint") from None
+
+
+def _save_checkpoint(engine: Any, spec: RunSpec, step: int, plan: BatchPlan, rank: int) -> Path:
     root = spec.checkpoints_dir
     tag = checkpoint.tag_for(step)
     consumed = step * plan.global_batch
@@ -534,6 +550,16 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _train_or_user_error(spec: RunSpec, local_rank: int) -> None:
+    """`train`, with a full disk anywhere (metrics.jsonl, the final model, ...) as a UserError."""
+    try:
+        train(spec, local_rank)
+    except Exception as exc:  # OSError, or a library's own error (safetensors: "os error 28")
+        if (where := full_disk_path(exc)) is None:
+            raise
+        raise disk_full_error(where or spec.out_dir, None, "pretraining") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, help="run_spec.json written by `bertflow pretrain`")
@@ -542,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = args.local_rank if args.local_rank is not None else int(os.environ.get("LOCAL_RANK", 0))
     spec = RunSpec.read(Path(args.spec))
     try:
-        train(spec, local_rank)
+        _train_or_user_error(spec, local_rank)
     except (UserError, FloatingPointError) as exc:
         # No barrier and no process-group teardown: the other ranks may be inside a collective, and
         # a gloo/NCCL group left at interpreter exit can hang until the collective timeout. Leave
