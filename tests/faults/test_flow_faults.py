@@ -198,34 +198,35 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
                 start_new_session=True,
             )  # fmt: skip
 
+    def run_and_stop(log_path: Path, ready, what: str, sig: int, *, group: bool) -> tuple[int, str]:
+        proc = start(log_path)
+        leftovers: list[psutil.Process] = []
+        try:
+            _wait_for(ready, proc, 600, what)
+            seconds, leftovers = _stop_and_collect(proc, sig, group=group)
+        finally:
+            _kill_all(proc, leftovers)
+        log = log_path.read_text()
+        assert seconds < 20, f"{signal.Signals(sig).name} took {seconds:.0f} s\n{log[-3000:]}"
+        assert not leftovers, [(p.pid, p.cmdline()) for p in leftovers]
+        assert "Traceback" not in log and "Error logging to API" not in log, log[-3000:]
+        return proc.returncode, log.rstrip()
+
     # Ctrl-C in a terminal: SIGINT to the whole foreground process group, once a checkpoint exists
-    first = start(tmp_path / "first.log")
-    leftovers: list[psutil.Process] = []
-    try:
-        _wait_for(
-            lambda: any((run_dir / "pretrain").glob("*/checkpoints/global_step*")), first, 600, "a checkpoint"
-        )
-        seconds, leftovers = _stop_and_collect(first, signal.SIGINT, group=True)
-    finally:
-        _kill_all(first, leftovers)
-    log = (tmp_path / "first.log").read_text()
-    assert seconds < 20, f"Ctrl-C took {seconds:.0f} s\n{log[-3000:]}"
-    assert not leftovers, [(p.pid, p.cmdline()) for p in leftovers]
-    assert first.returncode == 130 and log.rstrip().endswith("bertflow run: interrupted."), log[-3000:]
-    assert "Traceback" not in log and "Error logging to API" not in log, log[-3000:]
+    def checkpoint() -> bool:
+        return any((run_dir / "pretrain").glob("*/checkpoints/global_step*"))
+
+    rc, log = run_and_stop(tmp_path / "first.log", checkpoint, "a checkpoint", signal.SIGINT, group=True)
+    assert rc == 130 and log.endswith("bertflow run: interrupted."), log[-3000:]
 
     # the same command again resumes pretraining; `kill -TERM` of bertflow alone (not its group)
-    second = start(tmp_path / "second.log")
-    leftovers = []
-    try:
-        resumed = re.compile(r"start step [1-9]\d*.*\n(.*\n)*.*step \d+/2000 loss")
-        _wait_for(lambda: resumed.search((tmp_path / "second.log").read_text()), second, 600, "resumed steps")
-        seconds, leftovers = _stop_and_collect(second, signal.SIGTERM, group=False)
-    finally:
-        _kill_all(second, leftovers)
-    log = (tmp_path / "second.log").read_text()
-    assert seconds < 20, f"SIGTERM took {seconds:.0f} s\n{log[-3000:]}"
-    assert not leftovers, [(p.pid, p.cmdline()) for p in leftovers]
-    assert second.returncode == 143, log[-3000:]
-    assert log.rstrip().endswith("bertflow run: terminated (SIGTERM)."), log[-3000:]
-    assert "Traceback" not in log, log[-3000:]
+    resumed = re.compile(r"start step [1-9]\d*.*step \d+/2000 loss", re.DOTALL)
+    second_log = tmp_path / "second.log"
+    rc, log = run_and_stop(
+        second_log,
+        lambda: resumed.search(second_log.read_text()),
+        "resumed steps",
+        signal.SIGTERM,
+        group=False,
+    )
+    assert rc == 143 and log.endswith("bertflow run: terminated (SIGTERM)."), log[-3000:]
