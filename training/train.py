@@ -467,7 +467,10 @@ def save_checkpoint(engine: Any, spec: RunSpec, step: int, plan: BatchPlan, rank
     try:
         return _save_checkpoint(engine, spec, step, plan, rank)
     except Exception as exc:
-        needed = CHECKPOINT_BYTES_PER_PARAM * sum(p.numel() for p in engine.module.parameters())
+        params = sum(
+            getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()
+        )  # ZeRO-3: ds_numel
+        needed = CHECKPOINT_BYTES_PER_PARAM * params
         tag_dir = spec.checkpoints_dir / checkpoint.tag_for(step)
         if full_disk_path(exc) is None and (free_bytes(tag_dir) or 0) >= needed:
             raise
