@@ -171,6 +171,13 @@ def _stop_and_collect(proc: subprocess.Popen, sig: int, *, group: bool) -> tuple
     return seconds, alive
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A command started from a terminal has SIGINT at its default; a suite started in the background
+    of a non-interactive shell (`make test &`) passes SIGINT down as ignored, and Python keeps an
+    ignored SIGINT ignored, so the Ctrl-C case would test nothing there."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _kill_all(proc: subprocess.Popen, leftovers: list[psutil.Process]) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -195,7 +202,7 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         with log_path.open("w") as log:
             return subprocess.Popen(
                 _cmd(cfg), env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=_sigint_as_in_a_terminal,
             )  # fmt: skip
 
     def run_and_stop(log_path: Path, ready, what: str, sig: int, *, group: bool) -> tuple[int, str]:
