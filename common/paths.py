@@ -6,6 +6,7 @@ The data root is a setting: `BERTFLOW_DATA` (env) or the config's `data_root`; b
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from importlib import metadata
@@ -34,20 +35,19 @@ def resolve_data_path(path: str | os.PathLike, root: str | os.PathLike | None = 
 
 def torch_extensions_dir() -> Path:
     """Where torch keeps JIT-compiled ops (DeepSpeed's CPU communication op, 2-3 min to build):
-    TORCH_EXTENSIONS_DIR, else one per-user cache that every checkout shares,
-    `$XDG_CACHE_HOME` (or `~/.cache`)`/bertflow/torch_extensions/py<X.Y>-torch<version>`. The
-    folder names the Python and torch it was built for: torch reuses a built op by the hash of its
-    sources and flags, not of the torch it was compiled against."""
+    TORCH_EXTENSIONS_DIR, else a per-user cache outside the checkout,
+    `$XDG_CACHE_HOME` (or `~/.cache`)`/bertflow/torch_extensions/py<X.Y>-torch<version>-<env>`.
+    The folder names the Python and torch it was built for (torch reuses a built op by the hash
+    of its sources and flags, not of the torch it was compiled against) and `<env>` hashes the
+    Python environment's path: the compile command holds that path, so two environments sharing
+    one folder would rebuild the op each time the other one had used it."""
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Path(env).expanduser()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
-    return (
-        cache
-        / "bertflow"
-        / "torch_extensions"
-        / f"py{sys.version_info.major}.{sys.version_info.minor}-torch{_torch_version()}"
-    )
+    python = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]
+    return cache / "bertflow" / "torch_extensions" / f"{python}-torch{_torch_version()}-{environment}"
 
 
 def _torch_version() -> str:

@@ -59,15 +59,22 @@ def test_notice_before_the_first_compile(tmp_path: Path, monkeypatch: pytest.Mon
     assert jit_build_notice(on_gpu=False) is None
 
 
-def test_the_compiled_op_is_shared_by_every_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_compiled_op_lives_outside_the_checkout_one_per_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     directory = torch_extensions_dir()
     assert directory.parent == tmp_path / "bertflow" / "torch_extensions"  # outside the checkout
     assert not directory.is_relative_to(PROJECT_ROOT)
     python = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    assert directory.name == f"{python}-torch{metadata.version('torch')}"  # an op per Python and torch
-    assert str(directory) in (jit_build_notice(on_gpu=False) or "")
+    assert directory.name.startswith(f"{python}-torch{metadata.version('torch')}-")  # per Python and torch
+    assert torch_extensions_dir() == directory  # stable: the next run finds the built op
+    # another environment (a second venv, or the same one reached through a symlink) compiles with
+    # other include paths, so it gets its own folder instead of rebuilding this one's op
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "other-venv"))
+    assert torch_extensions_dir() != directory
+    assert str(torch_extensions_dir()) in (jit_build_notice(on_gpu=False) or "")
 
 
 def test_torchruns_report_of_a_rank_that_reported_its_error_is_debug(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 DeepSpeed builds its shared-memory all-reduce op (`deepspeed_shm_comm`) the first time a CPU run
 initializes `deepspeed.comm`: 2-3 minutes of silence in the first `bertflow run`. Built here into
-`common.paths.torch_extensions_dir()` (shared by every checkout), the launcher's ranks load it in
+`common.paths.torch_extensions_dir()` (one per Python environment, outside the checkout), the launcher's ranks load it in
 under a second. Nothing to build where the accelerator is a GPU.
 """
 
