@@ -204,5 +204,6 @@ class BertForQuestionAnswering(nn.Module):
 
 
 def count_parameters(module: nn.Module) -> int:
-    """Unique parameters (tied weights counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+    """Unique parameters (tied weights counted once); under ZeRO-3, whose partitioned parameters
+    hold no local elements, their full size (`ds_numel`)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in {id(p): p for p in module.parameters()}.values())

@@ -36,7 +36,7 @@ from common.errors import UserError
 from common.progress import duration_text
 from common.tracking import Tracker
 from model.config import BertConfig
-from model.heads import BertForPreTraining
+from model.heads import BertForPreTraining, count_parameters
 from preprocessing.masking import MaskingSpec
 from preprocessing.wordpiece import SPECIAL_TOKENS
 from training import checkpoint, example_cache, preflight
@@ -467,10 +467,7 @@ def save_checkpoint(engine: Any, spec: RunSpec, step: int, plan: BatchPlan, rank
     try:
         return _save_checkpoint(engine, spec, step, plan, rank)
     except Exception as exc:
-        params = sum(
-            getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()
-        )  # ZeRO-3: ds_numel
-        needed = CHECKPOINT_BYTES_PER_PARAM * params
+        needed = CHECKPOINT_BYTES_PER_PARAM * count_parameters(engine.module)
         tag_dir = spec.checkpoints_dir / checkpoint.tag_for(step)
         if full_disk_path(exc) is None and (free_bytes(tag_dir) or 0) >= needed:
             raise
