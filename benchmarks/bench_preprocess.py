@@ -179,8 +179,14 @@ def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple
     beam_job.write_shard = timed.wrap("Arrow/Parquet writing", shard_format.write_shard)
 
     class TimedTokenizer:
+        """The job's tokenizer with encode_batch_fast timed; everything else passes through."""
+
         def __init__(self, inner: Tokenizer) -> None:
+            self.inner = inner
             self.encode_batch_fast = timed.wrap("WordPiece encoding", inner.encode_batch_fast)
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
 
     params = ExampleParams(128, 0.1, dupe_factor, 12345, words.index("[CLS]"), words.index("[SEP]"))
     spec = MaskingSpec.from_vocab(words, SPECIAL_TOKENS, 0.15, 20, False)
