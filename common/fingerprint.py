@@ -5,6 +5,9 @@ an output.
 matters). Files enter that description by a cheap stamp (`file_stamp`: path, size, mtime), which
 changes whenever a file is replaced or edited, or, for small files whose content matters more than
 their path (a DeepSpeed JSON, a task YAML, a vocabulary), by a content hash (`content_digest`).
+Corpus files enter by `content_stamp` (path, size, sha256): a corpus copied again or touched keeps
+its bytes, so it must not cost an hour of pretraining; its sha256 is remembered per file version
+(path, size, mtime, inode) in the user's cache, so each version is read once.
 
 Users of the scheme: the stage keys (`pipelines/stage_keys.py`, the directory a stage writes), the
 fine-tuning unit keys (`finetuning/fanout.py`), the pretraining run fingerprint in its completion
@@ -20,6 +23,9 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from common.atomic import atomic_write_text, sha256_file
+from common.paths import user_cache_dir
 
 KEY_LENGTH = 12  # the stage / unit keys in directory names
 
@@ -39,6 +45,37 @@ def file_stamp(path: str | os.PathLike) -> dict[str, Any]:
     except OSError:
         return {"path": str(path), "missing": True}
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def content_stamp(path: str | os.PathLike) -> dict[str, Any]:
+    """path + size + sha256 of the bytes: the same after a copy or `touch` that keeps the bytes."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        return {"path": str(path), "missing": True}
+    resolved = path.resolve()
+    return {"path": str(resolved), "size": st.st_size, "sha256": _remembered_sha256(resolved, st)}
+
+
+def _remembered_sha256(path: Path, st: os.stat_result) -> str:
+    """sha256 of `path`, read once per file version: one small memo file per (path, size, mtime,
+    inode) under the user's cache; a memo that cannot be read or written only costs a re-read."""
+    version = digest([str(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev])
+    memo = user_cache_dir() / "file_sha256" / version[:2] / version
+    try:
+        remembered = memo.read_text().strip()
+        if len(remembered) == 64:
+            return remembered
+    except OSError:
+        pass
+    value = sha256_file(path)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(memo, value)
+    except OSError:
+        pass
+    return value
 
 
 def content_digest(path: str | os.PathLike, length: int = 16) -> str:

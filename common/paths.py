@@ -44,10 +44,14 @@ def torch_extensions_dir() -> Path:
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Path(env).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
     python = f"py{sys.version_info.major}.{sys.version_info.minor}"
     environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]
-    return cache / "bertflow" / "torch_extensions" / f"{python}-torch{_torch_version()}-{environment}"
+    return user_cache_dir() / "torch_extensions" / f"{python}-torch{_torch_version()}-{environment}"
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache outside the checkout: `$XDG_CACHE_HOME` (or `~/.cache`)`/bertflow`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "bertflow"
 
 
 def _torch_version() -> str:

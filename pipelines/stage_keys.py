@@ -2,7 +2,8 @@
 
 A stage's key is a short hash of everything that determines its output: its own config section
 (plus the `model:` section where the model is built), the keys of the stages it reads from, and
-fingerprints (path + size + mtime) of the files it reads. Change any of those and the key changes,
+fingerprints of the files it reads (corpus files by path, size and sha256, so a corpus copied again
+or touched keeps its key; see common/fingerprint.py). Change any of those and the key changes,
 so the stage (and only the stages downstream of it) recompute; change nothing and every completed
 stage is found again. A stage directory is complete when its `_COMPLETE.json` marker exists (the
 marker is written last, so a killed run never looks finished).
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import read_marker
-from common.fingerprint import KEY_LENGTH, content_digest, digest, file_stamp, model_dir_stamp
+from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
 from common.paths import PROJECT_ROOT
 from pipelines.config import PipelineConfig
 from preprocessing.corpus import match_inputs
@@ -29,7 +30,7 @@ STAGES: tuple[str, ...] = ("verify", "tokenizer", "preprocess", "pretrain", "fin
 def corpus_stamps(cfg: PipelineConfig, patterns: list[str]) -> list[dict[str, Any]]:
     """Stamps of the files the corpus entries name, plus one `missing` entry per entry naming none."""
     files, unmatched = match_inputs(patterns, cfg.data_root)
-    return [file_stamp(p) for p in files] + [
+    return [content_stamp(p) for p in files] + [
         {"path": str(cfg.data_path(p)), "missing": True} for p in unmatched
     ]
 
@@ -51,7 +52,7 @@ def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
         "stage": "tokenizer",
         "config": cfg.tokenizer.model_dump(mode="json"),
         "inputs": corpus_stamps(cfg, cfg.tokenizer.input),
-        "vocab": file_stamp(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
+        "vocab": content_stamp(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
     }
     tok_key = digest(tok, KEY_LENGTH)
     prep = {

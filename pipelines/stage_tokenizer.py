@@ -15,7 +15,7 @@ from pathlib import Path
 from common.atomic import MARKER_NAME, read_marker, remove_temp_files, sha256_file, write_marker
 from common.dir_lock import exclusive_dir
 from common.errors import UserError
-from common.fingerprint import file_stamp
+from common.fingerprint import content_stamp
 from common.paths import resolve_data_path
 from common.stage_output import check_own_output
 from preprocessing.config import TokenizerConfig
@@ -42,7 +42,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         identity = None  # loading is cheap: always redone
     else:
         files = expand_inputs(cfg.input, data_root)
-        identity = {"config": cfg.model_dump(), "inputs": [file_stamp(p) for p in files]}
+        identity = {"config": cfg.model_dump(), "inputs": [content_stamp(p) for p in files]}
     done = read_marker(out_dir)
     if identity is not None and done is not None and done.get("identity") == identity:
         if _files_intact(out_dir, done.get("files")):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
 from common.errors import UserError
+from common.fingerprint import content_stamp
 from pipelines.config import load_config
 from pipelines.stage_keys import STAGES, stage_dir, stage_keys
 from pipelines.stage_plan import plan_stages
@@ -52,15 +54,31 @@ def test_a_change_moves_exactly_the_downstream_keys(override: str, stage: str) -
     assert changed == expected, override
 
 
-def test_corpus_fingerprint_is_part_of_the_key(tmp_path: Path) -> None:
+def test_corpus_content_is_part_of_the_key_and_its_mtime_is_not(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("A first sentence. A second one.\n")
     overrides = [f"tokenizer.input=[{corpus}]", f"preprocess.input=[{corpus}]"]
     before = stage_keys(load_config(None, overrides))
     st = corpus.stat()
-    os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # copied again, touched
+    assert stage_keys(load_config(None, overrides)) == before
+    corpus.write_text("A first sentence. A second one!\n")  # same size, other bytes
     after = stage_keys(load_config(None, overrides))
     assert _changed(before, after) == DOWNSTREAM["tokenizer"] | {"verify"}
+
+
+def test_a_file_version_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("text\n")
+    first = content_stamp(corpus)
+    assert first["sha256"] == hashlib.sha256(b"text\n").hexdigest()
+    (memo,) = (tmp_path / "cache").rglob("*/file_sha256/*/*")
+    memo.write_text("f" * 64)  # what was remembered is what a second stamp reports: no re-read
+    assert content_stamp(corpus)["sha256"] == "f" * 64
+    st = corpus.stat()
+    os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a new version is read again
+    assert content_stamp(corpus) == first
 
 
 def test_stage_selection() -> None:
