@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 CONFIG    ?= configs/default.yaml
 
-.PHONY: install install-browser run test test-fast lint bench deploy clean gpu-check-prep gpu-check
+.PHONY: install install-browser run cpu-hour test test-fast lint bench deploy clean gpu-check-prep gpu-check
 
 install: $(STAMP)
 
@@ -40,6 +40,14 @@ $(STAMP): pyproject.toml constraints.txt
 
 run: install
 	$(VENV)/bin/bertflow run $(CONFIG)
+
+# The one-hour CPU recipe (docs/quality.md): phase 1 pretrains on 32-token examples (its tokenizer,
+# preprocess and pretrain stages only), phase 2 (configs/cpu-hour.yaml) continues at 128 tokens from
+# runs/cpu-hour-phase1/latest/model, then fine-tunes and reports. Each command reuses what is done.
+cpu-hour: install
+	for stage in tokenizer preprocess pretrain; do \
+	  $(VENV)/bin/bertflow run configs/cpu-hour-phase1.yaml --only $$stage || exit 1; done
+	$(VENV)/bin/bertflow run configs/cpu-hour.yaml
 
 # Register the `bert-pipeline/default` deployment (prefect.yaml) on a running Prefect server
 # (`prefect server start`; PREFECT_API_URL points at it) and create its process work pool.
