@@ -126,3 +126,19 @@ def test_cli_prints_one_paragraph_and_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "finetune.epoch: unknown key" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_phase_two_without_phase_one_is_refused_before_any_stage(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/cpu-hour.yaml",
+         "--set", f"run_dir={tmp_path / 'runs'}", "--set", f"pretrain.init_from={tmp_path / 'phase1'}"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert f"pretrain.init_from {tmp_path / 'phase1'} does not exist" in proc.stderr
+    assert "make cpu-hour" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()  # refused before the tokenizer stage wrote anything

@@ -121,17 +121,25 @@ def check_shards(shards_dir: Path, tokenizer_dir: Path, vocab_size: int) -> dict
     return manifest
 
 
+def check_init_from(init_from: str) -> Path:
+    """`pretrain.init_from` must be an existing model directory (checked before any stage runs)."""
+    init_dir = Path(init_from)
+    if not (init_dir / "config.json").is_file():
+        raise UserError(
+            f"pretrain.init_from {init_dir} does not exist"
+            + (" as a model directory (no config.json)." if init_dir.is_dir() else "."),
+            fix="point it to phase 1's output model/ dir (RUN_DIR/latest/model once phase 1's flow has "
+            "run; `make cpu-hour` runs both phases of the one-hour recipe).",
+        )
+    return init_dir
+
+
 def model_config(cfg, vocab_size: int, tokenizer_dir: Path) -> BertConfig:
     m = cfg.model
     if cfg.pretrain.init_from:
         from model.hf_io import read_config
 
-        init_dir = Path(cfg.pretrain.init_from)
-        if not init_dir.is_dir():
-            raise UserError(
-                f"pretrain.init_from {init_dir} does not exist.",
-                fix="point it to phase 1's output model/ dir.",
-            )
+        init_dir = check_init_from(cfg.pretrain.init_from)
         base = read_config(init_dir)
         if base.vocab_size != vocab_size:
             raise UserError(
