@@ -127,9 +127,17 @@ def _is_list_type(annotation: Any) -> bool:
 
 def _override_value(key: str, raw: str) -> Any:
     """YAML for the value; for a list setting, a bare `a,b` or `a` is the list [a, b] / [a]."""
-    value = yaml.safe_load(raw)
-    if isinstance(value, str | int | float) and _is_list_type(_field_annotation(key.split("."))):
-        return [yaml.safe_load(part.strip()) for part in raw.split(",") if part.strip()]
+    try:
+        value = yaml.safe_load(raw)
+        if isinstance(value, str | int | float) and _is_list_type(_field_annotation(key.split("."))):
+            return [yaml.safe_load(part.strip()) for part in raw.split(",") if part.strip()]
+    except yaml.YAMLError as err:
+        problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+        raise UserError(
+            f"--set {key}={raw}: the value is not valid YAML ({problem}).",
+            fix=f"quote strings inside brackets (--set '{key}=[\"a*.gz\"]'), or give a list setting "
+            f"as a,b without brackets (--set {key}=a*.gz,b.txt).",
+        ) from None
     return value
 
 

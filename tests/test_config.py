@@ -65,6 +65,15 @@ def test_override_wins_and_is_validated(tmp_path: Path) -> None:
         load_config(path, ["pretrain.max_steps"])
 
 
+def test_override_that_is_not_yaml_is_named() -> None:
+    glob = "data:wiki/enwiki-2015/AA/wiki_[0-3]*.gz"  # brackets make YAML read a nested list
+    with pytest.raises(UserError) as exc:
+        load_config(None, [f"tokenizer.input=[{glob}]"])
+    assert f"--set tokenizer.input=[{glob}]: the value is not valid YAML" in str(exc.value)
+    assert load_config(None, [f"tokenizer.input={glob}"]).tokenizer.input == [glob]  # the fix it names
+    assert load_config(None, [f'tokenizer.input=["{glob}"]']).tokenizer.input == [glob]
+
+
 def test_missing_config_file_and_bad_yaml(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
