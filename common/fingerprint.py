@@ -7,7 +7,7 @@ changes whenever a file is replaced or edited, or, for small files whose content
 their path (a DeepSpeed JSON, a task YAML, a vocabulary), by a content hash (`content_digest`).
 Corpus files enter by `content_stamp` (path, size, sha256): a corpus copied again or touched keeps
 its bytes, so it must not cost an hour of pretraining; its sha256 is remembered per file version
-(path, size, mtime, inode) in the user's cache, so each version is read once.
+(its `file_stamp`) in the user's cache, so each version is read once.
 
 Users of the scheme: the stage keys (`pipelines/stage_keys.py`, the directory a stage writes), the
 fine-tuning unit keys (`finetuning/fanout.py`), the pretraining run fingerprint in its completion
@@ -49,19 +49,17 @@ def file_stamp(path: str | os.PathLike) -> dict[str, Any]:
 
 def content_stamp(path: str | os.PathLike) -> dict[str, Any]:
     """path + size + sha256 of the bytes: the same after a copy or `touch` that keeps the bytes."""
-    path = Path(path)
-    try:
-        st = path.stat()
-    except OSError:
-        return {"path": str(path), "missing": True}
-    resolved = path.resolve()
-    return {"path": str(resolved), "size": st.st_size, "sha256": _remembered_sha256(resolved, st)}
+    stamp = file_stamp(path)
+    if stamp.get("missing"):
+        return stamp
+    return {"path": stamp["path"], "size": stamp["size"], "sha256": _remembered_sha256(stamp)}
 
 
-def _remembered_sha256(path: Path, st: os.stat_result) -> str:
-    """sha256 of `path`, read once per file version: one small memo file per (path, size, mtime,
-    inode) under the user's cache; a memo that cannot be read or written only costs a re-read."""
-    version = digest([str(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev])
+def _remembered_sha256(stamp: dict[str, Any]) -> str:
+    """sha256 of the file `stamp` describes, read once per file version (its `file_stamp`): one small
+    memo file per version under the user's cache; a memo that cannot be read or written only costs
+    a re-read."""
+    version = digest(stamp)
     memo = user_cache_dir() / "file_sha256" / version[:2] / version
     try:
         remembered = memo.read_text().strip()
@@ -69,7 +67,7 @@ def _remembered_sha256(path: Path, st: os.stat_result) -> str:
             return remembered
     except OSError:
         pass
-    value = sha256_file(path)
+    value = sha256_file(stamp["path"])
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(memo, value)
