@@ -220,7 +220,8 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
     row = next(r for r in rows if r["checkpoint"] == d["checkpoint"])
     base = next(r for r in rows if r["checkpoint"] == d["versus"])
     shared = [t for t in row["tasks"] if t in base["tasks"]]
-    ahead = [t for t in shared if (_diff(row["tasks"][t]["score"], base["tasks"][t]["score"]) or 0) > 0]
+    task_deltas = {t: _diff(row["tasks"][t]["score"], base["tasks"][t]["score"]) for t in shared}
+    ahead = [t for t in shared if (task_deltas[t] or 0) > 0]
     return {
         "checkpoint": d["checkpoint"],
         "name": row["name"],
@@ -228,6 +229,7 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
         "versus_name": base["name"],
         "glue_average_delta": d["glue_average"],
         "tasks": shared,
+        "task_deltas": task_deltas,
         "ahead_on": ahead,
         "seeds": max((len(row["tasks"][t]["seeds"]) for t in shared), default=0),
         "at_chance": [t for t in shared if row["tasks"][t]["at_chance"]],
@@ -252,11 +254,7 @@ def headline_text(h: dict[str, Any] | None) -> str:
         + f", mean of {h['seeds']} seed(s) per task."
     ]
     if not h.get("pretraining_helped", True):
-        lines.append(
-            f"**Pretraining has not helped here:** {name} is no better than {versus} of the same shape "
-            "under the same fine-tuning budget (GLUE-style average not above it, or ahead on half the "
-            "tasks or fewer). Pretrain on more tokens; docs/quality.md says what it takes."
-        )
+        lines.append(_not_helped_text(h, name, versus))
     if h["at_chance"]:
         lines.append(
             f"**At chance (no better than the majority class within evaluation noise):** "
@@ -264,6 +262,30 @@ def headline_text(h: dict[str, Any] | None) -> str:
             + (f"; {', '.join(h['random_at_chance'])} for {versus}." if h["random_at_chance"] else ".")
         )
     return "  \n".join(lines)
+
+
+def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
+    """Why the pretrained model does not count as better: behind on average, or ahead on few tasks."""
+    advice = "Pretrain on more tokens; docs/quality.md says what it takes."
+    avg = h["glue_average_delta"]
+    if avg is None or avg <= 0 or not h["ahead_on"]:
+        return (
+            f"**Pretraining has not helped here:** {name} is no better than {versus} of the same shape "
+            "under the same fine-tuning budget (GLUE-style average not above it, or ahead on half the "
+            f"tasks or fewer). {advice}"
+        )
+    deltas = h.get("task_deltas") or {}
+
+    def listed(tasks: list[str]) -> str:
+        tasks = sorted(tasks, key=lambda t: -(deltas.get(t) or 0))
+        return ", ".join(f"{t} ({_fmt(deltas[t], signed=True)})" if t in deltas else t for t in tasks)
+
+    rest = [t for t in h["tasks"] if t not in h["ahead_on"]]
+    return (
+        f"**Pretraining helped on some tasks only:** {name} is ahead of {versus} on "
+        f"{listed(h['ahead_on'])} and level or behind on {listed(rest)}. Its GLUE-style average is "
+        f"above, but ahead on half the tasks or fewer does not count as pretraining that helps. {advice}"
+    )
 
 
 def _fmt(v: float | None, signed: bool = False) -> str:

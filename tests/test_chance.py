@@ -65,7 +65,25 @@ def test_scorecard_marks_chance_rows_and_states_the_headline(tmp_path):
     assert "| ours | 71.0 ±1.4 | 2.0 ±1.4 (chance) | 36.5 |" in md
     assert "| majority class (chance) | 50.9 | 0.0 | — |" in md
     assert "ahead on 1 of 2 tasks (sst2)" in md and "**At chance" in md
-    assert "**Pretraining has not helped here:**" in md
+    # above on average (+8.8) but ahead on only one task of two: said as such, with each task's delta
+    assert (
+        "**Pretraining helped on some tasks only:** ours is ahead of random init (tiny) on sst2 (+19.5)" in md
+    )
+    assert "level or behind on cola (-2.0)" in md and "has not helped" not in md
+
+
+def test_headline_says_pretraining_has_not_helped_when_behind_on_average(tmp_path):
+    sst2, cola = {"accuracy": 50.9}, {"mcc": 0.0}
+    results = [
+        _unit("ours", "pretrained", "sst2", 1, {"accuracy": 71.0}, sst2),
+        _unit("ours", "pretrained", "cola", 1, {"mcc": 2.0}, cola),
+        _unit("random:tiny", "random", "sst2", 1, {"accuracy": 70.0}, sst2),
+        _unit("random:tiny", "random", "cola", 1, {"mcc": 9.0}, cola),
+    ]
+    card = build_scorecard(results, tmp_path)
+    assert card["headline"]["ahead_on"] == ["sst2"] and card["headline"]["pretraining_helped"] is False
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "**Pretraining has not helped here:**" in md and "some tasks only" not in md
 
 
 def test_headline_says_pretraining_helped_only_when_ahead_on_average_and_on_most_tasks(tmp_path):
