@@ -248,7 +248,7 @@ def headline_text(h: dict[str, Any] | None) -> str:
     name, versus = h.get("name", h["checkpoint"]), h.get("versus_name", "random init")
     lines = [
         f"**{name} vs {versus}:** "
-        + (f"GLUE-style average {avg:+.1f} points, " if avg is not None else "")
+        + (f"GLUE-style average {signed_points(avg)} points, " if avg is not None else "")
         + f"ahead on {len(h['ahead_on'])} of {len(h['tasks'])} tasks"
         + (f" ({', '.join(h['ahead_on'])})" if h["ahead_on"] else "")
         + f", mean of {h['seeds']} seed(s) per task."
@@ -288,10 +288,15 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
     )
 
 
+def signed_points(v: float) -> str:
+    """A difference to one decimal with its sign; one that rounds to zero is +0.0, never -0.0."""
+    return f"{round(v, 1) + 0.0:+.1f}"
+
+
 def _fmt(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "—"
-    return f"{v:+.1f}" if signed else f"{v:.1f}"
+    return signed_points(v) if signed else f"{v:.1f}"
 
 
 def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]]:

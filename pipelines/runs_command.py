@@ -90,9 +90,11 @@ def result_text(run: FlowRunRecord) -> str:
     h = (card or {}).get("headline")
     if not h:
         return "—"
+    from finetuning.scorecard import signed_points
+
     avg = h.get("glue_average_delta")
     text = (
-        f"{avg:+.1f} GLUE avg vs {h.get('versus_name', 'random init')}"
+        f"{signed_points(avg)} GLUE avg vs {h.get('versus_name', 'random init')}"
         if avg is not None
         else "vs random init"
     )

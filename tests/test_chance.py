@@ -86,6 +86,17 @@ def test_headline_says_pretraining_has_not_helped_when_behind_on_average(tmp_pat
     assert "**Pretraining has not helped here:**" in md and "some tasks only" not in md
 
 
+def test_a_difference_that_rounds_to_zero_prints_without_a_minus_sign(tmp_path):
+    acc = {"accuracy": 50.9}
+    results = [
+        _unit("ours", "pretrained", "sst2", 1, {"accuracy": 74.98}, acc),
+        _unit("random:tiny", "random", "sst2", 1, {"accuracy": 75.0}, acc),
+    ]
+    build_scorecard(results, tmp_path)
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "| +0.0 | +0.0 |" in md and "-0.0" not in md
+
+
 def test_headline_says_pretraining_helped_only_when_ahead_on_average_and_on_most_tasks(tmp_path):
     sst2, cola = {"accuracy": 50.9}, {"mcc": 0.0}
     results = [
