@@ -72,17 +72,22 @@ def test_scorecard_marks_chance_rows_and_states_the_headline(tmp_path):
     assert "level or behind on cola (-2.0)" in md and "has not helped" not in md
 
 
-def test_headline_says_pretraining_has_not_helped_when_behind_on_average(tmp_path):
+def _sst2_cola_card(tmp_path, ours: tuple[float, float], random_init: tuple[float, float]):
+    """Scorecard (and its markdown) of one seed each: SST-2 accuracy and CoLA MCC per model."""
     sst2, cola = {"accuracy": 50.9}, {"mcc": 0.0}
-    results = [
-        _unit("ours", "pretrained", "sst2", 1, {"accuracy": 71.0}, sst2),
-        _unit("ours", "pretrained", "cola", 1, {"mcc": 2.0}, cola),
-        _unit("random:tiny", "random", "sst2", 1, {"accuracy": 70.0}, sst2),
-        _unit("random:tiny", "random", "cola", 1, {"mcc": 9.0}, cola),
-    ]
+    results = []
+    for label, kind, (acc, mcc) in (("ours", "pretrained", ours), ("random:tiny", "random", random_init)):
+        results += [
+            _unit(label, kind, "sst2", 1, {"accuracy": acc}, sst2),
+            _unit(label, kind, "cola", 1, {"mcc": mcc}, cola),
+        ]
     card = build_scorecard(results, tmp_path)
+    return card, (tmp_path / "scorecard.md").read_text()
+
+
+def test_headline_says_pretraining_has_not_helped_when_behind_on_average(tmp_path):
+    card, md = _sst2_cola_card(tmp_path, ours=(71.0, 2.0), random_init=(70.0, 9.0))
     assert card["headline"]["ahead_on"] == ["sst2"] and card["headline"]["pretraining_helped"] is False
-    md = (tmp_path / "scorecard.md").read_text()
     assert "**Pretraining has not helped here:**" in md and "some tasks only" not in md
 
 
@@ -98,13 +103,6 @@ def test_a_difference_that_rounds_to_zero_prints_without_a_minus_sign(tmp_path):
 
 
 def test_headline_says_pretraining_helped_only_when_ahead_on_average_and_on_most_tasks(tmp_path):
-    sst2, cola = {"accuracy": 50.9}, {"mcc": 0.0}
-    results = [
-        _unit("ours", "pretrained", "sst2", 1, {"accuracy": 80.0}, sst2),
-        _unit("ours", "pretrained", "cola", 1, {"mcc": 20.0}, cola),
-        _unit("random:tiny", "random", "sst2", 1, {"accuracy": 70.0}, sst2),
-        _unit("random:tiny", "random", "cola", 1, {"mcc": 10.0}, cola),
-    ]
-    card = build_scorecard(results, tmp_path)
+    card, md = _sst2_cola_card(tmp_path, ours=(80.0, 20.0), random_init=(70.0, 10.0))
     assert card["headline"]["pretraining_helped"] is True
-    assert "has not helped" not in (tmp_path / "scorecard.md").read_text()
+    assert "has not helped" not in md
