@@ -90,7 +90,9 @@ def step_ours_full_last_layer(model, opt, b) -> float:
 
     seq, pooled = model.bert(b["input_ids"], b["token_type_ids"], b["attention_mask"])
     selected = gather_rows(seq, b["positions"]).reshape(-1, seq.shape[-1])
-    loss = F.cross_entropy(model.cls.predictions(selected), b["labels"].reshape(-1)) + F.cross_entropy(
+    labels = b["labels"].reshape(-1)
+    keep = labels != -100
+    loss = model.cls.predictions(selected[keep], labels[keep]).loss + F.cross_entropy(
         model.cls.seq_relationship(pooled), b["nsp"]
     )
     loss.backward()

@@ -4,11 +4,14 @@ The MLM head runs only on the masked positions it is given: gathering the ~15% s
 tokens before the transform and the vocabulary projection avoids the [B*S, V] logits matrix
 that a naive implementation builds, which is where most pretraining time goes on small models.
 The encoder's last layer is likewise run only at those positions and [CLS] (`output_rows`).
+Training on CPU, the loss at those positions is fused with the vocabulary projection
+(`model.mlm_loss`): the output then has the predicted ids instead of the logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,7 @@ from torch import nn
 
 from model.bert import BertModel, activation, init_bert_weights
 from model.config import BertConfig
+from model.mlm_loss import linear_cross_entropy
 
 IGNORE_INDEX = -100
 
@@ -31,6 +35,12 @@ class BertPredictionHeadTransform(nn.Module):
         return self.LayerNorm(self.act(self.dense(x)))
 
 
+class MLMHeadOutput(NamedTuple):
+    logits: torch.Tensor | None  # [N, V]; None where the fused loss ran
+    loss: torch.Tensor | None  # mean over the N rows, when labels were given
+    top1: torch.Tensor | None  # [N] predicted ids, from the fused loss (else take logits.argmax)
+
+
 class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -38,8 +48,18 @@ class BertLMPredictionHead(nn.Module):
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.transform(x), self.decoder.weight, self.bias)
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> MLMHeadOutput:
+        """Logits at the rows `x` [N,H]; with `labels` [N] also the mean loss. Training on CPU in
+        fp32 takes the fused loss instead (`model.mlm_loss`): no logits, the top-1 ids instead."""
+        x = self.transform(x)
+        if labels is None:
+            return MLMHeadOutput(F.linear(x, self.decoder.weight, self.bias), None, None)
+        fused = torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32
+        if fused and labels.numel():
+            loss, top1 = linear_cross_entropy(x, self.decoder.weight, self.bias, labels)
+            return MLMHeadOutput(None, loss, top1)
+        logits = F.linear(x, self.decoder.weight, self.bias)
+        return MLMHeadOutput(logits, F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX), None)
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -54,9 +74,15 @@ class PreTrainingOutput:
     loss: torch.Tensor | None
     mlm_loss: torch.Tensor | None
     nsp_loss: torch.Tensor | None
-    mlm_logits: torch.Tensor  # [N, V] at the N selected positions (row-major over batch, slot)
+    mlm_logits: torch.Tensor | None  # [N, V] at the N selected positions (row-major over batch, slot)
     nsp_logits: torch.Tensor  # [B, 2]; label 0 = IsNext, 1 = NotNext (as in BERT / transformers)
     mlm_labels: torch.Tensor | None  # [N] original token ids at those positions
+    mlm_top1: torch.Tensor | None = None  # [N] set instead of mlm_logits by the fused CPU training loss
+
+    @property
+    def mlm_predictions(self) -> torch.Tensor:
+        """The predicted token id [N] at each selected position."""
+        return self.mlm_top1 if self.mlm_logits is None else self.mlm_logits.argmax(-1)
 
 
 class BertForPreTraining(nn.Module):
@@ -111,17 +137,15 @@ class BertForPreTraining(nn.Module):
             if labels is not None:
                 keep = labels != IGNORE_INDEX
                 selected, labels = selected[keep], labels[keep]
-        mlm_logits = self.cls.predictions(selected)
+        mlm = self.cls.predictions(selected, labels)
         nsp_logits = self.cls.seq_relationship(pooled)
 
-        mlm_loss = nsp_loss = loss = None
-        if labels is not None:
-            mlm_loss = F.cross_entropy(mlm_logits.float(), labels, ignore_index=IGNORE_INDEX)
+        mlm_loss, nsp_loss, loss = mlm.loss, None, None
         if next_sentence_labels is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.reshape(-1).long())
         if mlm_loss is not None or nsp_loss is not None:
             loss = sum(t for t in (mlm_loss, nsp_loss) if t is not None)
-        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, labels)
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm.logits, nsp_logits, labels, mlm.top1)
 
 
 class BertForSequenceClassification(nn.Module):

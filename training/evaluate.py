@@ -47,7 +47,7 @@ class PretrainEval:
         n = out.mlm_labels.numel()
         nsp = batch["next_sentence_labels"].reshape(-1)
         return cls(
-            mlm_correct=(out.mlm_logits.argmax(-1) == out.mlm_labels).sum().item(),
+            mlm_correct=(out.mlm_predictions == out.mlm_labels).sum().item(),
             mlm_count=n,
             mlm_loss_sum=out.mlm_loss.item() * n if n else 0.0,
             nsp_correct=(out.nsp_logits.argmax(-1) == nsp).sum().item(),
