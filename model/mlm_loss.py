@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_ROWS = 64  # fastest of 32/64/128/256 rows on one CPU thread, V = 16,384 (docs/benchmarks.md §3)
+
+def chunk_rows_for(hidden_size: int) -> int:
+    """Rows per chunk: half the hidden size, at least 64. Measured on 2 CPU cores (1 and 2 threads,
+    640 rows, docs/benchmarks.md §3): the best chunk grows with H, as small products lose efficiency:
+    H 128 / V 16k best at 64 rows; H 256 / V 30k at 128-256; H 768 / V 30k at 384-640."""
+    return max(64, hidden_size // 2)
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -67,7 +72,7 @@ def linear_cross_entropy(
     weight: torch.Tensor,
     bias: torch.Tensor,
     labels: torch.Tensor,
-    chunk_rows: int = CHUNK_ROWS,
+    chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean cross-entropy, top-1 token id per row) of the logits `hidden @ weight.T + bias` [N, V]
     against `labels` [N] (every label a real token id: drop ignored rows first). N must be > 0."""
@@ -75,4 +80,6 @@ def linear_cross_entropy(
         raise ValueError("linear_cross_entropy needs at least one row")
     if bool((labels < 0).any()):
         raise ValueError("linear_cross_entropy: drop the ignored (-100) rows before calling it")
-    return LinearCrossEntropy.apply(hidden, weight, bias, labels, chunk_rows)
+    return LinearCrossEntropy.apply(
+        hidden, weight, bias, labels, chunk_rows or chunk_rows_for(hidden.shape[1])
+    )
