@@ -3,7 +3,7 @@ the [N, V] logits, their log-softmax or its backward ever being materialized.
 
 On a small model the vocabulary projection is most of a CPU pretraining step: for the tiny preset
 (L2/H128) with 16,384 WordPieces and batch 32 it took 63% of the step (docs/benchmarks.md §3), and
-half of that was not the matrix products but passes over the [N, V] logits (log-softmax, its
+more than half of that was not the matrix products but passes over the [N, V] logits (log-softmax, its
 backward, the zero-filled gradient of the NLL, the bias broadcast). Here the rows go through in
 chunks small enough to stay in cache, and the gradients are computed in the same pass as the loss
 (softmax minus one-hot, Liger-style), so backward only scales them: three matrix products and a
