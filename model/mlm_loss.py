@@ -31,6 +31,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = grad_bias = None  # the first chunk's products, then summed into
+        needs_grad = any(ctx.needs_input_grad[:3])
         loss = hidden.new_zeros(())
         top1 = torch.empty(n, dtype=torch.long, device=hidden.device)
         for start in range(0, n, chunk_rows):
@@ -43,7 +44,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             exp = logits.sub_(peak[:, None]).exp_()
             total = exp.sum(1)
             loss += (peak + total.log() - target).sum()
-            if not any(ctx.needs_input_grad[:3]):
+            if not needs_grad:
                 continue
             grad_logits = exp.mul_((1.0 / (total * n))[:, None])  # softmax / n
             grad_logits[at, y] -= 1.0 / n

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.disk_space import byte_size
+from finetuning.scorecard import signed_points
 from pipelines.run_history import (
     LATEST,
     FlowRunRecord,
@@ -90,8 +91,6 @@ def result_text(run: FlowRunRecord) -> str:
     h = (card or {}).get("headline")
     if not h:
         return "—"
-    from finetuning.scorecard import signed_points
-
     avg = h.get("glue_average_delta")
     text = (
         f"{signed_points(avg)} GLUE avg vs {h.get('versus_name', 'random init')}"
