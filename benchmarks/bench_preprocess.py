@@ -5,7 +5,7 @@ workers) beside the bare `tokenizers` encode_batch throughput on the same text m
 run (the practical ceiling), their ratio (goal >= 0.8 on the full corpus), and the peak RSS of the
 whole process tree (driver + Beam workers; goal <= 2 GB on the full corpus at dupe_factor 5). Then
 where the time goes: the job's own steps run in this process on a slice of the corpus with each
-step timed (reading, sentence splitting, WordPiece encoding, packing and work files, example
+step's CPU time measured (reading, sentence splitting, WordPiece encoding, packing and work files, example
 creation, masking, Parquet and Arrow writing).
 
     python benchmarks/bench_preprocess.py            # AA:1, AA+AB+AC:1, AA+AB+AC:5, then the profile
@@ -69,6 +69,18 @@ def ceiling_mb_per_s(files: list[Path], vocab: Path, sample_mb: float) -> float:
     for i in range(0, len(lines), 10000):
         tok.encode_batch(lines[i : i + 10000], add_special_tokens=False)
     return size / 2**20 / (time.perf_counter() - start)
+
+
+def ceiling_cpu_seconds(files: list[Path], vocab: Path) -> float:
+    """CPU seconds (all threads) of the ceiling's encode_batch over every line of `files`."""
+    from tokenizers import BertWordPieceTokenizer
+
+    tok = BertWordPieceTokenizer(str(vocab), lowercase=True)
+    lines = [line for f in files for line in gzip.open(f, "rt", encoding="utf-8")]
+    start = time.process_time()
+    for i in range(0, len(lines), 10000):
+        tok.encode_batch(lines[i : i + 10000], add_special_tokens=False)
+    return time.process_time() - start
 
 
 def peak_tree_rss(proc: subprocess.Popen, out: dict) -> None:
@@ -135,7 +147,8 @@ def run_preprocess(inputs: list[str], vocab: Path, workers: int, out_dir: Path, 
 
 
 class Timed:
-    """Wall time spent inside a wrapped function (nested calls of other wrapped ones excluded)."""
+    """CPU time (all threads of this process: the encoder is multithreaded) spent inside a wrapped
+    function (nested calls of other wrapped ones excluded)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -143,13 +156,13 @@ class Timed:
 
     def wrap(self, name: str, fn):
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start = time.process_time()
             self.stack.append(name)
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.stack.pop()
-                spent = time.perf_counter() - start
+                spent = time.process_time() - start
                 self.seconds[name] = self.seconds.get(name, 0.0) + spent
                 if self.stack:  # the caller's own time excludes this call
                     self.seconds[self.stack[-1]] = self.seconds.get(self.stack[-1], 0.0) - spent
@@ -158,7 +171,7 @@ class Timed:
 
 
 def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple[dict[str, float], float]:
-    """The job's DoFns run here, one after the other, on `files`; seconds per step and in all."""
+    """The job's DoFns run here, one after the other, on `files`; CPU seconds per step and in all."""
     from tokenizers import Tokenizer
 
     from preprocessing import beam_job, doc_tokens, examples, shard_format
@@ -190,7 +203,7 @@ def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple
 
     params = ExampleParams(128, 0.1, dupe_factor, 12345, words.index("[CLS]"), words.index("[SEP]"))
     spec = MaskingSpec.from_vocab(words, SPECIAL_TOKENS, 0.15, 20, False)
-    start = time.perf_counter()
+    start = time.process_time()
     with tempfile.TemporaryDirectory(prefix="bench-preprocess-profile-") as tmp:
         num_buckets = max(1, round(raw_mb(files) / 4))
         read = beam_job.ReadAndTokenize(tok.to_str(), len(words), 0.01, num_buckets, f"{tmp}/work", {})
@@ -213,7 +226,7 @@ def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple
         run = timed.wrap("merge: reading parts, sorting", lambda e: list(merge.process(e)))
         for key, parts in sorted(shards.items()):
             run((key, parts))
-    return timed.seconds, time.perf_counter() - start
+    return timed.seconds, time.process_time() - start
 
 
 def parse_run(text: str) -> tuple[list[str], int]:
@@ -276,10 +289,15 @@ def main() -> None:
         seconds, total = profile_split(files, vocab)
         print(
             f"where the time goes, in one process on {len(files)} files ({raw_mb(files):.1f} MB, dupe 1; "
-            f"load average {os.getloadavg()[0]:.2f}): {total:.1f} s"
+            f"load average {os.getloadavg()[0]:.2f}): {total:.1f} CPU s"
         )
         for name, spent in sorted(seconds.items(), key=lambda kv: -kv[1]):
             print(f"  {name:42s} {spent:6.1f} s  {100 * spent / total:5.1f}%")
+        ceiling = ceiling_cpu_seconds(files, vocab)
+        print(
+            f"  the ceiling's encode_batch on the same files: {ceiling:.1f} CPU s; with every core busy "
+            f"in both, the ratio cannot exceed {ceiling / total:.2f}"
+        )
 
 
 if __name__ == "__main__":
