@@ -18,6 +18,7 @@ from common.atomic import atomic_write_json, atomic_write_text
 from common.jsonfile import read_json_or_empty
 from common.tracking import Tracker
 from finetuning.chance import is_at_chance
+from finetuning.seed_noise import SeedNoise, difference_noise, verdict
 
 METRIC_SHORT = {
     "accuracy": "acc",
@@ -88,6 +89,7 @@ def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "metrics_std": {m: _std([r["metrics"][m] for r in rs]) for m in first["metric_names"]},
             "score": lr_scores[best_lr],
             "score_std": _std([r["score"] for r in rs]),
+            "seed_scores": {str(r["seed"]): r["score"] for r in rs},
             "chance_metrics": chance,
             "at_chance": is_at_chance(lr_scores[best_lr], chance, first["n_eval"])
             if chance and lr_scores[best_lr] is not None
@@ -136,6 +138,7 @@ def build_scorecard(
                 "kind": rs[0]["checkpoint_kind"],
                 "tasks": best,
                 "glue_average": _mean([best[t]["score"] for t in glue_tasks]) if glue_tasks else None,
+                "glue_average_std": _glue_average_std(best, glue_tasks),
                 "glue_tasks": glue_tasks,
             }
         )
@@ -148,11 +151,19 @@ def build_scorecard(
         for row in rows:
             if row["kind"] == "random":
                 continue
-            values = {}
+            values, margins = {}, {}
             for t, m in columns:
                 if t in row["tasks"] and t in base["tasks"]:
-                    values[f"{t}/{m}"] = _diff(row["tasks"][t]["metrics"][m], base["tasks"][t]["metrics"][m])
-            avg = _diff(row["glue_average"], base["glue_average"])
+                    ours, theirs = row["tasks"][t], base["tasks"][t]
+                    values[f"{t}/{m}"] = _diff(ours["metrics"][m], theirs["metrics"][m])
+                    margins[f"{t}/{m}"] = _margin(
+                        difference_noise(
+                            ours["metrics_std"][m],
+                            len(ours["seeds"]),
+                            theirs["metrics_std"][m],
+                            len(theirs["seeds"]),
+                        )
+                    )
             deltas.append(
                 {
                     "checkpoint": row["checkpoint"],
@@ -160,7 +171,9 @@ def build_scorecard(
                     "versus": base["checkpoint"],
                     "versus_name": base["name"],
                     "values": values,
-                    "glue_average": avg,
+                    "margins": margins,
+                    "glue_average": _diff(row["glue_average"], base["glue_average"]),
+                    "glue_average_margin": _margin(_glue_average_noise(row, base)),
                 }
             )
 
@@ -202,6 +215,27 @@ def build_scorecard(
     return card
 
 
+def _glue_average_std(best: dict[str, dict[str, Any]], glue_tasks: list[str]) -> float | None:
+    """Std over seeds of the per-seed GLUE average; None unless every GLUE task ran the same seeds."""
+    if not glue_tasks:
+        return None
+    seeds = [sorted(best[t]["seed_scores"]) for t in glue_tasks]
+    if any(s != seeds[0] for s in seeds):
+        return None
+    per_seed = [_mean([best[t]["seed_scores"][s] for t in glue_tasks]) for s in seeds[0]]
+    return _std(per_seed)
+
+
+def _glue_average_noise(row: dict[str, Any], base: dict[str, Any]) -> SeedNoise | None:
+    n_row = len(row["tasks"][row["glue_tasks"][0]]["seeds"]) if row["glue_tasks"] else 0
+    n_base = len(base["tasks"][base["glue_tasks"][0]]["seeds"]) if base["glue_tasks"] else 0
+    return difference_noise(row.get("glue_average_std"), n_row, base.get("glue_average_std"), n_base)
+
+
+def _margin(noise: SeedNoise | None) -> float | None:
+    return None if noise is None else noise.margin
+
+
 def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """task/metric -> chance value (majority class), from the first row that recorded it."""
     values: dict[str, float] = {}
@@ -213,7 +247,8 @@ def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Pretrained vs random init in one sentence's worth of numbers (the first pretrained row)."""
+    """Pretrained vs random init in one sentence's worth of numbers (the first pretrained row).
+    A task counts as ahead or behind only when its difference exceeds seed noise (`seed_noise.py`)."""
     if not deltas:
         return None
     d = deltas[0]
@@ -221,23 +256,32 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
     base = next(r for r in rows if r["checkpoint"] == d["versus"])
     shared = [t for t in row["tasks"] if t in base["tasks"]]
     task_deltas = {t: _diff(row["tasks"][t]["score"], base["tasks"][t]["score"]) for t in shared}
-    ahead = [t for t in shared if (task_deltas[t] or 0) > 0]
+    noise = {t: _task_noise(row["tasks"][t], base["tasks"][t]) for t in shared}
+    verdicts = {t: verdict(task_deltas[t], noise[t]) for t in shared}
+    avg, avg_noise = d["glue_average"], _glue_average_noise(row, base)
     return {
         "checkpoint": d["checkpoint"],
         "name": row["name"],
         "versus": d["versus"],
         "versus_name": base["name"],
-        "glue_average_delta": d["glue_average"],
+        "glue_average_delta": avg,
+        "glue_average_margin": _margin(avg_noise),
         "tasks": shared,
         "task_deltas": task_deltas,
-        "ahead_on": ahead,
+        "task_margins": {t: _margin(noise[t]) for t in shared},
+        "ahead_on": [t for t in shared if verdicts[t] == "ahead"],
+        "behind_on": [t for t in shared if verdicts[t] == "behind"],
+        "noise_tested": all(n is not None for n in noise.values()),
         "seeds": max((len(row["tasks"][t]["seeds"]) for t in shared), default=0),
         "at_chance": [t for t in shared if row["tasks"][t]["at_chance"]],
         "random_at_chance": [t for t in shared if base["tasks"][t]["at_chance"]],
-        "pretraining_helped": d["glue_average"] is not None
-        and d["glue_average"] > 0
-        and 2 * len(ahead) > len(shared),
+        "pretraining_helped": verdict(avg, avg_noise) == "ahead"
+        and 2 * sum(v == "ahead" for v in verdicts.values()) > len(shared),
     }
+
+
+def _task_noise(ours: dict[str, Any], theirs: dict[str, Any]) -> SeedNoise | None:
+    return difference_noise(ours["score_std"], len(ours["seeds"]), theirs["score_std"], len(theirs["seeds"]))
 
 
 def headline_text(h: dict[str, Any] | None) -> str:
@@ -246,11 +290,20 @@ def headline_text(h: dict[str, Any] | None) -> str:
         return "No pretrained checkpoint was compared with random init."
     avg = h["glue_average_delta"]
     name, versus = h.get("name", h["checkpoint"]), h.get("versus_name", "random init")
+    tested = h.get("noise_tested", False)
+    margin = h.get("glue_average_margin")
+    average = ""
+    if avg is not None:
+        average = f"GLUE-style average {signed_points(avg)} points"
+        average += f" (seed noise ±{margin:.1f}), " if margin is not None else ", "
+    behind = h.get("behind_on", [])
     lines = [
         f"**{name} vs {versus}:** "
-        + (f"GLUE-style average {signed_points(avg)} points, " if avg is not None else "")
+        + average
         + f"ahead on {len(h['ahead_on'])} of {len(h['tasks'])} tasks"
         + (f" ({', '.join(h['ahead_on'])})" if h["ahead_on"] else "")
+        + (f", behind on {len(behind)} ({', '.join(behind)})" if behind else "")
+        + (" beyond seed noise" if tested else " (one seed: no noise estimate, signs only)")
         + f", mean of {h['seeds']} seed(s) per task."
     ]
     if not h.get("pretraining_helped", True):
@@ -269,10 +322,17 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
     advice = "Pretrain on more tokens; docs/quality.md says what it takes."
     avg = h["glue_average_delta"]
     if avg is None or avg <= 0 or not h["ahead_on"]:
+        margin = h.get("glue_average_margin")
+        behind = avg is not None and margin is not None and avg < -margin
         return (
             f"**Pretraining has not helped here:** {name} is no better than {versus} of the same shape "
-            "under the same fine-tuning budget (GLUE-style average not above it, or ahead on half the "
-            f"tasks or fewer). {advice}"
+            "under the same fine-tuning budget ("
+            + (
+                "its GLUE-style average is behind by more than seed noise"
+                if behind
+                else "GLUE-style average not above it, or ahead on half the tasks or fewer"
+            )
+            + f"). {advice}"
         )
     deltas = h.get("task_deltas") or {}
 
@@ -280,11 +340,15 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
         tasks = sorted(tasks, key=lambda t: -(deltas.get(t) or 0))
         return ", ".join(f"{t} ({_fmt(deltas[t], signed=True)})" if t in deltas else t for t in tasks)
 
-    rest = [t for t in h["tasks"] if t not in h["ahead_on"]]
+    behind = h.get("behind_on", [])
+    level = [t for t in h["tasks"] if t not in h["ahead_on"] and t not in behind]
+    where = [f"level within seed noise on {listed(level)}"] if level else []
+    where += [f"behind on {listed(behind)}"] if behind else []
     return (
         f"**Pretraining helped on some tasks only:** {name} is ahead of {versus} on "
-        f"{listed(h['ahead_on'])} and level or behind on {listed(rest)}. Its GLUE-style average is "
-        f"above, but ahead on half the tasks or fewer does not count as pretraining that helps. {advice}"
+        f"{listed(h['ahead_on'])} and {' and '.join(where) or 'nowhere else'}. Its GLUE-style average "
+        "is above, but that is short of pretraining that helps: ahead beyond seed noise on the "
+        f"average and on more than half the tasks. {advice}"
     )
 
 
@@ -307,11 +371,11 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
         cells = [_cell(row["tasks"][t], m) if t in row["tasks"] else "—" for t, m in columns]
         table.append([name, *cells, _fmt(row["glue_average"])])
     for d in card["deltas"]:
-        cells = [_fmt(d["values"].get(f"{t}/{m}"), signed=True) for t, m in columns]
+        margins = d.get("margins", {})
+        cells = [_delta_cell(d["values"].get(f"{t}/{m}"), margins.get(f"{t}/{m}")) for t, m in columns]
         versus = d.get("versus_name", "random init")
-        table.append(
-            [f"Δ {d.get('name', d['checkpoint'])} − {versus}", *cells, _fmt(d["glue_average"], signed=True)]
-        )
+        average = _delta_cell(d["glue_average"], d.get("glue_average_margin"))
+        table.append([f"Δ {d.get('name', d['checkpoint'])} − {versus}", *cells, average])
     chance = card.get("chance", {}).get("values", {})
     if chance:
         cells = [_fmt(chance.get(f"{t}/{m}")) for t, m in columns]
@@ -323,6 +387,12 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
         cells.append("—" if v is None else _fmt(v) + ("†" if f"{t}/{m}" in ref["test_set_figures"] else ""))
     table.append([f"reference: {ref['name']}", *cells, "—"])
     return header, table
+
+
+def _delta_cell(value: float | None, margin: float | None) -> str:
+    """'+32.0 ±5.1': the difference of seed means and its 95% seed-noise margin, when known."""
+    text = _fmt(value, signed=True)
+    return text if value is None or margin is None else f"{text} ±{margin:.1f}"
 
 
 def _cell(info: dict[str, Any], metric: str) -> str:
@@ -369,7 +439,9 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
     lines = [
         "Dev-set scores (0-100); the best lr by dev score when several were run, mean ± standard deviation "
         "over seeds. (chance): not above the majority-class score by more than evaluation noise on this "
-        "many examples (one-sided 95%; `finetuning/chance.py`).",
+        "many examples (one-sided 95%; `finetuning/chance.py`). Δ rows: the difference of the seed means "
+        "± its seed-noise margin (standard error × Student's t at 95%, Welch; `finetuning/seed_noise.py`); "
+        "a task counts as ahead or behind only beyond that margin.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

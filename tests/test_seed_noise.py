@@ -1,0 +1,112 @@
+"""Seed noise: when a difference of seed-averaged scores counts as ahead or behind."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from finetuning.scorecard import build_scorecard
+from finetuning.seed_noise import difference_noise, t_95, verdict
+from tests.test_chance import _unit
+
+
+def test_welch_margin_by_hand():
+    # std 2 and 1 over 3 seeds each: se = sqrt(4/3 + 1/3); Welch df = 2.94 -> 2 (rounded down), t = 4.303
+    noise = difference_noise(2.0, 3, 1.0, 3)
+    se = math.sqrt(5 / 3)
+    assert noise.standard_error == pytest.approx(se)
+    assert noise.margin == pytest.approx(4.303 * se)
+    # equal stds, 3 seeds each: df = 4 exactly, t = 2.776
+    assert difference_noise(1.0, 3, 1.0, 3).margin == pytest.approx(2.776 * math.sqrt(2 / 3))
+    assert t_95(0.5) == 12.706 and t_95(1000) == 2.042  # clamped at both ends
+
+
+def test_no_noise_estimate_without_two_seeds_on_each_side():
+    assert difference_noise(1.0, 1, 1.0, 3) is None
+    assert difference_noise(None, 3, 1.0, 3) is None
+    assert (
+        verdict(0.1, None) == "ahead" and verdict(-0.1, None) == "behind" and verdict(None, None) == "level"
+    )
+
+
+def test_verdict_needs_the_difference_beyond_the_margin():
+    noise = difference_noise(2.0, 3, 2.0, 3)  # margin 2.776 * 1.633 = 4.53
+    assert verdict(4.0, noise) == "level" and verdict(-4.0, noise) == "level"
+    assert verdict(5.0, noise) == "ahead" and verdict(-5.0, noise) == "behind"
+
+
+def _card(tmp_path, scores: dict[tuple[str, str], list[float]]):
+    """Three seeds per (model, task); SST-2 accuracy and STS-B Pearson."""
+    chance = {"sst2": ({"accuracy": 50.9}, "accuracy"), "stsb": ({"pearson": 0.0}, "pearson")}
+    results = []
+    for (model, task), values in scores.items():
+        kind, label = ("random", "random:tiny") if model == "random" else ("pretrained", "ours")
+        metrics_chance, metric = chance[task]
+        for seed, v in enumerate(values, 1):
+            results.append(_unit(label, kind, task, seed, {metric: v}, metrics_chance))
+    card = build_scorecard(results, tmp_path)
+    return card, (tmp_path / "scorecard.md").read_text()
+
+
+def test_a_small_noisy_lead_is_level_and_a_large_one_is_ahead(tmp_path):
+    card, md = _card(
+        tmp_path,
+        {
+            ("ours", "sst2"): [74.0, 76.0, 72.0],  # +1.3 over random init, seed stds 2 and 1.5: level
+            ("random", "sst2"): [71.0, 74.0, 73.0],
+            ("ours", "stsb"): [48.0, 50.0, 49.0],  # +32: ahead
+            ("random", "stsb"): [16.0, 18.0, 17.0],
+        },
+    )
+    h = card["headline"]
+    assert h["ahead_on"] == ["stsb"] and h["behind_on"] == [] and h["noise_tested"] is True
+    assert h["task_deltas"]["sst2"] == pytest.approx(1.333, abs=1e-3)
+    assert h["pretraining_helped"] is False  # ahead on 1 of 2: not more than half
+    assert "ahead on 1 of 2 tasks (stsb) beyond seed noise, mean of 3 seed(s)" in md
+    assert "level within seed noise on sst2 (+1.3)" in md
+    # the delta row carries each difference's margin; the GLUE average has one from per-seed averages
+    delta_row = next(line for line in md.splitlines() if line.startswith("| Δ"))
+    sst2_margin = difference_noise(2.0, 3, math.sqrt(7 / 3), 3).margin
+    assert f"+1.3 ±{sst2_margin:.1f}" in delta_row and "+32.0 ±" in delta_row
+    per_seed = ([61.0, 63.0, 60.5], [43.5, 46.0, 45.0])
+    stds = [math.sqrt(sum((v - sum(x) / 3) ** 2 for v in x) / 2) for x in per_seed]
+    assert card["deltas"][0]["glue_average_margin"] == pytest.approx(
+        difference_noise(stds[0], 3, stds[1], 3).margin
+    )
+
+
+def test_ahead_on_most_tasks_beyond_noise_is_pretraining_that_helped(tmp_path):
+    card, md = _card(
+        tmp_path,
+        {
+            ("ours", "sst2"): [80.0, 81.0, 79.0],
+            ("random", "sst2"): [71.0, 72.0, 73.0],
+            ("ours", "stsb"): [48.0, 50.0, 49.0],
+            ("random", "stsb"): [16.0, 18.0, 17.0],
+        },
+    )
+    assert card["headline"]["ahead_on"] == ["sst2", "stsb"] and card["headline"]["pretraining_helped"] is True
+    assert "has not helped" not in md and "some tasks only" not in md
+
+
+def test_one_seed_says_there_is_no_noise_estimate(tmp_path):
+    card, md = _card(tmp_path, {("ours", "sst2"): [74.0], ("random", "sst2"): [73.0]})
+    assert card["headline"]["ahead_on"] == ["sst2"] and card["headline"]["noise_tested"] is False
+    assert "(one seed: no noise estimate, signs only)" in md
+    assert card["deltas"][0]["glue_average_margin"] is None
+
+
+def test_behind_on_average_beyond_noise_is_said(tmp_path):
+    card, md = _card(
+        tmp_path,
+        {
+            ("ours", "sst2"): [70.0, 71.0, 70.5],
+            ("random", "sst2"): [73.0, 74.0, 73.5],
+            ("ours", "stsb"): [10.0, 11.0, 10.5],
+            ("random", "stsb"): [13.0, 14.0, 13.5],
+        },
+    )
+    assert card["headline"]["behind_on"] == ["sst2", "stsb"]
+    assert "its GLUE-style average is behind by more than seed noise" in md
+    assert "behind on 2 (sst2, stsb) beyond seed noise" in md
