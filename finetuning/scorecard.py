@@ -290,7 +290,7 @@ def headline_text(h: dict[str, Any] | None) -> str:
         return "No pretrained checkpoint was compared with random init."
     avg = h["glue_average_delta"]
     name, versus = h.get("name", h["checkpoint"]), h.get("versus_name", "random init")
-    tested = h.get("noise_tested", False)
+    tested = h.get("noise_tested")  # None: a scorecard written before the seed-noise test
     margin = h.get("glue_average_margin")
     average = ""
     if avg is not None:
@@ -303,7 +303,7 @@ def headline_text(h: dict[str, Any] | None) -> str:
         + f"ahead on {len(h['ahead_on'])} of {len(h['tasks'])} tasks"
         + (f" ({', '.join(h['ahead_on'])})" if h["ahead_on"] else "")
         + (f", behind on {len(behind)} ({', '.join(behind)})" if behind else "")
-        + (" beyond seed noise" if tested else " (one seed: no noise estimate, signs only)")
+        + _how_tested(tested)
         + f", mean of {h['seeds']} seed(s) per task."
     ]
     if not h.get("pretraining_helped", True):
@@ -315,6 +315,14 @@ def headline_text(h: dict[str, Any] | None) -> str:
             + (f"; {', '.join(h['random_at_chance'])} for {versus}." if h["random_at_chance"] else ".")
         )
     return "  \n".join(lines)
+
+
+def _how_tested(tested: bool | None) -> str:
+    if tested:
+        return " beyond seed noise"
+    if tested is False:
+        return " by sign only (fewer than two seeds: no seed-noise estimate)"
+    return " by sign only"
 
 
 def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
@@ -342,12 +350,15 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
 
     behind = h.get("behind_on", [])
     level = [t for t in h["tasks"] if t not in h["ahead_on"] and t not in behind]
-    where = [f"level within seed noise on {listed(level)}"] if level else []
+    tested = bool(h.get("noise_tested"))
+    where = (
+        [f"{'level within seed noise' if tested else 'level or behind'} on {listed(level)}"] if level else []
+    )
     where += [f"behind on {listed(behind)}"] if behind else []
     return (
         f"**Pretraining helped on some tasks only:** {name} is ahead of {versus} on "
         f"{listed(h['ahead_on'])} and {' and '.join(where) or 'nowhere else'}. Its GLUE-style average "
-        "is above, but that is short of pretraining that helps: ahead beyond seed noise on the "
+        f"is above, but that is short of pretraining that helps: ahead{' beyond seed noise' if tested else ''} on the "
         f"average and on more than half the tasks. {advice}"
     )
 

@@ -93,7 +93,7 @@ def test_ahead_on_most_tasks_beyond_noise_is_pretraining_that_helped(tmp_path):
 def test_one_seed_says_there_is_no_noise_estimate(tmp_path):
     card, md = _card(tmp_path, {("ours", "sst2"): [74.0], ("random", "sst2"): [73.0]})
     assert card["headline"]["ahead_on"] == ["sst2"] and card["headline"]["noise_tested"] is False
-    assert "(one seed: no noise estimate, signs only)" in md
+    assert "ahead on 1 of 1 tasks (sst2) by sign only (fewer than two seeds: no seed-noise estimate)" in md
     assert card["deltas"][0]["glue_average_margin"] is None
 
 
@@ -110,3 +110,13 @@ def test_behind_on_average_beyond_noise_is_said(tmp_path):
     assert card["headline"]["behind_on"] == ["sst2", "stsb"]
     assert "its GLUE-style average is behind by more than seed noise" in md
     assert "behind on 2 (sst2, stsb) beyond seed noise" in md
+
+
+def test_a_scorecard_from_before_the_noise_test_reads_as_signs_only():
+    from finetuning.scorecard import headline_text
+
+    old = {"checkpoint": "k/model", "glue_average_delta": 1.5, "ahead_on": ["stsb"], "tasks": ["sst2", "stsb"],
+           "seeds": 3, "at_chance": [], "random_at_chance": [], "pretraining_helped": False,
+           "task_deltas": {"sst2": -1.0, "stsb": 4.0}}  # fmt: skip
+    text = headline_text(old)
+    assert "ahead on 1 of 2 tasks (stsb) by sign only, mean of 3" in text and "seed noise" not in text
