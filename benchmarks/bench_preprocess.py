@@ -172,8 +172,6 @@ class Timed:
 
 def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple[dict[str, float], float]:
     """The job's DoFns run here, one after the other, on `files`; CPU seconds per step and in all."""
-    from tokenizers import Tokenizer
-
     from preprocessing import beam_job, doc_tokens, examples, shard_format
     from preprocessing.examples import ExampleParams
     from preprocessing.masking import MaskingSpec
@@ -191,16 +189,6 @@ def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple
     beam_job.examples_to_table = timed.wrap("Arrow/Parquet writing", beam_job.examples_to_table)
     beam_job.write_shard = timed.wrap("Arrow/Parquet writing", shard_format.write_shard)
 
-    class TimedTokenizer:
-        """The job's tokenizer with encode_batch_fast timed; everything else passes through."""
-
-        def __init__(self, inner: Tokenizer) -> None:
-            self.inner = inner
-            self.encode_batch_fast = timed.wrap("WordPiece encoding", inner.encode_batch_fast)
-
-        def __getattr__(self, name: str):
-            return getattr(self.inner, name)
-
     params = ExampleParams(128, 0.1, dupe_factor, 12345, words.index("[CLS]"), words.index("[SEP]"))
     spec = MaskingSpec.from_vocab(words, SPECIAL_TOKENS, 0.15, 20, False)
     start = time.process_time()
@@ -208,7 +196,7 @@ def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple
         num_buckets = max(1, round(raw_mb(files) / 4))
         read = beam_job.ReadAndTokenize(tok.to_str(), len(words), 0.01, num_buckets, f"{tmp}/work", {})
         read.setup()
-        read.tok = TimedTokenizer(read.tok)
+        read.encoder.encode = timed.wrap("WordPiece encoding", read.encoder.encode)
         buckets: dict[str, list] = {}
         run = timed.wrap("reading, packing, work files", lambda f: list(read.process((str(f), f.name))))
         for f in files:

@@ -52,6 +52,7 @@ from preprocessing.corpus import read_documents
 from preprocessing.doc_tokens import pack, tokenize_documents, unpack
 from preprocessing.examples import Example, ExampleParams, create_examples
 from preprocessing.masking import MaskingSpec
+from preprocessing.sentence_encoder import SentenceEncoder
 from preprocessing.shard_format import SCHEMA, shard_name, write_shard
 
 TOKENIZE_BATCH_DOCS = 64
@@ -124,7 +125,7 @@ class ReadAndTokenize(_StorageFn):
         from tokenizers import Tokenizer
 
         super().setup()
-        self.tok = Tokenizer.from_str(self.tokenizer_json)
+        self.encoder = SentenceEncoder(Tokenizer.from_str(self.tokenizer_json))
 
     def process(self, element: tuple[str, str]):
         path, label = element
@@ -155,11 +156,11 @@ class ReadAndTokenize(_StorageFn):
 
     def _tokenize(self, docs, counts: Counter, buffered: dict[str, list]) -> int:
         added = 0
-        for doc, sentences in zip(docs, tokenize_documents(self.tok, docs, counts)):
-            if not sentences:
+        for doc, (ids, lengths) in zip(docs, tokenize_documents(self.encoder, docs, counts)):
+            if not len(lengths):
                 counts["documents_skipped_no_tokens"] += 1
                 continue
-            if len(sentences) == 1:
+            if len(lengths) == 1:
                 counts["documents_single_sentence"] += 1  # usable only as A with a NotNext B, or as B
             h = document_hash(doc.doc_id, doc.text)
             split = split_of(h, self.validation_fraction)
@@ -170,7 +171,7 @@ class ReadAndTokenize(_StorageFn):
                 if split == "train"
                 else math.ceil(self.num_buckets * self.validation_fraction)
             )
-            packed = pack(sentences, self.vocab_size)
+            packed = pack((ids, lengths), self.vocab_size)
             buffered.setdefault(f"{split}/{(h >> 24) % max(1, n):06d}", []).append((h, packed))
             added += len(packed[0]) + len(packed[1])
         return added

@@ -1,44 +1,45 @@
-"""Documents → sentences → token ids, and a compact bytes form for shipping them between workers."""
+"""Documents → sentences → token ids (`sentence_encoder`), and a compact bytes form for the work files."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from preprocessing.corpus import Document
+from preprocessing.sentence_encoder import SentenceEncoder
 from preprocessing.sentences import split_sentences
 
 Packed = tuple[bytes, bytes, str]  # (token ids, sentence lengths as int32, dtype of the ids)
+DocIds = tuple[np.ndarray, np.ndarray]  # (the document's token ids, each sentence's count of them)
 
 
-def tokenize_documents(tok: Tokenizer, docs: list[Document], counts: Counter) -> list[list[list[int]]]:
-    """Each document as a list of sentences (token id lists, no special tokens, none empty)."""
+def tokenize_documents(encoder: SentenceEncoder, docs: list[Document], counts: Counter) -> list[DocIds]:
+    """Each document's sentences as token ids (no special tokens, no empty sentence)."""
     flat: list[str] = []
     bounds: list[int] = [0]
     for doc in docs:
         for para in doc.paragraphs:
             flat.extend(split_sentences(para))
         bounds.append(len(flat))
-    unk = tok.token_to_id("[UNK]")
-    encodings = tok.encode_batch_fast(flat, add_special_tokens=False) if flat else []
-    out: list[list[np.ndarray]] = []
+    ids, lengths = encoder.encode(flat) if flat else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    unk = encoder.tok.token_to_id("[UNK]")
+    counts["sentences"] += int(np.count_nonzero(lengths))
+    counts["tokens"] += len(ids)
+    counts["tokens_unk"] += int(np.count_nonzero(ids == unk)) if unk is not None else 0
+    id_bounds = np.concatenate(([0], np.cumsum(lengths)))
+    out: list[DocIds] = []
     for d in range(len(docs)):
-        sentences = [e.ids for e in encodings[bounds[d] : bounds[d + 1]]]
-        sentences = [s for s in sentences if len(s)]
-        counts["sentences"] += len(sentences)
-        counts["tokens"] += sum(len(s) for s in sentences)
-        counts["tokens_unk"] += sum(s.count(unk) for s in sentences) if unk is not None else 0
-        out.append(sentences)
+        lo, hi = bounds[d], bounds[d + 1]
+        doc_lengths = lengths[lo:hi]
+        out.append((ids[id_bounds[lo] : id_bounds[hi]], doc_lengths[doc_lengths > 0]))
     return out
 
 
-def pack(sentences: list[list[int]], vocab_size: int) -> Packed:
+def pack(doc: DocIds, vocab_size: int) -> Packed:
+    ids, lengths = doc
     dtype = "uint16" if vocab_size <= 65535 else "int32"
-    ids = np.fromiter((t for s in sentences for t in s), dtype=dtype)
-    lens = np.asarray([len(s) for s in sentences], dtype=np.int32)
-    return ids.tobytes(), lens.tobytes(), dtype
+    return ids.astype(dtype).tobytes(), lengths.astype(np.int32).tobytes(), dtype
 
 
 def unpack(packed: Packed) -> list[list[int]]:

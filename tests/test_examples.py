@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from preprocessing.corpus import read_documents
@@ -18,6 +19,7 @@ from preprocessing.examples import (
     truncate_seq_pair,
 )
 from preprocessing.masking import KEPT, MASKED, RANDOM, MaskingSpec, num_to_predict
+from preprocessing.sentence_encoder import SentenceEncoder
 from preprocessing.shard_format import IS_NEXT, NOT_NEXT
 from preprocessing.wordpiece import SPECIAL_TOKENS, load_tokenizer, vocab_list
 
@@ -30,7 +32,8 @@ def corpus(minilm_dir, data_dir):
     docs = list(read_documents(data_dir / "wiki/summaries_en.txt", counts))[::3]
     for name in ("AA/wiki_00.gz", "AB/wiki_00.gz"):
         docs += list(read_documents(data_dir / "wiki/enwiki-2015" / name, counts, name))
-    tokenized = [d for d in tokenize_documents(tok, docs, counts) if d]
+    tokenized = [unpack(pack(d, 30522)) for d in tokenize_documents(SentenceEncoder(tok), docs, counts)]
+    tokenized = [d for d in tokenized if d]
     vocab = vocab_list(tok)
     return tokenized, vocab
 
@@ -191,8 +194,9 @@ def test_truncate_seq_pair_trims_longer_side_from_both_ends():
 def test_pack_round_trip(corpus):
     docs, _ = corpus
     for d in docs[:100]:
-        assert unpack(pack(d, 30522)) == d
-    assert unpack(pack([[70000, 1]], 80000)) == [[70000, 1]]
+        ids, lengths = np.asarray([t for s in d for t in s]), np.asarray([len(s) for s in d])
+        assert unpack(pack((ids, lengths), 30522)) == d
+    assert unpack(pack((np.asarray([70000, 1]), np.asarray([2])), 80000)) == [[70000, 1]]
 
 
 def test_build_example_layout(corpus):

@@ -1,0 +1,113 @@
+"""The cached sentence encoder gives exactly `encode_batch_fast`'s ids: on real Wikipedia text, on the
+cases its fast path must hand over (non-ASCII, control characters, added-token text), with a cased
+vocabulary, a non-BERT pipeline, and a cache that starts over."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, normalizers
+
+from preprocessing import sentence_encoder
+from preprocessing.corpus import read_documents
+from preprocessing.sentence_encoder import SentenceEncoder, bert_pipeline_lowercase
+from preprocessing.sentences import split_sentences
+from preprocessing.wordpiece import load_tokenizer, train_tokenizer
+
+HARD_CASES = [
+    "Plain ASCII, with punctuation: (a) b; c! snake_case a+b=c ~tilde~ `quote` 3.14 $5 50% #1 @x {y} [z] |w|",
+    "UPPER lower MiXeD 1990s x86_64 e-mail",
+    "Café crème and naïve – an en dash — an em dash … “curly quotes”",
+    "Chinese 中文字 and Japanese かな and Greek Ωμέγα and Σίσυφος",
+    "tab\there, bell\x07 and a nul\x00 char",
+    "non\xa0breaking space",
+    "The model reads [MASK] and [CLS] literally, and [mask] in lower case, and [SEP][PAD][UNK].",
+    "",
+    "   ",
+    ".,;:!?",
+    "a" * 150 + " after a word of 150 characters",
+    "qzxjqzxj unknownish wordpieces zzzzzzzzzz",
+    "ends with a separator-like character \x01",
+]
+
+
+def wiki_sentences(data_dir, names: list[str]) -> list[str]:
+    sentences = []
+    for name in names:
+        for doc in read_documents(data_dir / "wiki/enwiki-2015" / name, Counter(), name):
+            for para in doc.paragraphs:
+                sentences.extend(split_sentences(para))
+    return sentences
+
+
+def reference(tok: Tokenizer, sentences: list[str]) -> list[list[int]]:
+    return [e.ids for e in tok.encode_batch_fast(sentences, add_special_tokens=False)]
+
+
+def encoded(encoder: SentenceEncoder, sentences: list[str]) -> list[list[int]]:
+    ids, lengths = encoder.encode(sentences)
+    assert len(lengths) == len(sentences) and int(lengths.sum()) == len(ids)
+    ends = np.cumsum(lengths)
+    return [ids[end - n : end].tolist() for end, n in zip(ends, lengths)]
+
+
+@pytest.fixture(scope="module")
+def wiki(data_dir):
+    return wiki_sentences(data_dir, ["AA/wiki_03.gz", "AB/wiki_17.gz", "AC/wiki_42.gz"])
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir):
+    """A tokenizer as the tokenizer stage trains it: the special tokens are added tokens."""
+    lines = (data_dir / "wiki/summaries_en.txt").read_text(encoding="utf-8").splitlines()[:3000]
+    return train_tokenizer(lines, vocab_size=2000)
+
+
+def test_real_text_equals_encode_batch_fast(minilm_dir, wiki):
+    tok, _ = load_tokenizer(minilm_dir / "vocab.txt")
+    encoder = SentenceEncoder(tok)
+    assert encoder.lowercase is True
+    batches = [wiki[i : i + 5000] for i in range(0, len(wiki), 5000)]
+    got = [s for batch in batches for s in encoded(encoder, batch)]
+    assert len(wiki) > 20_000
+    assert got == reference(tok, wiki)
+
+
+@pytest.mark.parametrize("kind", ["vocab.txt uncased", "vocab.txt cased", "trained"])
+def test_cases_the_fast_path_must_hand_over(kind, minilm_dir, trained, wiki):
+    if kind == "trained":
+        tok = trained
+        assert tok.get_added_tokens_decoder()  # [MASK] etc. are matched in raw text
+    else:
+        tok, _ = load_tokenizer(minilm_dir / "vocab.txt", lowercase=kind.endswith("uncased"))
+    encoder = SentenceEncoder(tok)
+    assert encoder.lowercase is kind.endswith("uncased") or kind == "trained"
+    mixed = [s for pair in zip(HARD_CASES, wiki[:: len(wiki) // len(HARD_CASES)]) for s in pair]
+    assert encoded(encoder, mixed) == reference(tok, mixed)
+    for case in HARD_CASES:  # alone too: a batch with nothing for the fast path, or nothing else
+        assert encoded(encoder, [case]) == reference(tok, [case]), case
+    assert encoded(encoder, []) == []
+
+
+def test_other_pipelines_use_the_tokenizer_itself(minilm_dir, wiki):
+    tok, _ = load_tokenizer(minilm_dir / "vocab.txt")
+    tok.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase()])  # keeps accents
+    assert bert_pipeline_lowercase(tok) is None
+    assert encoded(SentenceEncoder(tok), HARD_CASES + wiki[:500]) == reference(tok, HARD_CASES + wiki[:500])
+    tok, _ = load_tokenizer(minilm_dir / "vocab.txt")
+    tok.enable_truncation(8)
+    assert bert_pipeline_lowercase(tok) is None
+    assert encoded(SentenceEncoder(tok), wiki[:500]) == reference(tok, wiki[:500])
+
+
+def test_a_full_cache_starts_over(minilm_dir, wiki, monkeypatch):
+    monkeypatch.setattr(sentence_encoder, "MAX_CACHED_WORDS", 3000)
+    tok, _ = load_tokenizer(minilm_dir / "vocab.txt")
+    encoder = SentenceEncoder(tok)
+    got = []
+    for i in range(0, 4000, 200):
+        got += encoded(encoder, wiki[i : i + 200])
+        assert len(encoder._index) <= 3000
+    assert got == reference(tok, wiki[:4000])
