@@ -162,8 +162,17 @@ def build_example(
     inst: Instance, cls_id: int, sep_id: int, spec: MaskingSpec, rng: random.Random, key: int
 ) -> Example:
     ids = [cls_id, *inst.tokens_a, sep_id, *inst.tokens_b, sep_id]
-    segment_ids = [0] * (len(inst.tokens_a) + 2) + [1] * (len(inst.tokens_b) + 1)
-    masked, positions, labels, kinds = mask_sequence(ids, spec, rng)
+    len_a, len_b = len(inst.tokens_a), len(inst.tokens_b)
+    segment_ids = [0] * (len_a + 2) + [1] * (len_b + 1)
+    special = spec.special_ids
+    candidates = None  # found by the masking rule itself, unless the layout gives them:
+    if (
+        {cls_id, sep_id} <= special
+        and special.isdisjoint(inst.tokens_a)
+        and special.isdisjoint(inst.tokens_b)
+    ):
+        candidates = [*range(1, len_a + 1), *range(len_a + 2, len_a + 2 + len_b)]  # all but [CLS], [SEP]s
+    masked, positions, labels, kinds = mask_sequence(ids, spec, rng, candidates)
     return Example(
         key, masked, segment_ids, positions, labels, NOT_NEXT if inst.is_random_next else IS_NEXT, kinds
     )

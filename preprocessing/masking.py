@@ -65,12 +65,16 @@ def _whole_word_groups(ids: list[int], spec: MaskingSpec) -> list[list[int]]:
     return groups
 
 
-def select_positions(ids: list[int], spec: MaskingSpec, rng: random.Random) -> list[int]:
-    """Sorted positions to predict."""
+def select_positions(
+    ids: list[int], spec: MaskingSpec, rng: random.Random, candidates: list[int] | None = None
+) -> list[int]:
+    """Sorted positions to predict. `candidates`: the positions of the non-special ids, when the
+    caller knows them (else they are found here)."""
     n = num_to_predict(len(ids), spec)
     special = spec.special_ids
     if not spec.whole_word_mask:
-        candidates = [i for i, t in enumerate(ids) if t not in special]
+        if candidates is None:
+            candidates = [i for i, t in enumerate(ids) if t not in special]
         return sorted(rng.sample(candidates, min(n, len(candidates))))
     groups = _whole_word_groups(ids, spec)
     rng.shuffle(groups)
@@ -85,10 +89,10 @@ def select_positions(ids: list[int], spec: MaskingSpec, rng: random.Random) -> l
 
 
 def mask_sequence(
-    ids: list[int], spec: MaskingSpec, rng: random.Random
+    ids: list[int], spec: MaskingSpec, rng: random.Random, candidates: list[int] | None = None
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """Returns (masked input ids, positions, original ids at positions, MASKED/RANDOM/KEPT per position)."""
-    positions = select_positions(ids, spec, rng)
+    positions = select_positions(ids, spec, rng, candidates)
     out = list(ids)
     labels = [ids[p] for p in positions]
     kinds = []

@@ -65,6 +65,24 @@ def test_split_sentences_on_real_text(data_dir):
     assert split_sentences("   ") == []
 
 
+def test_segmenting_with_a_kept_buffer_equals_blingfires_wrapper(data_dir):
+    """The direct call with a buffer kept between calls gives blingfire.text_to_sentences' output,
+    also right after a longer paragraph left bytes in the buffer."""
+    import blingfire
+
+    from preprocessing.sentences import _segment
+
+    paragraphs = []
+    for name in ("AA/wiki_00.gz", "AB/wiki_09.gz", "AC/wiki_77.gz"):
+        for doc in read_documents(data_dir / "wiki/enwiki-2015" / name, Counter(), name):
+            paragraphs.extend(doc.paragraphs)
+    long = " ".join(paragraphs[:400])
+    cases = ["", " ", "x", "a\x00b. C d.", "Zoë’s café – ok. 中文。Next one.", long, "Short. After long."]
+    assert len(paragraphs) > 2000 and len(long) > 100_000
+    for text in cases + paragraphs:
+        assert _segment(text) == blingfire.text_to_sentences(text), text[:80]
+
+
 def test_bad_inputs_are_counted_not_lost(tmp_path):
     (tmp_path / "nonutf8.txt").write_bytes(b"caf\xe9 ol\xe9. Second sentence.\n\nOther doc here. Yes.\n")
     (tmp_path / "empty.txt").write_bytes(b"")

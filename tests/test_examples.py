@@ -210,3 +210,25 @@ def test_build_example_layout(corpus):
     assert ex.segment_ids == [0, 0, 0, 0, 1, 1, 1, 1]
     assert ex.next_sentence_label == IS_NEXT and NOT_NEXT == 1
     assert len(ex.masked_lm_positions) == 1  # max(1, round(8 * 0.15))
+
+
+def test_build_example_masks_as_the_generic_rule_does(corpus):
+    """build_example passes the candidate positions it knows from the layout ([CLS] A [SEP] B [SEP]);
+    the masks must equal those the rule finds itself, also where a segment holds [UNK]."""
+    from preprocessing.examples import NspBalance
+    from preprocessing.masking import mask_sequence
+
+    docs, vocab = corpus
+    spec = spec_for(vocab)
+    cls_id, sep_id, unk_id = vocab.index("[CLS]"), vocab.index("[SEP]"), vocab.index("[UNK]")
+    rng, balance = random.Random(5), NspBalance(True)
+    instances = [
+        i for d in range(len(docs)) for i in create_instances_from_document(docs, d, 128, 0.1, rng, balance)
+    ]
+    with_unk = [i for i in instances if unk_id in i.tokens_a or unk_id in i.tokens_b]
+    assert len(instances) > 1000 and with_unk
+    for k, inst in enumerate(instances):
+        ex = build_example(inst, cls_id, sep_id, spec, random.Random(k), key=k)
+        ids = [cls_id, *inst.tokens_a, sep_id, *inst.tokens_b, sep_id]
+        masked, positions, labels, _ = mask_sequence(ids, spec, random.Random(k))
+        assert (ex.input_ids, ex.masked_lm_positions, ex.masked_lm_ids) == (masked, positions, labels)
