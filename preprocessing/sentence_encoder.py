@@ -4,30 +4,40 @@ Why: WordPiece encoding was half of the preprocess job's CPU (docs/benchmarks.md
 that is the tokenizer's per-token bookkeeping (aligned normalized strings, offsets, token strings),
 not the WordPiece search itself: Wikipedia's ~50 M words are ~1 M distinct ones.
 
-Why it is exact: for a tokenizer that is BERT's pipeline (`BertNormalizer` with `clean_text` and
-`handle_chinese_chars`, `BertPreTokenizer`, a `WordPiece` model, no truncation or padding), a
-sentence of printable ASCII characters normalizes to itself, lowercased if the normalizer
-lowercases (stripping accents and spacing out Chinese characters touch only non-ASCII characters;
-`clean_text` touches only control characters, which are not printable). BERT's pre-tokenizer then
-splits it into the runs of ASCII letters and digits and the single characters between them, since
-every printable ASCII character that is neither alphanumeric nor a space is punctuation to BERT.
-WordPiece encodes each such word on its own, so a word's ids can be cached. Every other sentence
-(with non-ASCII or control characters, or holding the text of an added token such as "[MASK]") is
-encoded by `encode_batch_fast` itself, and so is everything for any other tokenizer pipeline.
-`tests/test_sentence_encoder.py` compares both on real Wikipedia text.
+For a tokenizer that is BERT's pipeline (`BertNormalizer` with `clean_text` and
+`handle_chinese_chars`, `BertPreTokenizer`, a `WordPiece` model, no truncation or padding),
+WordPiece encodes each pre-tokenized word on its own, so a word's ids can be cached once the
+sentence is split into the words the tokenizer would see. Three routes, each exact:
+- Printable ASCII (~90% of Wikipedia's sentences): it normalizes to itself, lowercased if the
+  normalizer lowercases (accents, Chinese characters and control characters are not printable
+  ASCII), and BERT's pre-tokenizer splits it into the runs of ASCII letters and digits and the
+  single characters between them (every printable ASCII character that is neither alphanumeric nor
+  a space is punctuation to BERT): one regex over the whole batch.
+- Other text: BERT's normalizer maps each character on its own (cleaning, spacing out Chinese
+  characters, NFD and dropping accents, lowercasing), so a table built lazily from the tokenizer's
+  own normalizer and pre-tokenizer, one character at a time, gives each character's normalized
+  form with punctuation set apart by spaces and whitespace as a space; `str.split` then gives the
+  words. The one exception, a combining mark that normalization keeps (NFD may reorder it against
+  its neighbours), sends its sentence to the last route.
+- Sentences holding the text of an added token (such as "[MASK]"), those with such a mark, and
+  every sentence of any other tokenizer pipeline: `encode_batch_fast` itself.
+`tests/test_sentence_encoder.py` compares the result with `encode_batch_fast` on real text.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
 
 MAX_CACHED_WORDS = 1 << 20  # ~150 MB of Python strings and ids; the cache starts over beyond it
-_SEPARATOR = "\x00"  # between the sentences of a batch: never in a printable sentence
+_SEPARATOR = "\x00"  # between the sentences of a batch (a control character: cleaned out of any text)
+_UNSAFE = "\x01"  # a table value: this character's normalization may depend on its neighbours
+ASCII, TABLE, REFERENCE = 0, 1, 2  # the routes (module docstring)
 
 
 def bert_pipeline_lowercase(tok: Tokenizer) -> bool | None:
@@ -56,6 +66,7 @@ class SentenceEncoder:
         added = [t.content for t in tok.get_added_tokens_decoder().values() if t.content]
         # case-insensitive: an added token may be matched after lowercasing
         self._added = re.compile("|".join(map(re.escape, added)), re.IGNORECASE).search if added else None
+        self._chars = _CharTable(tok)
         self._reset_cache()
 
     def _reset_cache(self) -> None:
@@ -66,33 +77,46 @@ class SentenceEncoder:
         self._lengths.extend([0])
 
     def encode(self, sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        fast = self._cacheable(sentences)
-        slow = [i for i, ok in enumerate(fast) if not ok]
-        if len(slow) == len(sentences):
-            return self._reference(sentences)
-        fast_ids, fast_lengths = self._encode_cached([s for s, ok in zip(sentences, fast) if ok])
-        if not slow:
-            return fast_ids, fast_lengths
-        slow_ids, slow_lengths = self._reference([sentences[i] for i in slow])
-        return _interleave(fast, fast_ids, fast_lengths, slow_ids, slow_lengths)
+        routes = self._routes(sentences)
+        translated = {i: sentences[i].translate(self._chars) for i in np.flatnonzero(routes == TABLE)}
+        for i, text in translated.items():
+            if _UNSAFE in text:
+                routes[i] = REFERENCE
+        ascii_sentences = [s for s, r in zip(sentences, routes) if r == ASCII]
+        table_sentences = [t for t in translated.values() if _UNSAFE not in t]
+        by_route = [
+            self._encode_words(self._ascii_words(ascii_sentences), len(ascii_sentences)),
+            self._encode_words(f" {_SEPARATOR} ".join(table_sentences).split(), len(table_sentences)),
+            self._reference([s for s, r in zip(sentences, routes) if r == REFERENCE]),
+        ]
+        return _in_order(routes, by_route)
 
-    def _cacheable(self, sentences: Sequence[str]) -> list[bool]:
+    def _routes(self, sentences: Sequence[str]) -> np.ndarray:
         if self.lowercase is None:
-            return [False] * len(sentences)
-        ok = [s.isascii() and s.isprintable() for s in sentences]
+            return np.full(len(sentences), REFERENCE)
+        routes = np.fromiter(
+            (ASCII if s.isascii() and s.isprintable() else TABLE for s in sentences), np.int64
+        )
         if self._added is not None and self._added(_SEPARATOR.join(sentences)):
-            ok = [o and not self._added(s) for o, s in zip(ok, sentences)]
-        return ok
+            routes[[i for i, s in enumerate(sentences) if self._added(s)]] = REFERENCE
+        return routes
 
     def _reference(self, sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if not sentences:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
         encodings = self.tok.encode_batch_fast(list(sentences), add_special_tokens=False)
         ids = [e.ids for e in encodings]
         flat = np.fromiter((t for s in ids for t in s), np.int64)
         return flat, np.fromiter((len(s) for s in ids), np.int64, len(ids))
 
-    def _encode_cached(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _ascii_words(self, sentences: list[str]) -> list[str]:
         text = _SEPARATOR.join(sentences)
-        words = self._words(text.lower() if self.lowercase else text)
+        return self._words(text.lower() if self.lowercase else text) if sentences else []
+
+    def _encode_words(self, words: list[str], sentences: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `sentences` sentences whose words, separated by _SEPARATOR, are `words`."""
+        if not words:
+            return np.zeros(0, np.int64), np.zeros(sentences, np.int64)
         self._add_missing(words)
         ids, starts, lengths = self._ids.view(), self._starts.view(), self._lengths.view()
         rows = np.fromiter(map(self._index.__getitem__, words), np.int64, len(words))
@@ -102,7 +126,7 @@ class SentenceEncoder:
         firsts = np.repeat(starts[rows] - ends + word_lengths, word_lengths)
         flat = ids[firsts + np.arange(len(firsts))]
         separators = np.flatnonzero(rows == 0)
-        bounds = np.concatenate(([0], ends[separators], [ends[-1] if len(ends) else 0]))
+        bounds = np.concatenate(([0], ends[separators], [ends[-1]]))
         return flat, np.diff(bounds)
 
     def _add_missing(self, words: list[str]) -> None:
@@ -146,22 +170,47 @@ class _Growing:
         return self._data[: self._size]
 
 
-def _interleave(
-    fast: list[bool],
-    fast_ids: np.ndarray,
-    fast_lengths: np.ndarray,
-    slow_ids: np.ndarray,
-    slow_lengths: np.ndarray,
+def _in_order(
+    routes: np.ndarray, by_route: list[tuple[np.ndarray, np.ndarray]]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The two groups' sentences back in their original order (`fast[i]`: sentence i is in the first)."""
-    order = np.asarray(fast, bool)
-    lengths = np.empty(len(fast), np.int64)
-    lengths[order], lengths[~order] = fast_lengths, slow_lengths
-    ids = np.concatenate((fast_ids, slow_ids))
-    # where each sentence starts in `ids`: the fast ones first, then the slow ones
-    group_starts = np.empty(len(fast), np.int64)
-    group_starts[order] = np.cumsum(fast_lengths) - fast_lengths
-    group_starts[~order] = len(fast_ids) + np.cumsum(slow_lengths) - slow_lengths
+    """(ids, lengths) of every sentence in its original order, from each route's (ids, lengths) of
+    its own sentences in order (`routes[i]`: sentence i's route)."""
+    lengths = np.zeros(len(routes), np.int64)
+    starts = np.zeros(len(routes), np.int64)  # where each sentence's ids start in `ids`
+    offset = 0
+    for route, (route_ids, route_lengths) in enumerate(by_route):
+        mine = routes == route
+        lengths[mine] = route_lengths
+        starts[mine] = offset + np.cumsum(route_lengths) - route_lengths
+        offset += len(route_ids)
+    ids = np.concatenate([route_ids for route_ids, _ in by_route])
+    # each id's position in `ids`: its sentence's start there, plus its place in the sentence
     out_starts = np.cumsum(lengths) - lengths
-    positions = np.repeat(group_starts - out_starts, lengths) + np.arange(int(lengths.sum()))
+    positions = np.repeat(starts - out_starts, lengths) + np.arange(len(ids))
     return ids[positions], lengths
+
+
+class _CharTable(dict):
+    """ord(c) → c as BERT's normalizer and pre-tokenizer leave it, for `str.translate` then
+    `str.split`: normalized alone (by the tokenizer's own normalizer), each character of that set
+    apart by spaces if the pre-tokenizer isolates it (punctuation), a space if it drops it
+    (whitespace); _UNSAFE for a combining mark normalization keeps, or a word character that
+    `str.split` would split at."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        super().__init__()
+        self._normalize = tok.normalizer.normalize_str
+        self._pre_tokenize = tok.pre_tokenizer.pre_tokenize_str
+
+    def __missing__(self, code: int) -> str:
+        value = self[code] = self._table_value(chr(code))
+        return value
+
+    def _table_value(self, char: str) -> str:
+        out = []
+        for c in self._normalize(char):
+            pieces = len(self._pre_tokenize(f"a{c}a"))
+            if unicodedata.combining(c) or (pieces == 1 and c.isspace()):
+                return _UNSAFE
+            out.append({1: c, 2: " ", 3: f" {c} "}[pieces])
+        return "".join(out)

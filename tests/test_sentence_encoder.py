@@ -30,6 +30,10 @@ HARD_CASES = [
     "a" * 150 + " after a word of 150 characters",
     "qzxjqzxj unknownish wordpieces zzzzzzzzzz",
     "ends with a separator-like character \x01",
+    "decomposed accents: Cafe\u0301 and re\u0301sume\u0301, and a kept mark: \u0915\u093f\u0902",
+    "Turkish \u0130stanbul, German STRASSE and stra\u00dfe, final sigma \u039f\u0394\u039f\u03a3",
+    "zero\u200bwidth, soft\u00adhyphen, private\ue000use, ideographic\u3000space, line\u2028separator",
+    "ligature \ufb01le, fullwidth \uff21\uff22\uff23, superscript x\u00b2, fraction \u00bd, \u2167",
 ]
 
 
@@ -91,6 +95,16 @@ def test_cases_the_fast_path_must_hand_over(kind, minilm_dir, trained, wiki):
     assert encoded(encoder, []) == []
 
 
+def test_routes_on_real_text(minilm_dir, wiki):
+    """Most of Wikipedia takes the ASCII route, nearly all the rest the character table."""
+    tok, _ = load_tokenizer(minilm_dir / "vocab.txt")
+    encoder = SentenceEncoder(tok)
+    routes = encoder._routes(wiki)
+    table = np.flatnonzero(routes == sentence_encoder.TABLE)
+    unsafe = [i for i in table if sentence_encoder._UNSAFE in wiki[i].translate(encoder._chars)]
+    assert np.mean(routes == sentence_encoder.ASCII) > 0.8 and len(table) > 1000 and len(unsafe) < 10
+
+
 def test_other_pipelines_use_the_tokenizer_itself(minilm_dir, wiki):
     tok, _ = load_tokenizer(minilm_dir / "vocab.txt")
     tok.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase()])  # keeps accents
@@ -111,3 +125,19 @@ def test_a_full_cache_starts_over(minilm_dir, wiki, monkeypatch):
         got += encoded(encoder, wiki[i : i + 200])
         assert len(encoder._index) <= 3000
     assert got == reference(tok, wiki[:4000])
+
+
+def test_marks_that_normalization_reorders_go_to_the_tokenizer():
+    """NFD puts combining marks in canonical order across characters, which a per-character table
+    cannot: U+1D16D (class 226) before U+1D165 (class 216) is reordered, and only the reordered
+    form is in this vocabulary."""
+    from tokenizers.models import WordPiece
+
+    from preprocessing.wordpiece import SPECIAL_TOKENS, _bert_pipeline, _set_template
+
+    reordered = "a\U0001d165\U0001d16d"
+    vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, "a", reordered, "b", "##b"])}
+    tok = _set_template(_bert_pipeline(Tokenizer(WordPiece(vocab=vocab, unk_token="[UNK]")), True))
+    sentences = ["b a\U0001d16d\U0001d165 b", "a\U0001d165\U0001d16d", "bb a"]
+    assert reference(tok, sentences)[0] == [7, vocab[reordered], 7]
+    assert encoded(SentenceEncoder(tok), sentences) == reference(tok, sentences)
