@@ -6,7 +6,7 @@ each job, all sharing one `UnitPool`).
 where the key (`common.fingerprint`) covers everything that determines its result: the unit's
 task, lr and seed, the fine-tuning settings, the task definition and its data, the checkpoint
 (weight-file stamps) and the tokenizer (content). So a finished unit is found again by any plan
-that needs it (adding a task, a flow run after `bertflow finetune CONFIG`), and a changed setting
+that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`), and a changed setting
 never reuses a stale result.
 
 Workers run with bounded concurrency, each with its share of the CPU threads, or one per GPU. A
@@ -37,8 +37,9 @@ from finetuning.tasks import get_task
 from finetuning.units import FinetuneUnit, Job, failed_result, finetune_units, run_finetune_unit
 from model.hf_io import TOKENIZER_FILES
 
-# Fine-tuning settings that decide how units are scheduled, not what one unit computes.
-SCHEDULING_ONLY = {"tasks", "baselines", "concurrency", "threads", "task_config"}
+# Fine-tuning settings that decide which units run and how they are scheduled, not what one unit
+# computes: a unit carries its own task, lr and seed, so growing a sweep reuses every finished unit.
+SCHEDULING_ONLY = {"tasks", "lrs", "seeds", "baselines", "concurrency", "threads", "task_config"}
 WORKER_DIED = "the worker process died (out of memory or killed); rerun to retry this unit"
 
 

