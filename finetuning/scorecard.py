@@ -248,7 +248,9 @@ def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Pretrained vs random init in one sentence's worth of numbers (the first pretrained row).
-    A task counts as ahead or behind only when its difference exceeds seed noise (`seed_noise.py`)."""
+    A task counts as ahead or behind only when its difference exceeds seed noise (`seed_noise.py`),
+    and as ahead only where the pretrained model is above chance: a score within evaluation noise of
+    the majority class is no evidence of a better model (`ahead_at_chance` lists such tasks)."""
     if not deltas:
         return None
     d = deltas[0]
@@ -258,6 +260,9 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
     task_deltas = {t: _diff(row["tasks"][t]["score"], base["tasks"][t]["score"]) for t in shared}
     noise = {t: _task_noise(row["tasks"][t], base["tasks"][t]) for t in shared}
     verdicts = {t: verdict(task_deltas[t], noise[t]) for t in shared}
+    at_chance = [t for t in shared if row["tasks"][t]["at_chance"]]
+    ahead_at_chance = [t for t in shared if verdicts[t] == "ahead" and t in at_chance]
+    ahead_on = [t for t in shared if verdicts[t] == "ahead" and t not in at_chance]
     avg, avg_noise = d["glue_average"], _glue_average_noise(row, base)
     return {
         "checkpoint": d["checkpoint"],
@@ -269,14 +274,14 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
         "tasks": shared,
         "task_deltas": task_deltas,
         "task_margins": {t: _margin(noise[t]) for t in shared},
-        "ahead_on": [t for t in shared if verdicts[t] == "ahead"],
+        "ahead_on": ahead_on,
+        "ahead_at_chance": ahead_at_chance,
         "behind_on": [t for t in shared if verdicts[t] == "behind"],
         "noise_tested": all(n is not None for n in noise.values()),
         "seeds": max((len(row["tasks"][t]["seeds"]) for t in shared), default=0),
-        "at_chance": [t for t in shared if row["tasks"][t]["at_chance"]],
+        "at_chance": at_chance,
         "random_at_chance": [t for t in shared if base["tasks"][t]["at_chance"]],
-        "pretraining_helped": verdict(avg, avg_noise) == "ahead"
-        and 2 * sum(v == "ahead" for v in verdicts.values()) > len(shared),
+        "pretraining_helped": verdict(avg, avg_noise) == "ahead" and 2 * len(ahead_on) > len(shared),
     }
 
 
@@ -297,11 +302,12 @@ def headline_text(h: dict[str, Any] | None) -> str:
         average = f"GLUE-style average {signed_points(avg)} points"
         average += f" (seed noise ±{margin:.1f}), " if margin is not None else ", "
     behind = h.get("behind_on", [])
+    at_chance_too = h.get("ahead_at_chance", [])
     lines = [
         f"**{name} vs {versus}:** "
         + average
         + f"ahead on {len(h['ahead_on'])} of {len(h['tasks'])} tasks"
-        + (f" ({', '.join(h['ahead_on'])})" if h["ahead_on"] else "")
+        + _ahead_list(h["ahead_on"], at_chance_too)
         + (f", behind on {len(behind)} ({', '.join(behind)})" if behind else "")
         + _how_tested(tested)
         + f", mean of {h['seeds']} seed(s) per task."
@@ -315,6 +321,15 @@ def headline_text(h: dict[str, Any] | None) -> str:
             + (f"; {', '.join(h['random_at_chance'])} for {versus}." if h["random_at_chance"] else ".")
         )
     return "  \n".join(lines)
+
+
+def _ahead_list(ahead: list[str], at_chance_too: list[str]) -> str:
+    """' (sst2, stsb; rte too, but at chance there)': the tasks counted ahead, then those not counted."""
+    parts = [", ".join(ahead)] if ahead else []
+    parts += (
+        [f"{', '.join(at_chance_too)}{' too' if ahead else ''}, but at chance there"] if at_chance_too else []
+    )
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _how_tested(tested: bool | None) -> str:
@@ -348,16 +363,17 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
         tasks = sorted(tasks, key=lambda t: -(deltas.get(t) or 0))
         return ", ".join(f"{t} ({_fmt(deltas[t], signed=True)})" if t in deltas else t for t in tasks)
 
-    behind = h.get("behind_on", [])
-    level = [t for t in h["tasks"] if t not in h["ahead_on"] and t not in behind]
+    behind, at_chance_too = h.get("behind_on", []), h.get("ahead_at_chance", [])
+    level = [t for t in h["tasks"] if t not in h["ahead_on"] + behind + at_chance_too]
     tested = bool(h.get("noise_tested"))
-    where = (
+    where = [f"ahead but at chance on {listed(at_chance_too)}"] if at_chance_too else []
+    where += (
         [f"{'level within seed noise' if tested else 'level or behind'} on {listed(level)}"] if level else []
     )
     where += [f"behind on {listed(behind)}"] if behind else []
     return (
         f"**Pretraining helped on some tasks only:** {name} is ahead of {versus} on "
-        f"{listed(h['ahead_on'])} and {' and '.join(where) or 'nowhere else'}. Its GLUE-style average "
+        f"{listed(h['ahead_on'])}{'; ' + '; '.join(where) if where else ' and nowhere else'}. Its GLUE-style average "
         f"is above, but that is short of pretraining that helps: ahead{' beyond seed noise' if tested else ''} on the "
         f"average and on more than half the tasks. {advice}"
     )

@@ -108,3 +108,28 @@ def test_headline_says_pretraining_helped_only_when_ahead_on_average_and_on_most
     card, md = _sst2_cola_card(tmp_path, ours=(80.0, 20.0), random_init=(70.0, 10.0))
     assert card["headline"]["pretraining_helped"] is True
     assert "has not helped" not in md
+
+
+def test_a_task_at_chance_never_counts_as_ahead(tmp_path):
+    """RTE-like: the pretrained model beats random init beyond seed noise (3 seeds, tight spread) but
+    both sit within evaluation noise of the majority class, so the task is named, not counted."""
+    sst2, cola = {"accuracy": 50.9}, {"mcc": 0.0}
+    results = []
+    for seed, (ours_acc, rnd_acc, ours_mcc, rnd_mcc) in enumerate(
+        [(80.0, 70.0, 1.5, 0.0), (80.5, 70.2, 1.6, 0.1), (80.2, 70.1, 1.4, 0.2)], start=1
+    ):
+        results += [
+            _unit("ours", "pretrained", "sst2", seed, {"accuracy": ours_acc}, sst2),
+            _unit("ours", "pretrained", "cola", seed, {"mcc": ours_mcc}, cola),
+            _unit("random:tiny", "random", "sst2", seed, {"accuracy": rnd_acc}, sst2),
+            _unit("random:tiny", "random", "cola", seed, {"mcc": rnd_mcc}, cola),
+        ]
+    card = build_scorecard(results, tmp_path)
+    h, md = card["headline"], (tmp_path / "scorecard.md").read_text()
+    assert h["at_chance"] == ["cola"] and h["task_deltas"]["cola"] > h["task_margins"]["cola"]
+    assert h["ahead_on"] == ["sst2"] and h["ahead_at_chance"] == ["cola"]
+    assert h["pretraining_helped"] is False  # 1 of 2 tasks: not more than half
+    assert "ahead on 1 of 2 tasks (sst2; cola too, but at chance there) beyond seed noise" in md
+    assert (
+        "on sst2 (+10.1); ahead but at chance on cola (+1.4)." in md and "level within seed noise" not in md
+    )
