@@ -133,6 +133,7 @@ class FlowRun:
             for job in jobs:
                 clear(job.out_dir)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
+        complete_before = [read_marker(job.out_dir) is not None for job in jobs]
         t0 = time.time()
         with UnitPool(self.cfg.finetune, len(jobs), data_root=self.cfg.data_root, wandb=self.wandb) as pool:
             futures = self._submit_bounded(task_fn, jobs, pool, wait_for)
@@ -142,10 +143,14 @@ class FlowRun:
                 f"{len(failed)} of {len(futures)} fine-tuning units failed (see their task logs); "
                 "rerun the same command to retry them."
             )
-        cached = sum(1 for f in futures if f.state.name == "Cached")
+        cached = [f.state.name == "Cached" for f in futures]
+        reused = sum(done and not hit for done, hit in zip(complete_before, cached, strict=True))
         units_dir = self.root / "finetune" / "units"
         seconds = sum(float(f.result().get("wall_time_s", 0.0)) for f in futures)
-        status = f"{len(futures) - cached} ran, {cached} cached"
+        # ran: trained in this flow run; cached: Prefect cache hit; reused: found complete on disk
+        # (written by `bertflow finetune` or an earlier flow run with other settings)
+        status = f"{len(futures) - sum(cached) - reused} ran, {sum(cached)} cached"
+        status += f", {reused} reused" if reused else ""
         self.records.append(
             {**stage_record("finetune-units", units_dir, status, time.time() - t0, seconds), "key": "-"}
         )
@@ -179,9 +184,12 @@ class FlowRun:
                 in_flight = [f for f in in_flight if f is not first]
                 finished(first)
             job.out_dir.mkdir(parents=True, exist_ok=True)
-            options = self._options(read_marker(job.out_dir) is not None)
-            future = task_fn.with_options(**options).submit(job=job, pool=pool, wait_for=wait_for)
-            names[id(future)] = job.name
+            complete = read_marker(job.out_dir) is not None
+            future = task_fn.with_options(**self._options(complete)).submit(
+                job=job, pool=pool, wait_for=wait_for
+            )
+            if not complete:  # progress counts only the units that train here
+                names[id(future)] = job.name
             in_flight.append(future)
             futures.append(future)
         for future in as_completed(futures):

@@ -1,7 +1,8 @@
 """The whole flow on a tiny config with every real component (Beam, DeepSpeed, fine-tuning, W&B
 offline, Prefect): a first run computes everything, with the stage graph recorded in Prefect and
 every W&B run in the flow run's project, entity and group; a rerun computes nothing; and a changed
-fine-tuning setting reruns exactly the fine-tuning units, the scorecard and the report."""
+fine-tuning setting reruns exactly the fine-tuning units (here trained by `bertflow finetune` first,
+which the flow then reuses), the scorecard and the report."""
 
 from __future__ import annotations
 
@@ -172,7 +173,27 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert _marker_times(second) == times
     assert (finetune_dir / "scorecard.json").read_bytes() == card_bytes
 
-    # --- change a fine-tuning setting: only fine-tuning and the report rerun
+    # --- change a fine-tuning setting with `bertflow finetune CONFIG` alone, then in the flow: only
+    # fine-tuning and the report are new, and the flow says the units were reused, not run again
+    import os
+    import subprocess
+    import sys
+
+    from common.paths import PROJECT_ROOT
+
+    def finetune_alone(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", "finetune", config, *args],
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    alone = finetune_alone("--set", "finetune.epochs=2")
+    assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
+    assert "4 unit(s), 0 already complete" in alone.stdout
     third = bert_pipeline(config=config, overrides=["finetune.epochs=2"])
     status = _status(third)
     assert status == {
@@ -180,8 +201,8 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
         "tokenizer": "cached",
         "preprocess": "cached",
         "pretrain": "cached",
-        "finetune-units": "4 ran, 0 cached",
-        "finetune": "ran",
+        "finetune-units": "0 ran, 0 cached, 4 reused",
+        "finetune": "reused",  # the scorecard `bertflow finetune` wrote
         "report": "ran",
     }, status
     new_times = _marker_times(third)
@@ -192,21 +213,8 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert Path(third["report_md"]).parent != report_md.parent
 
     # --- `bertflow finetune CONFIG` alone plans exactly the flow's units: all four are found again
-    import os
-    import subprocess
-    import sys
-
-    from common.paths import PROJECT_ROOT
-
     stamps = {job.out_dir: (job.out_dir / "result.json").stat().st_mtime_ns for job in jobs}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "finetune", config],
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = finetune_alone()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"-> {finetune_dir}" in proc.stdout
     assert {d: (d / "result.json").stat().st_mtime_ns for d in stamps} == stamps  # reused, not rerun
