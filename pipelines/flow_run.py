@@ -136,7 +136,7 @@ class FlowRun:
         complete_before = [read_marker(job.out_dir) is not None for job in jobs]
         t0 = time.time()
         with UnitPool(self.cfg.finetune, len(jobs), data_root=self.cfg.data_root, wandb=self.wandb) as pool:
-            futures = self._submit_bounded(task_fn, jobs, pool, wait_for)
+            futures = self._submit_bounded(task_fn, jobs, complete_before, pool, wait_for)
         failed = [f for f in futures if not f.state.is_completed()]
         if failed:  # finished units stay complete on disk; the next run retries only the failed ones
             raise RuntimeError(
@@ -156,13 +156,16 @@ class FlowRun:
         )
         self.outputs["units"] = futures
 
-    def _submit_bounded(self, task_fn: Any, jobs: list[Any], pool: Any, wait_for: list[Any]) -> list[Any]:
-        """Submit with at most `pool.workers` units in flight; log each unit as it finishes, with how
-        many are left to run and about how long that takes at the rate so far."""
+    def _submit_bounded(
+        self, task_fn: Any, jobs: list[Any], complete: list[bool], pool: Any, wait_for: list[Any]
+    ) -> list[Any]:
+        """Submit with at most `pool.workers` units in flight (`complete[i]`: job i was complete on
+        disk before); log each unit that trains as it finishes, with how many are left to run and
+        about how long that takes at the rate so far."""
         from common.progress import Progress
 
         logger = get_run_logger()
-        to_run = [job for job in jobs if read_marker(job.out_dir) is None]
+        to_run = [job for job, done in zip(jobs, complete, strict=True) if not done]
         logger.info(
             "finetune: %d units, %d already complete, %d to run on %d worker(s)",
             len(jobs), len(jobs) - len(to_run), len(to_run), pool.workers,
@@ -172,23 +175,20 @@ class FlowRun:
 
         def finished(future: Any) -> None:
             name = names.pop(id(future), None)
-            if name is not None and future.state.name != "Cached":
+            if name is not None:
                 state = "done" if future.state.is_completed() else "FAILED"
                 logger.info("finetune: %s %s; %s", name, state, progress.step())
 
         in_flight: list[Any] = []
         futures: list[Any] = []
-        for job in jobs:
+        for job, done in zip(jobs, complete, strict=True):
             if len(in_flight) >= pool.workers:  # bounded fan-out: wait for a free slot
                 first = next(as_completed(in_flight))
                 in_flight = [f for f in in_flight if f is not first]
                 finished(first)
             job.out_dir.mkdir(parents=True, exist_ok=True)
-            complete = read_marker(job.out_dir) is not None
-            future = task_fn.with_options(**self._options(complete)).submit(
-                job=job, pool=pool, wait_for=wait_for
-            )
-            if not complete:  # progress counts only the units that train here
+            future = task_fn.with_options(**self._options(done)).submit(job=job, pool=pool, wait_for=wait_for)
+            if not done:  # progress counts only the units that train here
                 names[id(future)] = job.name
             in_flight.append(future)
             futures.append(future)

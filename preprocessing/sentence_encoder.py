@@ -78,12 +78,14 @@ class SentenceEncoder:
 
     def encode(self, sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         routes = self._routes(sentences)
-        translated = {i: sentences[i].translate(self._chars) for i in np.flatnonzero(routes == TABLE)}
-        for i, text in translated.items():
+        table_sentences = []  # the TABLE route's sentences, normalized and spaced by the table
+        for i in np.flatnonzero(routes == TABLE):
+            text = sentences[i].translate(self._chars)
             if _UNSAFE in text:
                 routes[i] = REFERENCE
+            else:
+                table_sentences.append(text)
         ascii_sentences = [s for s, r in zip(sentences, routes) if r == ASCII]
-        table_sentences = [t for t in translated.values() if _UNSAFE not in t]
         by_route = [
             self._encode_words(self._ascii_words(ascii_sentences), len(ascii_sentences)),
             self._encode_words(f" {_SEPARATOR} ".join(table_sentences).split(), len(table_sentences)),
