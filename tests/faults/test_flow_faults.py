@@ -20,6 +20,7 @@ import pytest
 from common.atomic import MARKER_NAME, sha256_file
 from common.paths import PROJECT_ROOT
 from tests.flow_support import tiny_config
+from training.checkpoint import VERIFIED_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -69,15 +70,22 @@ def _scores(run_dir: Path) -> dict:
     return results
 
 
-def _wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str, log: Path | None = None) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
         if proc.poll() is not None:
-            pytest.fail(f"bertflow run ended (rc {proc.returncode}) before {what}")
+            tail = log.read_text()[-3000:] if log is not None else ""
+            pytest.fail(f"bertflow run ended (rc {proc.returncode}) before {what}\n{tail}")
         time.sleep(0.5)
     pytest.fail(f"timed out waiting for {what}")
+
+
+def _has_verified_checkpoint(run_dir: Path) -> bool:
+    """A pretraining checkpoint whose save completed: a tag dir alone may be one the signal cut
+    short, which resume rightly discards (the rerun would then start at step 0)."""
+    return any((run_dir / "pretrain").glob(f"*/checkpoints/global_step*/{VERIFIED_NAME}"))
 
 
 def _model_sha(run_dir: Path) -> str:
@@ -117,12 +125,7 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
         start_new_session=True,
     )
     try:
-        _wait_for(
-            lambda: any((run_dir / "pretrain").glob("*/checkpoints/global_step*")),
-            proc,
-            600,
-            "the first pretraining checkpoint",
-        )
+        _wait_for(lambda: _has_verified_checkpoint(run_dir), proc, 600, "the first pretraining checkpoint")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -209,7 +212,7 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         proc = start(log_path)
         leftovers: list[psutil.Process] = []
         try:
-            _wait_for(ready, proc, 600, what)
+            _wait_for(ready, proc, 600, what, log_path)
             seconds, leftovers = _stop_and_collect(proc, sig, group=group)
         finally:
             _kill_all(proc, leftovers)
@@ -219,11 +222,14 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         assert "Traceback" not in log and "Error logging to API" not in log, log[-3000:]
         return proc.returncode, log.rstrip()
 
-    # Ctrl-C in a terminal: SIGINT to the whole foreground process group, once a checkpoint exists
-    def checkpoint() -> bool:
-        return any((run_dir / "pretrain").glob("*/checkpoints/global_step*"))
-
-    rc, log = run_and_stop(tmp_path / "first.log", checkpoint, "a checkpoint", signal.SIGINT, group=True)
+    # Ctrl-C in a terminal: SIGINT to the whole foreground process group, once a checkpoint is saved
+    rc, log = run_and_stop(
+        tmp_path / "first.log",
+        lambda: _has_verified_checkpoint(run_dir),
+        "a checkpoint",
+        signal.SIGINT,
+        group=True,
+    )
     assert rc == 130 and log.endswith("bertflow run: interrupted."), log[-3000:]
 
     # the same command again resumes pretraining; `kill -TERM` of bertflow alone (not its group)
