@@ -176,6 +176,7 @@ class FlowRun:
         def finished(future: Any) -> None:
             name = names.pop(id(future), None)
             if name is not None:
+                future.wait()  # sets the final state; before that `state` asks the API, which lags
                 state = "done" if future.state.is_completed() else "FAILED"
                 logger.info("finetune: %s %s; %s", name, state, progress.step())
 

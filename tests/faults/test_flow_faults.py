@@ -48,7 +48,7 @@ def _run(config: Path, tmp_path: Path, *extra: str) -> str:
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc.stdout
+    return proc.stdout + proc.stderr  # the stage table, then Prefect's log lines
 
 
 def _statuses(stdout: str) -> dict[str, str]:
@@ -107,9 +107,12 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
     # the reference: an uninterrupted run
     (tmp_path / "ref").mkdir()
     ref_cfg = tiny_config(tmp_path / "ref", data_dir, finetune=ft, tokenizer=vocab)
-    _run(ref_cfg, tmp_path)
+    out = _run(ref_cfg, tmp_path)
     reference = _scores(tmp_path / "ref" / "run")
     assert len(reference) == 1
+    # the unit's progress line says it is done (Prefect's API lags the unit's final state)
+    assert re.search(r"finetune: rte-\S+ \[\S+\] done; 1/1 units to run done", out), out
+    assert "FAILED" not in out, out
 
     # the same config in another run dir, killed with SIGKILL once pretraining has a checkpoint
     (tmp_path / "b").mkdir()
