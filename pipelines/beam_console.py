@@ -7,13 +7,15 @@ copies of them relayed through the job service. `quiet_beam(log)` routes them to
 while the job runs, file descriptor 2 is a pipe that a thread reads line by line, sending known
 chatter to `log` and everything else (our own log lines, real warnings, tracebacks) on to the
 console unchanged, except Beam's own ERROR records of a failed bundle with their tracebacks
-(`BeamErrorBlocks`): the job raises that error, and the command reports it once.
+(`BeamErrorBlocks`): the job raises that error, and the command reports it once; and the tracebacks
+a Ctrl-C makes Beam print (`InterruptTracebacks`): the command says "interrupted." once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -84,6 +86,51 @@ class BeamErrorBlocks:
         return False
 
 
+class InterruptTracebacks:
+    """Recognises what a Ctrl-C makes Beam print: every worker's "Python sdk harness failed" and
+    KeyboardInterrupt tracebacks, then the driver's threads that lose them (grpc.RpcError, "Worker
+    subprocess exited with return code -2"): ~140 lines for two workers. The lines of a traceback are
+    held until its last line: one that says interrupted sends the block to the log and puts this into
+    the interrupted state, where every traceback line goes to the log (two workers' blocks arrive
+    interleaved); any other block goes to the console as it was. Lines outside a traceback pass at
+    once."""
+
+    STARTS = ("Traceback (most recent call last)", "Exception in thread ", "CRITICAL:__main__:Python sdk harness",
+              "During handling of the above", "The above exception")  # fmt: skip
+    INTERRUPTED = re.compile(
+        r"^(KeyboardInterrupt|RuntimeError: Worker subprocess exited with return code -(2|15))$"
+    )
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+        self.after_frame = False  # the previous line was a traceback frame: this one may be the error
+        self.interrupted = False
+
+    def feed(self, line: str) -> tuple[list[str], list[str]]:
+        """(lines for the console, lines for the log) now that `line` has arrived."""
+        indented = line[:1] in (" ", "\t")
+        if self.interrupted and (indented or not line.strip() or line.startswith(self.STARTS) or
+                                 self.after_frame or self.INTERRUPTED.match(line.strip())):  # fmt: skip
+            self.after_frame = indented
+            return [], [line]
+        if line.startswith(self.STARTS) or (self.held and indented):
+            self.held.append(line)
+            self.after_frame = indented
+            return [], []
+        if not (self.held and self.after_frame):  # not in a traceback, or it ended oddly: release it
+            released, self.held = self.held, []
+            return released + [line], []
+        block, self.held, self.after_frame = self.held + [line], [], False
+        if self.INTERRUPTED.match(line.strip()):
+            self.interrupted = True
+            return [], block
+        return block, []
+
+    def flush(self) -> list[str]:
+        released, self.held = self.held, []
+        return released
+
+
 class _DropImportChatter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not is_chatter(record.getMessage())
@@ -111,14 +158,17 @@ def quiet_beam(log_path: Path) -> Iterator[None]:
         logging.getLogger().addFilter(relay)
 
         def pump() -> None:
-            errors = BeamErrorBlocks()
+            errors, interrupts = BeamErrorBlocks(), InterruptTracebacks()
             with os.fdopen(read_end, "rb") as pipe:
                 for raw in pipe:
                     line = raw.decode("utf-8", "replace")
                     if is_chatter(line) or errors.takes(line):
                         log.write(line)
-                    else:
-                        os.write(console, raw)
+                        continue
+                    to_console, to_log = interrupts.feed(line)
+                    log.writelines(to_log)
+                    os.write(console, "".join(to_console).encode())
+            os.write(console, "".join(interrupts.flush()).encode())
 
         thread = threading.Thread(target=pump, name="beam-stderr", daemon=True)
         thread.start()

@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     if command is not None and (message := _unknown_command(command)):
         print(message, file=sys.stderr)
         return 2
+    from pipelines.beam_console import drop_import_chatter
+
+    drop_import_chatter()  # before any command's module imports Beam (its parser does)
     parser = build_parser(command)
     args, extra = parser.parse_known_args(argv)
     module = _load(args.command) if args.command else None
@@ -126,9 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         print(f"bertflow {args.command}: not implemented yet.", file=sys.stderr)
         return 0 if args.command == "run" else 1
-    from pipelines.beam_console import drop_import_chatter
-
-    drop_import_chatter()
     try:
         return int(module.main(args) or 0)
     except UserError as exc:

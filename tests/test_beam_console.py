@@ -85,3 +85,29 @@ def test_beams_error_records_and_their_tracebacks_go_to_the_log(
     assert "Errno 28" not in err and "Traceback" not in err and "During handling" not in err, err
     text = log.read_text()
     assert text.count("No space left on device") == 3 and "Worker: severity: ERROR" in text
+
+
+def test_the_tracebacks_of_an_interrupted_job_go_to_the_log(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C: each worker prints its KeyboardInterrupt tracebacks (two workers' lines interleave),
+    then the driver's threads print theirs (~140 lines); the command says 'interrupted.' once. A
+    traceback that ends in anything else, before the interrupt, still reaches the console."""
+    log = tmp_path / "beam.log"
+    frame = (
+        '  File "sdk_worker.py", line 265, in run\n    for work_request in self._control_stub.Control():\n'
+    )
+    real_error = "Traceback (most recent call last):\n" + frame + "ValueError: a real error\n"
+    worker = "CRITICAL:__main__:Python sdk harness failed: \nTraceback (most recent call last):\n" + frame
+    transcript = (
+        real_error + "our own line\n" + worker + worker + "KeyboardInterrupt\n" + frame + "KeyboardInterrupt\n"
+        + "Exception in thread beam_control_read:\nTraceback (most recent call last):\n" + frame + "grpc.RpcError\n"
+        + "Exception in thread run_worker:\nTraceback (most recent call last):\n" + frame
+        + "RuntimeError: Worker subprocess exited with return code -2\n" + "our line after\n"
+    )  # fmt: skip
+    with quiet_beam(log):
+        subprocess.run([sys.executable, "-c", f"import sys; sys.stderr.write({transcript!r})"], check=True)
+    err = capfd.readouterr().err
+    assert err == real_error + "our own line\n" + "our line after\n", err
+    text = log.read_text()
+    assert text.count("KeyboardInterrupt") == 2 and "grpc.RpcError" in text and "return code -2" in text

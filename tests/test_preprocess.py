@@ -200,6 +200,7 @@ def test_cli_help_and_user_errors(tmp_path, minilm_dir):
     for command in ("preprocess", "tokenizer"):
         r = cli(command, "--help")
         assert r.returncode == 0 and "--input" in r.stdout and "--set" in r.stdout
+        assert r.stderr == "", r.stderr  # Beam's import-time apitools warning included
     (tmp_path / "empty.txt").write_text("")
     r = cli(
         "preprocess",
