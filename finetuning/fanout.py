@@ -37,9 +37,10 @@ from finetuning.tasks import get_task
 from finetuning.units import FinetuneUnit, Job, failed_result, finetune_units, run_finetune_unit
 from model.hf_io import TOKENIZER_FILES
 
-# Fine-tuning settings that decide which units run and how they are scheduled, not what one unit
-# computes: a unit carries its own task, lr and seed, so growing a sweep reuses every finished unit.
-SCHEDULING_ONLY = {"tasks", "lrs", "seeds", "baselines", "concurrency", "threads", "task_config"}
+# Fine-tuning settings left out of a unit's key: they pick which units run and how they are
+# scheduled, not what one unit computes (a unit carries its own task, lr and seed, so growing a
+# sweep reuses every finished unit).
+NOT_IN_UNIT_KEY = {"tasks", "lrs", "seeds", "baselines", "concurrency", "threads", "task_config"}
 WORKER_DIED = "the worker process died (out of memory or killed); rerun to retry this unit"
 
 
@@ -101,7 +102,7 @@ def unit_key(
     return digest(
         {
             "unit": dataclasses.asdict(unit),
-            "settings": cfg.model_dump(mode="json", exclude=SCHEDULING_ONLY),
+            "settings": cfg.model_dump(mode="json", exclude=NOT_IN_UNIT_KEY),
             "task": spec.model_dump(mode="json", exclude={"source"}),
             "data": [str(spec.path(split, data_root)) for split in ("train", "dev")],
             "checkpoint": checkpoint,
