@@ -6,8 +6,8 @@ each job, all sharing one `UnitPool`).
 where the key (`common.fingerprint`) covers everything that determines its result: the unit's
 task, lr and seed, the fine-tuning settings, the task definition and its data, the checkpoint
 (weight-file stamps) and the tokenizer (content). So a finished unit is found again by any plan
-that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`), and a changed setting
-never reuses a stale result.
+that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`), and a
+changed setting never reuses a stale result.
 
 Workers run with bounded concurrency, each with its share of the CPU threads, or one per GPU. A
 failed unit is recorded and the others go on; workers exit when the parent dies (a killed command

@@ -95,8 +95,7 @@ class InterruptTracebacks:
     interleaved); any other block goes to the console as it was. Lines outside a traceback pass at
     once."""
 
-    STARTS = ("Traceback (most recent call last)", "Exception in thread ", "CRITICAL:__main__:Python sdk harness",
-              "During handling of the above", "The above exception")  # fmt: skip
+    STARTS = BeamErrorBlocks.HEADERS + ("Exception in thread ", "CRITICAL:__main__:Python sdk harness")
     INTERRUPTED = re.compile(
         r"^(KeyboardInterrupt|RuntimeError: Worker subprocess exited with return code -(2|15))$"
     )
@@ -167,7 +166,8 @@ def quiet_beam(log_path: Path) -> Iterator[None]:
                         continue
                     to_console, to_log = interrupts.feed(line)
                     log.writelines(to_log)
-                    os.write(console, "".join(to_console).encode())
+                    if to_console:  # nothing while a traceback is held
+                        os.write(console, "".join(to_console).encode())
             os.write(console, "".join(interrupts.flush()).encode())
 
         thread = threading.Thread(target=pump, name="beam-stderr", daemon=True)
