@@ -49,6 +49,16 @@ class BertEmbeddings(nn.Module):
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
 
+    @torch.no_grad()
+    def copy_trained_positions(self, trained: int) -> None:
+        """Positions `trained`.. (never trained by a phase at `trained` tokens) start as copies of
+        positions 0..trained-1, repeated: Longformer's initialization for longer sequences (Beltagy
+        et al. 2020), which keeps the learned local patterns instead of random vectors."""
+        weight = self.position_embeddings.weight
+        for start in range(trained, weight.shape[0], trained):
+            n = min(trained, weight.shape[0] - start)
+            weight[start : start + n] = weight[:n]
+
 
 class Packing:
     """Where the T non-pad tokens of a padded [B,S] batch sit once packed into [T,H] rows.

@@ -99,9 +99,7 @@ def basic_card(model: BertForPreTraining, model_dir: Path, info: dict[str, Any])
 
     source = info.get("source")
     command = info.get("command", "bertflow")
-    max_len = None
-    if (model_dir / "tokenizer_config.json").is_file():
-        max_len = json.loads((model_dir / "tokenizer_config.json").read_text()).get("model_max_length")
+    max_len = trained_length(model_dir)
     name = f"BERT from {Path(source).name}" if source else "BERT"
     provenance = {"source": f"`{source}`"} if source else {}
     return CardFacts(
@@ -112,6 +110,17 @@ def basic_card(model: BertForPreTraining, model_dir: Path, info: dict[str, Any])
         fresh_weights=list(info.get("fresh") or []),
         provenance={**provenance, "written by": f"bertflow {package_version()} {command}"},
     )
+
+
+def trained_length(model_dir: Path) -> int | None:
+    """The sequence length a model directory's model was trained at: `model_max_length` in its
+    tokenizer_config.json (`bertflow pretrain` sets it; Hugging Face's "no limit" placeholder and
+    a missing file give None)."""
+    path = Path(model_dir) / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    length = json.loads(path.read_text()).get("model_max_length")
+    return length if isinstance(length, int) and 0 < length < 10**9 else None
 
 
 def _make_readable(directory: Path) -> None:

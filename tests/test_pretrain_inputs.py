@@ -187,3 +187,28 @@ def test_preset_that_is_not_the_shape_of_init_from(data, tmp_path, minilm_dir):
     assert spec.model["hidden_size"] == 384
     with pytest.raises(UserError, match="model.preset is null"):
         load_config(None, ["model.preset=null"])
+
+
+def test_init_from_trained_at_fewer_tokens_than_the_shards(data, tmp_path, minilm_dir):
+    """Phase 2 on longer examples than phase 1 was trained at (its model_max_length): the spec tells
+    the ranks the trained length, whose positions the new ones start as copies of. A model trained
+    at the shards' length or longer, or one that does not say, has nothing to copy."""
+    shards, tok = data  # 128-token shards
+    phase1 = tmp_path / "phase1"
+    phase1.mkdir()
+    for f in minilm_dir.iterdir():
+        if f.name != "tokenizer_config.json":
+            (phase1 / f.name).symlink_to(f)
+    sets = ["pretrain.num_processes=2", "pretrain.micro_batch_size=8"]
+
+    def trained(init_dir):
+        cfg = load_config(None, [*sets, f"pretrain.init_from={init_dir}"])
+        return _spec(cfg, shards, tok, tmp_path / "out").init_trained_length
+
+    assert trained(minilm_dir) is None  # model_max_length 512
+    assert trained(phase1) is None  # no tokenizer_config.json
+    (phase1 / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 32}))
+    assert trained(phase1) == 32
+    (phase1 / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128}))
+    assert trained(phase1) is None
+    assert _spec(load_config(None, sets), shards, tok, tmp_path / "out").init_trained_length is None

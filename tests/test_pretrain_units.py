@@ -237,6 +237,13 @@ def test_phase_2_starts_from_phase_1_weights(tmp_path, minilm_dir):
     assert not torch.equal(
         fresh.bert.embeddings.word_embeddings.weight, ref["bert.embeddings.word_embeddings.weight"]
     )
+    # phase 1 trained 48 positions (512 = 10 x 48 + 32): every later one starts as their copy
+    longer = build_model(mcfg, pretrain, resuming=False, init_trained_length=48)
+    positions = "bert.embeddings.position_embeddings.weight"
+    n = ref[positions].shape[0]
+    assert torch.equal(longer.state_dict()[positions], ref[positions][torch.arange(n) % 48])
+    assert not torch.equal(ref[positions][48:96], ref[positions][:48])
+    assert all(torch.equal(v, ref[k]) for k, v in longer.state_dict().items() if k != positions)
 
 
 def test_multi_node_launch_command_and_refused_node_settings(tmp_path):

@@ -134,6 +134,17 @@ def check_init_from(init_from: str) -> Path:
     return init_dir
 
 
+def shorter_init_length(init_from: str | None, seq: int | None) -> int | None:
+    """The length `init_from` was trained at, if it is shorter than the shards' `seq` (phase 1 at
+    32 tokens, phase 2 at 128; or 128, then 512); else None."""
+    if not init_from or not isinstance(seq, int):
+        return None
+    from model.model_dir import trained_length
+
+    trained = trained_length(Path(init_from))
+    return trained if trained is not None and trained < seq else None
+
+
 def model_config(cfg, vocab_size: int, tokenizer_dir: Path) -> BertConfig:
     m = cfg.model
     if cfg.pretrain.init_from:
@@ -289,6 +300,7 @@ def build_spec(
         wandb=wandb,
         pipeline_config=cfg.model_dump(mode="json"),
         shards_manifest_sha256=sha256_file(shards_dir / shard_format.MANIFEST_NAME),
+        init_trained_length=shorter_init_length(p.init_from, seq),
     )
     check_resume(spec)
     return spec

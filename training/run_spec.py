@@ -72,6 +72,10 @@ class RunSpec(BaseModel):
     wandb: WandbTarget
     pipeline_config: dict[str, Any]  # the whole pipeline config, for the W&B run's config
     shards_manifest_sha256: str
+    # pretrain.init_from's training length where this run's shards are longer: the positions past it
+    # start as copies of the trained ones (`BertEmbeddings.copy_trained_positions`). A function of
+    # init_from and the shards, both already in the settings.
+    init_trained_length: int | None = None
 
     @property
     def bert_config(self) -> BertConfig:

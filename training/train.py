@@ -198,11 +198,17 @@ def dynamic_masking(spec: RunSpec) -> MaskingSpec | None:
 
 
 def build_model(
-    model_cfg: BertConfig, p: PretrainConfig, resuming: bool, store: ExampleStore | None = None
+    model_cfg: BertConfig,
+    p: PretrainConfig,
+    resuming: bool,
+    store: ExampleStore | None = None,
+    init_trained_length: int | None = None,
 ) -> BertForPreTraining:
     """The model to train. `pretrain.dropout` applies here only: checkpoints and the export record
     the model section's config (the dropout fine-tuning starts from). A new model's MLM bias starts
-    at the unigram prior of `store`'s masked tokens (`pretrain.mlm_bias_init`)."""
+    at the unigram prior of `store`'s masked tokens (`pretrain.mlm_bias_init`). From `init_from`
+    trained at `init_trained_length` tokens, the positions past it start as copies of the trained
+    ones (docs/quality.md, "Longer sequences from a shorter phase")."""
     seed_everything(p.seed)  # same initial weights on every rank
     if p.dropout is not None:
         model_cfg = dataclasses.replace(
@@ -217,6 +223,12 @@ def build_model(
         model.load_state_dict(loaded.state_dict())
         model.tie_weights()
         log0(f"initialized weights from {init_from}")
+        if init_trained_length:
+            model.bert.embeddings.copy_trained_positions(init_trained_length)
+            log0(
+                f"positions {init_trained_length}..{model_cfg.max_position_embeddings - 1} start as copies of "
+                f"0..{init_trained_length - 1} ({init_from} was trained at {init_trained_length} tokens)"
+            )
     elif not resuming and p.mlm_bias_init == "unigram" and store is not None:
         counts = np.bincount(store.mlm_ids, minlength=model_cfg.vocab_size)
         model.init_mlm_bias(torch.from_numpy(counts))
@@ -228,7 +240,13 @@ def build_engine(spec: RunSpec, ranks: Ranks, resume: Resume | None, data: Train
     import deepspeed
 
     p = spec.pretrain
-    model = build_model(spec.bert_config, p, resuming=resume is not None, store=data.store)
+    model = build_model(
+        spec.bert_config,
+        p,
+        resuming=resume is not None,
+        store=data.store,
+        init_trained_length=spec.init_trained_length,
+    )
     offload = offloads_optimizer(spec.ds_config)
     optimizer = build_optimizer(model, p.optimizer, p.lr, p.weight_decay, on_gpu=spec.on_gpu, offload=offload)
     scheduler = build_scheduler(optimizer, p.warmup_steps, p.max_steps)
