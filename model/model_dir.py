@@ -10,7 +10,6 @@ previous complete one, and a rerun produces the same files.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -21,6 +20,7 @@ import torch
 
 from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker, sha256_file, write_marker
 from common.errors import UserError
+from common.jsonfile import read_json_object
 from model.heads import BertForPreTraining
 from model.hf_io import load_checkpoint, write_hf_dir
 from model.model_card import CardFacts, write_model_card
@@ -115,11 +115,11 @@ def basic_card(model: BertForPreTraining, model_dir: Path, info: dict[str, Any])
 def trained_length(model_dir: Path) -> int | None:
     """The sequence length a model directory's model was trained at: `model_max_length` in its
     tokenizer_config.json (`bertflow pretrain` sets it; Hugging Face's "no limit" placeholder and
-    a missing file give None)."""
+    a missing file give None, a corrupt one a UserError naming it)."""
     path = Path(model_dir) / "tokenizer_config.json"
     if not path.is_file():
         return None
-    length = json.loads(path.read_text()).get("model_max_length")
+    length = read_json_object(path, "tokenizer config").get("model_max_length")
     return length if isinstance(length, int) and 0 < length < 10**9 else None
 
 
