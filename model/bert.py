@@ -55,9 +55,7 @@ class BertEmbeddings(nn.Module):
         positions 0..trained-1, repeated: Longformer's initialization for longer sequences (Beltagy
         et al. 2020), which keeps the learned local patterns instead of random vectors."""
         weight = self.position_embeddings.weight
-        for start in range(trained, weight.shape[0], trained):
-            n = min(trained, weight.shape[0] - start)
-            weight[start : start + n] = weight[:n]
+        weight.copy_(weight[torch.arange(weight.shape[0]) % trained])  # the index makes a new tensor first
 
 
 class Packing:
