@@ -10,6 +10,10 @@ from common.settings import Section, Seed
 
 LearningRate = Annotated[float, Field(gt=0, le=1)]
 
+# The code that determines a unit's result and the scorecard (recorded in their markers; see
+# pipelines/stage_keys.py, STAGE_CODE).
+UNIT_CODE: tuple[str, ...] = ("finetuning/*.py", "model/*.py")
+
 
 class FinetuneConfig(Section):
     tasks: list[str] = Field(default_factory=lambda: ["sst2", "mrpc", "rte", "cola", "stsb"])

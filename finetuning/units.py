@@ -22,7 +22,8 @@ from common.atomic import atomic_write_json, read_marker, remove_temp_files, wri
 from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.tracking import Tracker, WandbTarget
-from finetuning.config import FinetuneConfig
+from common.version import source_digests
+from finetuning.config import UNIT_CODE, FinetuneConfig
 from finetuning.tasks import TaskSpec, get_task, load_task_specs
 from finetuning.trainer import predict, train
 from model.config import BertConfig
@@ -253,5 +254,5 @@ def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: Wan
     finally:
         tracker.finish()
     atomic_write_json(out_dir / RESULT_FILE, result)
-    write_marker(out_dir, {"unit": unit.name, "key": job.key})
+    write_marker(out_dir, {"unit": unit.name, "key": job.key, "code": source_digests(UNIT_CODE)})
     return result

@@ -105,6 +105,7 @@ def end_summary(summary: dict[str, Any]) -> str:
         f"  {r['stage']:<15} {r['status']:<18} {duration(r['seconds']):>12}  {r['out_dir']}" for r in stages
     ]
     out = {r["stage"]: Path(r["out_dir"]) for r in stages}
+    lines += [f"  WARNING {r['code_note']}" for r in stages if r.get("code_note")]
     lines.append("")
     card = out.get("finetune", Path("/nonexistent")) / "scorecard.json"
     if card.is_file():

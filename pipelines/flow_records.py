@@ -13,9 +13,12 @@ from common.atomic import atomic_write_json
 FLOW_RECORDS = "flow_runs"
 
 
-def stage_record(stage: str, out_dir: Path, status: str, seconds: float, compute_seconds: float) -> dict:
+def stage_record(
+    stage: str, out_dir: Path, status: str, seconds: float, compute_seconds: float, code_note: str = ""
+) -> dict:
     """One row: `status` is ran (computed in this flow run), cached (Prefect cache hit) or reused
-    (a complete output found on disk, e.g. written by the stage command alone)."""
+    (a complete output found on disk, e.g. written by the stage command alone); `code_note`: what
+    `stage_keys.code_change_note` says when the output was made by other code than this run's."""
     return {
         "stage": stage,
         "key": out_dir.name,
@@ -23,6 +26,7 @@ def stage_record(stage: str, out_dir: Path, status: str, seconds: float, compute
         "status": status,
         "seconds": round(seconds, 3),
         "compute_seconds": round(compute_seconds, 3),
+        "code_note": code_note,
     }
 
 

@@ -28,7 +28,7 @@ from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import stage_record, write_record
 from pipelines.run_history import update_latest
-from pipelines.stage_keys import run_root, stage_dirs, stage_key_inputs
+from pipelines.stage_keys import code_change_note, run_root, stage_dirs, stage_key_inputs
 from pipelines.stage_plan import plan_stages
 
 
@@ -78,6 +78,7 @@ class FlowRun:
                 f"stage {stage!r} has no complete output for this config ({out}).",
                 fix=f"run it first: `bertflow run CONFIG --only {stage}` or the whole flow without --only.",
             )
+        self._code_note(stage, [out])
         return {"stage": stage, "out_dir": str(out), "status": "reused", "seconds": 0.0, "result": {}}
 
     def _options(self, complete: bool) -> dict[str, Any]:
@@ -114,9 +115,23 @@ class FlowRun:
         value = state.result()  # raises the stage's exception if it failed (after retries)
         status = "reused" if value.get("status") == "reused" else _cache_status(state)
         self.records.append(
-            stage_record(name, out, status, time.time() - t0, float(value.get("seconds", 0.0)))
+            stage_record(
+                name,
+                out,
+                status,
+                time.time() - t0,
+                float(value.get("seconds", 0.0)),
+                self._code_note(name, [out]),
+            )
         )
         self.outputs[name] = state
+
+    def _code_note(self, stage: str, out_dirs: list[Path]) -> str:
+        """The warning when complete outputs this run reuses were made by other code ('' if none)."""
+        note = code_change_note(stage, out_dirs)
+        if note:
+            get_run_logger().warning(note)
+        return note
 
     def fan_out(self, task_fn: Any, *, upstream: tuple[str, str] = ("pretrain", "tokenizer")) -> None:
         """One task per fine-tuning unit of the flow's plan (`units` output: their futures)."""
@@ -151,8 +166,11 @@ class FlowRun:
         # (written by `bertflow finetune` or an earlier flow run with other settings)
         status = f"{len(futures) - sum(cached) - reused} ran, {sum(cached)} cached"
         status += f", {reused} reused" if reused else ""
+        note = self._code_note(
+            "finetune", [j.out_dir for j, done in zip(jobs, complete_before, strict=True) if done]
+        )
         self.records.append(
-            {**stage_record("finetune-units", units_dir, status, time.time() - t0, seconds), "key": "-"}
+            {**stage_record("finetune-units", units_dir, status, time.time() - t0, seconds, note), "key": "-"}
         )
         self.outputs["units"] = futures
 

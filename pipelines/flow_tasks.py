@@ -33,6 +33,7 @@ from common.errors import UserError
 from common.fingerprint import digest
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
+from pipelines.stage_keys import stage_code
 
 if TYPE_CHECKING:
     from finetuning.fanout import UnitPool
@@ -84,7 +85,7 @@ def run_in_dir(
     if wandb is not None:
         log_stage_run(out, wandb, stage, {**result, "seconds": seconds})
     if read_marker(out) is None:  # stages that do not write their own marker
-        write_marker(out, {"stage": stage, "seconds": round(seconds, 3)})
+        write_marker(out, {"stage": stage, "seconds": round(seconds, 3), "code": stage_code(stage)})
     clear_in_progress(out)
     logger.info("%s: finished in %.1f s -> %s", stage, seconds, out)
     return {"stage": stage, "out_dir": str(out), "status": "ran", "seconds": seconds, "result": result}

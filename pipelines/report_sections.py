@@ -314,6 +314,15 @@ def stages_section(record: dict[str, Any], report_dir: Path, links: Links) -> li
         "Compute time of `finetune-units` adds up the units, which run in parallel.",
         "",
     ]
+    notes = [r["code_note"] for r in stages if r.get("code_note")]
+    if notes:
+        lines += [
+            "**Made by other code than this run's:** these outputs were reused although the code that "
+            "computes them has changed since, so they may differ from what this code computes.",
+            "",
+            *[f"- {note}" for note in notes],
+            "",
+        ]
     return lines
 
 

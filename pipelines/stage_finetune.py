@@ -24,7 +24,7 @@ from common.atomic import read_marker, write_marker
 from common.errors import UserError
 from finetuning.config import FinetuneConfig
 from pipelines.config import PipelineConfig
-from pipelines.stage_keys import run_root, stage_dir
+from pipelines.stage_keys import code_change_note, run_root, stage_code, stage_dir
 
 if TYPE_CHECKING:
     from finetuning.units import Job
@@ -189,6 +189,8 @@ def main(args: argparse.Namespace) -> int:
         f"{min(cfg.concurrency, len(selected))} worker(s) -> {output}",
         flush=True,
     )
+    if note := code_change_note("finetune", sorted(complete)):
+        print(f"bertflow finetune: {note}", flush=True)
     progress = Progress(len(selected) - len(complete), "units to run")
 
     def report(job: Job, result: dict) -> None:
@@ -223,5 +225,5 @@ def main(args: argparse.Namespace) -> int:
         )
         return 1
     if not args.checkpoint and not args.unit:  # the flow's finetune stage, complete
-        write_marker(output, {"stage": "finetune", "by": "bertflow finetune"})
+        write_marker(output, {"stage": "finetune", "by": "bertflow finetune", "code": stage_code("finetune")})
     return 0

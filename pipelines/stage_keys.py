@@ -8,6 +8,11 @@ so the stage (and only the stages downstream of it) recompute; change nothing an
 stage is found again. A stage directory is complete when its `_COMPLETE.json` marker exists (the
 marker is written last, so a killed run never looks finished).
 
+The code is not in the key (an upgrade must not cost an hour of pretraining, nor a killed run its
+progress), but every marker records the digests of the code that made the output (`STAGE_CODE`),
+and reusing an output that other code made is said out loud (`code_change_note`), in the log, the
+flow's summary and the report.
+
 The flow AND the single-stage commands (`bertflow pretrain CONFIG`, ...) call `stage_dir` so a stage
 run alone writes exactly where the flow would look for it.
 """
@@ -15,16 +20,61 @@ run alone writes exactly where the flow would look for it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from common.atomic import read_marker
 from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
 from common.paths import PROJECT_ROOT
+from common.version import changed_sources, source_digests
+from finetuning.config import UNIT_CODE
 from pipelines.config import PipelineConfig
 from preprocessing.corpus import match_inputs
 
 STAGES: tuple[str, ...] = ("verify", "tokenizer", "preprocess", "pretrain", "finetune", "report")
+
+# The code that determines each stage's output (globs under the project root), recorded in its marker.
+STAGE_CODE: dict[str, tuple[str, ...]] = {
+    "verify": ("pipelines/verify_data.py",),
+    "tokenizer": ("preprocessing/corpus.py", "preprocessing/wordpiece.py", "pipelines/stage_tokenizer.py"),
+    "preprocess": ("preprocessing/*.py", "pipelines/stage_preprocess.py"),
+    "pretrain": ("model/*.py", "training/*.py", "pipelines/stage_pretrain.py", "pipelines/pretrain_card.py"),
+    "finetune": UNIT_CODE,  # the scorecard and every fine-tuning unit
+    "report": ("pipelines/report_*.py", "pipelines/stage_report.py"),
+}
+
+
+def stage_code(stage: str) -> dict[str, str]:
+    """What a stage's marker records as `code`: file → digest of the code that made the output."""
+    return source_digests(STAGE_CODE[stage])
+
+
+def code_change_note(
+    stage: str,
+    out_dirs: Sequence[str | os.PathLike],
+    read: Callable[[Any], dict[str, Any] | None] = read_marker,
+) -> str:
+    """'' when every complete output in `out_dirs` (a stage directory, or fine-tuning units) was made
+    by this code, else one line saying which were made by other code, which files differ, and how
+    to recompute them. `read`: how to read an output's marker (None: not complete)."""
+    current = stage_code(stage)
+    markers = [m for m in map(read, out_dirs) if m is not None]
+    # per complete output: the files changed since it was made, or None when it recorded no code
+    differences = [changed_sources(m["code"], current) if "code" in m else None for m in markers]
+    stale = [d for d in differences if d != []]
+    if not stale:
+        return ""
+    files = sorted({f for d in stale if d for f in d})
+    made_by = "a bertflow that did not record its code"
+    if files:
+        shown = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+        made_by = f"other code (changed since: {shown}{'; some by ' + made_by if None in stale else ''})"
+    what = str(out_dirs[0]) if len(out_dirs) == 1 else f"{len(stale)} of {len(markers)} complete outputs"
+    return (
+        f"{stage}: reusing {what} made by {made_by}; "
+        f"to recompute with this code: bertflow run CONFIG --force {stage}"
+    )
 
 
 def corpus_stamps(cfg: PipelineConfig, patterns: list[str]) -> list[dict[str, Any]]:

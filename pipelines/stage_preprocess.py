@@ -23,6 +23,7 @@ from common.disk_space import disk_full_error, full_disk_path
 from common.errors import UserError
 from common.stage_output import check_own_output
 from pipelines.preprocess_progress import watch_preprocess
+from pipelines.stage_keys import code_change_note, stage_code, stage_dir
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels
@@ -74,6 +75,11 @@ def _clear_outputs(out_dir: str, work_dir: str) -> None:
     if storage.exists(out_dir):
         for leftover, _ in storage.match(storage.join(out_dir, TMP_PREFIX + "*")):
             storage.delete_tree(leftover)
+
+
+def _read_marker(out_dir: str) -> dict | None:
+    path = storage.join(out_dir, MARKER_NAME)
+    return storage.read_json(path) if storage.exists(path) else None
 
 
 def _finished_stats(out_dir: str, identity: dict) -> dict | None:
@@ -216,6 +222,8 @@ def run_preprocess_stage(
     stats = _finished_stats(out_dir, identity)
     if stats is not None:
         log.info("shards in %s are up to date", out_dir)
+        if note := code_change_note("preprocess", [out_dir], read=_read_marker):
+            log.warning(note)
         return stats
     local = not storage.is_remote(out_dir)  # an object store has no locks: one writer is up to the user
     with exclusive_dir(out_dir, "preprocess") if local else nullcontext():
@@ -277,7 +285,8 @@ def run_preprocess_stage(
         storage.write_json(storage.join(out_dir, MANIFEST_NAME), manifest)
         storage.delete_tree(work_dir)
         storage.write_json(
-            storage.join(out_dir, MARKER_NAME), {"stage": "preprocess", "examples": stats["examples"]}
+            storage.join(out_dir, MARKER_NAME),
+            {"stage": "preprocess", "examples": stats["examples"], "code": stage_code("preprocess")},
         )  # last
         log.info(
             "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
@@ -359,7 +368,6 @@ def main(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise UserError(f"invalid preprocess settings: {validation_message(exc, 'preprocess')}") from None
     # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
-    from pipelines.stage_keys import stage_dir
 
     vocab = Path(args.vocab) if args.vocab else stage_dir(cfg, "tokenizer")
     out = (

@@ -29,6 +29,7 @@ from common.errors import UserError
 from common.stage_output import check_own_output
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
+from pipelines.stage_keys import code_change_note, stage_code, stage_dir
 
 
 def _device_caps() -> tuple[bool, bool]:
@@ -80,6 +81,8 @@ def run_pretrain_stage(
     if marker is not None:
         if marker.get("fingerprint") == fingerprint and (out_dir / "model" / "config.json").is_file():
             log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
+            if note := code_change_note("pretrain", [out_dir]):
+                log_line(note)
             return out_dir / "model"
         differences = spec.differences(marker["settings"]) if "settings" in marker else []
         raise UserError(
@@ -120,6 +123,7 @@ def run_pretrain_stage(
             out_dir,
             {
                 "stage": "pretrain",
+                "code": stage_code("pretrain"),
                 "fingerprint": fingerprint,
                 "settings": spec.settings(),
                 "max_steps": p.max_steps,
@@ -213,8 +217,6 @@ def main(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={value}")
     cfg = load_config(args.config, overrides)
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)
-    from pipelines.stage_keys import stage_dir
-
     shards = Path(args.shards) if args.shards else stage_dir(cfg, "preprocess")
     tokenizer = Path(args.tokenizer) if args.tokenizer else stage_dir(cfg, "tokenizer")
     output = Path(args.output) if args.output else stage_dir(cfg, "pretrain")

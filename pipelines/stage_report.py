@@ -22,11 +22,11 @@ def main(args: argparse.Namespace) -> int:
     from common.atomic import write_marker
     from pipelines.config import load_config
     from pipelines.report_builder import build_report
-    from pipelines.stage_keys import stage_dir
+    from pipelines.stage_keys import stage_code, stage_dir
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.output) if args.output else stage_dir(cfg, "report")
     paths = build_report(cfg, out)
-    write_marker(out, {"stage": "report", "by": "bertflow report"})
+    write_marker(out, {"stage": "report", "by": "bertflow report", "code": stage_code("report")})
     print(f"Report: {paths['report_html']}\n        {paths['report_md']}")
     return 0

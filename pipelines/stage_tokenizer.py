@@ -18,6 +18,7 @@ from common.errors import UserError
 from common.fingerprint import content_stamp
 from common.paths import resolve_data_path
 from common.stage_output import check_own_output
+from pipelines.stage_keys import code_change_note, stage_code, stage_dir
 from preprocessing.config import TokenizerConfig
 from preprocessing.corpus import expand_inputs, iter_texts
 
@@ -47,6 +48,8 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
     if identity is not None and done is not None and done.get("identity") == identity:
         if _files_intact(out_dir, done.get("files")):
             log.info("tokenizer in %s is up to date", out_dir)
+            if note := code_change_note("tokenizer", [out_dir]):
+                log.warning(note)
             return out_dir
         log.warning("tokenizer files in %s differ from their checksums: retraining", out_dir)
     with exclusive_dir(out_dir, "the tokenizer stage"):
@@ -93,6 +96,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
                 "vocab_size": tok.get_vocab_size(),
                 "tokenizer_sha256": sha,
                 "corpus": dict(counts),
+                "code": stage_code("tokenizer"),
             },
         )
         log.info("wrote %s (vocab %d)", out_dir, tok.get_vocab_size())
@@ -141,8 +145,6 @@ def main(args: argparse.Namespace) -> int:
     if args.output:
         out = Path(args.output)
     else:  # where the flow puts it for this config (pipelines.stage_keys)
-        from pipelines.stage_keys import stage_dir
-
         out = stage_dir(cfg.model_copy(update={"tokenizer": tcfg}), "tokenizer")
     run_tokenizer_stage(tcfg, out, cfg.data_root)
     print(out)

@@ -16,9 +16,10 @@ import torch
 from common.atomic import read_marker
 from common.errors import UserError
 from common.tracking import WandbTarget, read_metrics
+from common.version import source_digests
 from finetuning.batching import collate, train_batches
 from finetuning.checkpoints import checkpoint_label, with_baselines
-from finetuning.config import FinetuneConfig
+from finetuning.config import UNIT_CODE, FinetuneConfig
 from finetuning.fanout import plan
 from finetuning.scorecard import build_scorecard
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
@@ -134,7 +135,10 @@ def test_unit_end_to_end_resume_and_determinism(tmp_path, minilm_dir):
     result = run_finetune_unit(cfg, job, wandb=WandbTarget(group="g1"))
     out = job.out_dir
     stored = json.loads((out / "result.json").read_text())
-    assert stored == result and read_marker(out) == {"unit": job.unit.name, "key": job.key}
+    # the marker records the code that made the result (pipelines.stage_keys.code_change_note reads it)
+    code = source_digests(UNIT_CODE)
+    assert "finetuning/trainer.py" in code and "model/bert.py" in code
+    assert stored == result and read_marker(out) == {"unit": job.unit.name, "key": job.key, "code": code}
     assert result["n_train"] == 64 and result["n_eval"] == 64 and result["train_steps"] == 4
     assert 0 <= result["metrics"]["accuracy"] <= 100 and result["train_examples_per_s"] > 0
     assert result["checkpoint_kind"] == "random" and result["lr"] == 5e-5 and result["seed"] == 42

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -163,6 +164,26 @@ def test_rerun_is_a_noop(runs, minilm_dir):
     before = shard.stat().st_mtime_ns
     assert run_preprocess_stage(config(corpus, 2), minilm_dir, directory) == stats  # workers do not matter
     assert shard.stat().st_mtime_ns == before
+
+
+def test_shards_made_by_other_code_are_reused_and_said(runs, minilm_dir, caplog):
+    corpus, out = runs
+    directory, stats = out[1]
+    marker_path = Path(directory) / "_COMPLETE.json"
+    original = marker_path.read_text()
+    marker = json.loads(original)
+    assert set(marker["code"]) >= {"preprocessing/masking.py", "pipelines/stage_preprocess.py"}
+    marker["code"]["preprocessing/masking.py"] = "0" * 16
+    marker_path.write_text(json.dumps(marker))
+    try:
+        with caplog.at_level(logging.WARNING, logger="bertflow"):
+            assert run_preprocess_stage(config(corpus, 1), minilm_dir, directory) == stats
+    finally:
+        marker_path.write_text(original)
+    assert [r.getMessage() for r in caplog.records if "other code" in r.getMessage()] == [
+        f"preprocess: reusing {directory} made by other code (changed since: preprocessing/masking.py); "
+        "to recompute with this code: bertflow run CONFIG --force preprocess"
+    ]
 
 
 def test_bad_settings_fail_before_any_work(tmp_path, minilm_dir):

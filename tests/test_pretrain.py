@@ -7,6 +7,7 @@ ZeRO-1 and ZeRO-3 reach the same weights.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 
@@ -141,7 +142,24 @@ def test_rerun_after_completion_is_a_no_op(ref_run, data):
     lines: list[str] = []
     run_pretrain_stage(config(), *data, out, log_line=lines.append)
     assert any("already complete" in ln for ln in lines)
-    assert not any(ln.startswith("launch:") for ln in lines)
+    assert not any(ln.startswith("launch:") or "other code" in ln for ln in lines)
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+    # made by other code (as if by an older version): still reused, and said, with the file
+    marker_path = out / "_COMPLETE.json"
+    original = marker_path.read_text()
+    marker = json.loads(original)
+    marker["code"]["training/train.py"] = "0" * 16
+    marker_path.write_text(json.dumps(marker))
+    lines.clear()
+    try:
+        run_pretrain_stage(config(), *data, out, log_line=lines.append)
+    finally:
+        marker_path.write_text(original)
+    assert [ln for ln in lines if "other code" in ln] == [
+        f"pretrain: reusing {out} made by other code (changed since: training/train.py); "
+        "to recompute with this code: bertflow run CONFIG --force pretrain"
+    ]
     assert (out / "metrics.jsonl").read_bytes() == before
 
 

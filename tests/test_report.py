@@ -69,7 +69,9 @@ def run_dir(tmp_path_factory, minilm_dir: Path, data_dir: Path) -> tuple:
             {"stage": "pretrain", "key": dirs["pretrain"].name, "out_dir": str(dirs["pretrain"]),
              "status": "ran", "seconds": 350.5, "compute_seconds": 350.0},
             {"stage": "finetune", "key": dirs["finetune"].name, "out_dir": str(dirs["finetune"]),
-             "status": "cached", "seconds": 0.2, "compute_seconds": 0.0},
+             "status": "cached", "seconds": 0.2, "compute_seconds": 0.0,
+             "code_note": "finetune: reusing 3 of 3 complete outputs made by other code (changed since: "
+                          "finetuning/trainer.py); to recompute with this code: bertflow run CONFIG --force finetune"},
         ],
     }  # fmt: skip
     record_path = tmp / "runs" / FLOW_RECORDS / "r.json"
@@ -104,6 +106,13 @@ def test_report_leads_with_the_result_then_the_evidence(run_dir) -> None:
         "| report | ran (this page) |" in md
         and "| **total** | 1 of 2 stages cached or reused | **8 min 20 s**" in md
     )
+    # an output reused although its code changed since is said, with the files and the fix
+    made_by_other_code = md.split("**Made by other code than this run's:**")[1].split("## ")[0]
+    assert (
+        "- finetune: reusing 3 of 3 complete outputs made by other code (changed since: finetuning/trainer.py)"
+        in made_by_other_code
+    )
+    assert "--force finetune" in made_by_other_code and "pretrain" not in made_by_other_code
     # curves: four real, different PNGs, linked relative to the report
     pngs = [paths[s] for s in ("loss", "accuracy", "lr", "throughput")]
     for png in pngs:
