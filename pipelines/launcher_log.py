@@ -5,7 +5,8 @@ Prefect task log, the lines about the run (steps, evaluations, checkpoints, erro
 INFO; what DeepSpeed and torch say about themselves on every run (`[WARNING] ... Setting
 accelerator to CPU`, `FutureWarning: ... is deprecated` and the source line Python prints under
 it, progress bars of internal loading) goes to DEBUG, and so does torchrun's report of a failed
-rank once that rank has printed its own `rank R: error: ...` line (which the command reports).
+rank once that rank has printed its own `rank R: error: ...` line (which the command reports), and
+torchrun's own lines once it was told to stop (the ranks' last lines stay at INFO).
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ PYTHON_WARNING = re.compile(r"^\S+:\d+: [A-Za-z]*Warning: ")
 # 2) local_rank: 0 ...`, then its own traceback and a summary): after a rank has printed its
 # `rank R: error: ...` line, which the command reports, the rest of that output is self-talk
 TORCHRUN_FAILED = re.compile(r"^E\d{4} .*\] failed \(exitcode: ")
+# torchrun told to stop (SIGTERM or Ctrl-C reached it: `W1125 10:14:17.386000 PID .../api.py:753]
+# Received 15 death signal, shutting down workers`): its own lines from then on (glog lines, the
+# traceback of its SignalException) are self-talk, while the ranks save the step they reached and
+# say so (training/stop_request.py)
+TORCHRUN_STOPPING = re.compile(r"^[WI]\d{4} .*\] Received \d+ death signal")
+TORCHRUN_TALK = re.compile(
+    r"^([WEI]\d{4} \d\d:|Traceback \(most recent call last\):|\s|torch\.distributed\.elastic\.)"
+)
 SELF_TALK = ("built successfully", "Loading checkpoint shards", "Loading extension module")
 
 SHM_OP = "deepspeed_shm_comm"  # the CPU communication op DeepSpeed compiles on first use
@@ -54,6 +63,7 @@ class LauncherLog:
         self._in_warning = False
         self._rank_error = False  # a rank printed `rank R: error: ...`
         self._failure_report = False  # torchrun is reporting that failure
+        self._stopping = False  # torchrun got a stop signal
 
     def is_self_talk(self, line: str) -> bool:
         self._rank_error = self._rank_error or bool(ERROR_LINE.search(line))
@@ -61,6 +71,9 @@ class LauncherLog:
             self._rank_error and bool(TORCHRUN_FAILED.match(line))
         )
         if self._failure_report:
+            return True
+        self._stopping = self._stopping or bool(TORCHRUN_STOPPING.match(line))
+        if self._stopping and TORCHRUN_TALK.match(line):
             return True
         if self._in_warning and line.startswith((" ", "\t")):
             return True  # the source line Python prints under a warning

@@ -18,6 +18,7 @@ Node 0 writes the model and the completion marker; the other nodes return once t
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from common.atomic import mark_in_progress, read_marker, write_marker
 from common.dir_lock import exclusive_dir
-from common.errors import UserError
+from common.errors import UserError, raise_terminated
 from common.stage_output import check_own_output
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
@@ -225,5 +226,11 @@ def main(args: argparse.Namespace) -> int:
         f"(every line of the ranks, DeepSpeed's warnings included: {output / 'launcher.log'})",
         flush=True,
     )
-    run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank)
+    # SIGTERM (a scheduler's preemption, `kill PID`) unwinds like Ctrl-C: the ranks are told to stop,
+    # save the step they reached and exit before this command does (training/stop_request.py)
+    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
     return 0

@@ -101,3 +101,38 @@ def test_torchruns_report_of_a_rank_that_reported_its_error_is_debug(tmp_path: P
     log(lines[2])
     log.close()
     assert info == [lines[2]]
+
+
+def test_torchruns_talk_after_a_stop_signal_is_debug_the_ranks_last_lines_info(tmp_path: Path) -> None:
+    info: list[str] = []
+    debug: list[str] = []
+    log = LauncherLog(info.append, debug.append, tmp_path / "launcher.log")
+    torchrun = [
+        "W1125 10:14:17.386000 13193 /venv/torch/distributed/elastic/agent/server/api.py:753] Received 15 "
+        "death signal, shutting down workers",
+        "W1125 10:14:17.388000 13193 /venv/torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
+        "process 13197 closing signal SIGTERM",
+    ]
+    ranks = [
+        "saved checkpoint /out/checkpoints/global_step36",
+        "rank 0: error: stopped by SIGTERM after step 36 of 300; its checkpoint is saved (global_step36). "
+        "Rerun the same command to resume from it.",
+    ]
+    traceback = [
+        "Traceback (most recent call last):",
+        '  File "/venv/torch/distributed/elastic/agent/server/api.py", line 923, in _invoke_run',
+        "    time.sleep(monitor_interval)",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 13193 got signal: 15",
+    ]
+    for line in ["step 30/300 loss 7.7058", *torchrun, *ranks, *traceback]:
+        log(line)
+    log.close()
+    assert info == ["step 30/300 loss 7.7058", *ranks]
+    assert debug == torchrun + traceback
+    # before any stop signal, a traceback is not hidden (a rank's crash)
+    info.clear()
+    log = LauncherLog(info.append, debug.append, tmp_path / "launcher.log")
+    for line in traceback:
+        log(line)
+    log.close()
+    assert info == traceback

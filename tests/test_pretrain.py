@@ -8,9 +8,13 @@ ZeRO-1 and ZeRO-3 reach the same weights.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import signal
 import socket
+import time
 
+import psutil
 import pytest
 import torch
 
@@ -221,6 +225,63 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 def two_node_settings(port: int, *extra: str) -> list[str]:
     return settings("pretrain.num_processes=1", "pretrain.nnodes=2", "pretrain.master_addr=127.0.0.1",
                     f"pretrain.master_port={port}", "pretrain.dist_timeout_s=60", *extra)  # fmt: skip
+
+
+def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_from_it_exactly(
+    ref_run, data, tmp_path
+):
+    """`kill -TERM` of node 1's `bertflow pretrain` only (a scheduler preempting one node): node 1's
+    rank notes it, node 0's learns of it with the next step's all-reduce, both finish that step, save
+    it and stop: node 1 exits 143, node 0 says why it stopped, no process is left, nothing hangs, and
+    nothing since the last periodic checkpoint is lost. Both reruns resume there, bit-exact."""
+    ref_out, ref_model, _ = ref_run
+    shards, tok = data
+    out = tmp_path / "run"
+    port = free_port()
+    sets = two_node_settings(port, "pretrain.checkpoint_every=100")  # no periodic checkpoint before 12
+    logs = [tmp_path / f"first{r}.log" for r in (0, 1)]
+    procs = [
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], BERTFLOW_DEBUG_STEP_DELAY_S="0.3",
+                  **ONE_THREAD)
+        for r in (0, 1)
+    ]  # fmt: skip
+    deadline = time.time() + 240
+    while max(losses(out), default=0) < 3:  # metrics.jsonl (node 0) has step 3
+        assert all(p.poll() is None for p in procs) and time.time() < deadline, logs[0].read_text()[-3000:]
+        time.sleep(0.1)
+    children = [c for p in procs for c in psutil.Process(p.pid).children(recursive=True)]
+    procs[1].send_signal(signal.SIGTERM)  # node 1's command only, as `kill PID` does
+    rcs = [p.wait(timeout=60) for p in procs]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    texts = [log.read_text() for log in logs]
+    assert rcs == [2, 143] and not alive, texts
+    assert texts[1].rstrip().endswith("bertflow pretrain: terminated (SIGTERM)."), texts[1][-3000:]
+    assert all("Traceback" not in t for t in texts), texts
+    stopped = [
+        re.findall(r"stopped by SIGTERM after step (\d+) of 12; its checkpoint is saved", t) for t in texts
+    ]
+    assert len(stopped[0]) == 2 and len(stopped[1]) == 1, (
+        texts
+    )  # node 0: its rank's line and the command's error
+    step = int(stopped[1][0])
+    assert set(stopped[0]) == {str(step)} and 3 <= step < 12
+    assert f"bertflow pretrain: error: pretraining stopped: stopped by SIGTERM after step {step}" in texts[0]
+    tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
+    assert (
+        tags == [f"global_step{step}"]
+        and (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
+    )
+
+    sets = two_node_settings(free_port(), "pretrain.checkpoint_every=100")
+    logs = [tmp_path / f"rerun{r}.log" for r in (0, 1)]
+    procs = [
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], **ONE_THREAD) for r in (0, 1)
+    ]
+    assert [p.wait(timeout=600) for p in procs] == [0, 0], [log.read_text()[-3000:] for log in logs]
+    assert f"global_step{step} " in logs[0].read_text() and "resumed from" in logs[0].read_text()
+    assert losses(out) == losses(ref_out)  # bit-exact, every step
+    a, b = read_state_dict(ref_model), read_state_dict(out / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_two_nodes_train_like_one_and_resume_exactly_after_one_is_killed(ref_run, data, tmp_path):

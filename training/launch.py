@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,7 +130,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], 
             log_line(line)
         rc = proc.wait()
     except BaseException:
-        _kill_group(proc)
+        _stop_group(proc, log_line)
         raise
     if rc != 0:
         if errors:
@@ -137,12 +138,26 @@ def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], 
         raise RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _stop_group(proc: subprocess.Popen, log_line: Callable[[str], None], grace_s: float = 20) -> None:
+    """SIGTERM to the launcher and its ranks, which save the step they reached and exit
+    (training/stop_request.py); their last lines are still logged. SIGKILL after `grace_s`."""
+    drain = threading.Thread(target=_forward_lines, args=(proc, log_line), daemon=True)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
+        drain.start()
+        proc.wait(timeout=grace_s)
+        drain.join(timeout=5)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _forward_lines(proc: subprocess.Popen, log_line: Callable[[str], None]) -> None:
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            log_line(line.rstrip("\n"))
+    except (OSError, ValueError):  # the pipe closed under us
+        pass

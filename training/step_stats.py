@@ -34,6 +34,7 @@ class StepStats:
     tokens: float = 0.0  # real (non-pad) tokens
     flops: float = 0.0  # model FLOPs (forward + backward)
     micro_batches: float = 0.0
+    stop_requests: float = 0.0  # ranks that got SIGTERM (training/stop_request.py): every rank learns it here
 
     def add(
         self,
@@ -54,7 +55,15 @@ class StepStats:
         self.micro_batches += 1
 
     def _own(self) -> list[float]:
-        return [self.loss, self.mlm_loss, self.nsp_loss, self.tokens, self.flops, self.micro_batches]
+        return [
+            self.loss,
+            self.mlm_loss,
+            self.nsp_loss,
+            self.tokens,
+            self.flops,
+            self.micro_batches,
+            self.stop_requests,
+        ]
 
     def all_reduce(self, device: torch.device) -> StepStats:
         """The sums over every rank (a collective: every rank must call it)."""

@@ -48,6 +48,7 @@ from training.flops import device_peak_tflops
 from training.optim import build_optimizer, build_scheduler
 from training.run_spec import RunSpec
 from training.step_stats import StepStats, all_reduce_sums
+from training.stop_request import PretrainingStopped, StopRequest
 
 # Fault-injection hooks for the fault tests (never set in normal runs).
 NAN_DEBUG_ENV = "BERTFLOW_DEBUG_NAN_AT_STEP"  # make the loss NaN at this step
@@ -383,9 +384,16 @@ def metrics_row(
 
 
 def run_steps(
-    spec: RunSpec, engine: Any, data: TrainData, ranks: Ranks, resume: Resume | None, tracker: Tracker | None
+    spec: RunSpec,
+    engine: Any,
+    data: TrainData,
+    ranks: Ranks,
+    resume: Resume | None,
+    tracker: Tracker | None,
+    stop: StopRequest,
 ) -> Path:
-    """Steps `resume.step + 1 .. max_steps`; returns the last checkpoint written."""
+    """Steps `resume.step + 1 .. max_steps`; returns the last checkpoint written. A SIGTERM that
+    `stop` noted on any rank ends the loop after the step every rank then learns of it, saved."""
     p = spec.pretrain
     start_step = resume.step if resume else 0
     loader = PretrainLoader(
@@ -415,6 +423,7 @@ def run_steps(
     try:
         for step in range(start_step + 1, p.max_steps + 1):
             local = forward_backward(engine, next(loader), ranks.device, model_cfg, poison=step == nan_step)
+            local.stop_requests = float(stop.requested)
             stats = local.all_reduce(ranks.device)
             check_finite(stats.mean_loss, step, last_tag)
             lr = engine.get_lr()[0]  # the rate this update uses
@@ -435,8 +444,13 @@ def run_steps(
                 window.reset(now)
             if val_batches and (step % p.eval_every == 0 or step == p.max_steps):
                 log_eval(tracker, evaluate(engine, val_batches, ranks.device), step)
-            if step % p.checkpoint_every == 0 or step == p.max_steps:
+            if step % p.checkpoint_every == 0 or step == p.max_steps or stats.stop_requests:
                 last_tag = save_checkpoint(engine, spec, step, data.plan, ranks.rank)
+            if stats.stop_requests and step < p.max_steps:
+                raise PretrainingStopped(
+                    f"stopped by SIGTERM after step {step} of {p.max_steps}; its checkpoint is saved "
+                    f"({last_tag.name}). Rerun the same command to resume from it."
+                )
     finally:
         loader.close()
         if bar is not None:
@@ -554,7 +568,8 @@ def train(spec: RunSpec, local_rank: int) -> None:
     data = prepare_data(spec, ranks)
     engine = build_engine(spec, ranks, resume, data)
     tracker = open_tracker(spec, ranks, resume)
-    last_tag = run_steps(spec, engine, data, ranks, resume, tracker)
+    with StopRequest() as stop:  # from here a SIGTERM saves the step reached (training/stop_request.py)
+        last_tag = run_steps(spec, engine, data, ranks, resume, tracker, stop)
     if ranks.rank == 0:
         export_final_model(spec, last_tag, tracker)
     dist.barrier()
@@ -591,8 +606,11 @@ def main(argv: list[str] | None = None) -> int:
         # No barrier and no process-group teardown: the other ranks may be inside a collective, and
         # a gloo/NCCL group left at interpreter exit can hang until the collective timeout. Leave
         # at once; the launcher stops the other ranks (fail fast, no 10-minute wait).
-        print(f"rank {os.environ.get('RANK', local_rank)}: error: {exc}", file=sys.stderr, flush=True)
-        _exit_now(2 if isinstance(exc, UserError) else 3)
+        if local_rank == 0 or not isinstance(
+            exc, PretrainingStopped
+        ):  # every rank stops alike: one line a node
+            print(f"rank {os.environ.get('RANK', local_rank)}: error: {exc}", file=sys.stderr, flush=True)
+        _exit_now(exc.exit_code if isinstance(exc, UserError) else 3)  # PretrainingStopped: 143
     except BaseException:
         import traceback
 

@@ -234,9 +234,12 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         group=True,
     )
     assert rc == 130 and log.endswith("bertflow run: interrupted."), log[-3000:]
+    # the ranks saved the step they reached (not only the last periodic checkpoint)
+    saved = re.search(r"stopped by SIGTERM after step (\d+) of 2000; its checkpoint is saved", log)
+    assert saved, log[-3000:]
 
-    # the same command again resumes pretraining; `kill -TERM` of bertflow alone (not its group)
-    resumed = re.compile(r"start step [1-9]\d*.*step \d+/2000 loss", re.DOTALL)
+    # the same command again resumes pretraining there; `kill -TERM` of bertflow alone (not its group)
+    resumed = re.compile(rf"start step {saved.group(1)}\b.*step \d+/2000 loss", re.DOTALL)
     second_log = tmp_path / "second.log"
     rc, log = run_and_stop(
         second_log,

@@ -1,0 +1,47 @@
+"""SIGTERM during the step loop: finish the step, save it, stop (what a preempted job needs).
+
+A scheduler that takes the machine back (Slurm's preemption or time limit with `--signal`, a
+Kubernetes eviction, a spot instance's notice), `kill PID`, Ctrl-C of `bertflow`: each sends the
+ranks SIGTERM. Dying at once loses every step since the last periodic checkpoint. Instead the
+handler only notes the signal; the note travels with the step's sums, which every rank reduces
+anyway (`StepStats.stop_requests`), so all ranks see it at the same step, finish that step, save
+a checkpoint of it and stop with `PretrainingStopped`. A rerun resumes from that step, exactly.
+
+Every SIGTERM only notes the request: a stop usually delivers two (the process group's, then
+torchrun's own to its workers, milliseconds apart). A rank stuck in a collective whose peer is gone
+never reaches the next step; the sender's SIGKILL after its grace period ends it (`bertflow` waits
+20 s, torchrun 30 s, Slurm its KillWait).
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType, TracebackType
+
+from common.errors import UserError
+
+
+class PretrainingStopped(UserError):
+    """The run stopped on request after saving the step it reached (exit 143, as SIGTERM's)."""
+
+    exit_code = 143
+
+
+class StopRequest:
+    """Within `with StopRequest() as stop:`, SIGTERM sets `stop.requested` instead of killing."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: signal.Handlers | None = None
+
+    def __enter__(self) -> StopRequest:
+        self._previous = signal.signal(signal.SIGTERM, self._note)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
