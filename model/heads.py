@@ -24,6 +24,13 @@ from model.mlm_loss import linear_cross_entropy
 IGNORE_INDEX = -100
 
 
+def log_unigram_prior(token_counts: torch.Tensor) -> torch.Tensor:
+    """log P(token) from how often each id is a masked-LM target, add-one smoothed over the
+    vocabulary: the MLM bias at step 0 and the context-free baseline (`training.evaluate`)."""
+    counts = token_counts.double().reshape(-1)
+    return torch.log((counts + 1.0) / (counts.sum() + counts.numel()))
+
+
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -108,7 +115,7 @@ class BertForPreTraining(nn.Module):
             raise ValueError(
                 f"token_counts has {counts.numel()} entries for a vocabulary of {self.config.vocab_size}"
             )
-        log_prior = torch.log((counts + 1.0) / (counts.sum() + counts.numel()))
+        log_prior = log_unigram_prior(counts)
         self.cls.predictions.bias.copy_((log_prior - log_prior.mean()).to(self.cls.predictions.bias.dtype))
 
     def forward(

@@ -44,7 +44,7 @@ def evaluate_checkpoint(
     import torch
 
     from training.data import collate, load_split
-    from training.evaluate import beats_unigram, evaluate_pretraining, mlm_baselines
+    from training.evaluate import beats_unigram, evaluate_pretraining, mlm_baselines, train_target_counts
     from training.preflight import check_shards
 
     if batch_size < 1 or (max_examples is not None and max_examples < 1):
@@ -78,7 +78,7 @@ def evaluate_checkpoint(
     metrics = sums.metrics()
     if not has_nsp_head:  # e.g. a BertForMaskedLM checkpoint: its NSP layer would be random
         metrics = {k: v for k, v in metrics.items() if "nsp" not in k}
-    baselines = mlm_baselines(store, n)
+    baselines = mlm_baselines(store, train_target_counts(shards, vocab_size), n)
     return {
         "checkpoint": str(checkpoint),
         "checkpoint_kind": resolved.kind,

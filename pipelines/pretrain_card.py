@@ -81,7 +81,7 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
     if last is None:
         return None
     from training.data import load_split
-    from training.evaluate import MlmBaselines, beats_unigram, mlm_baselines
+    from training.evaluate import MlmBaselines, beats_unigram, mlm_baselines, train_target_counts
 
     p = spec.get("pretrain", {})
     world = int(spec.get("world_size", 1))
@@ -89,7 +89,12 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
     store = load_split(shards_dir, "validation", verify=False)
     per_rank_batches = min(int(p.get("eval_batches", 1)), (len(store) // world) // micro)
     n = per_rank_batches * micro * world
-    baselines = mlm_baselines(store, n) if n else MlmBaselines(math.nan, math.nan, math.nan)
+    vocab_size = int(spec.get("model", {}).get("vocab_size", 0))
+    baselines = (
+        mlm_baselines(store, train_target_counts(shards_dir, vocab_size), n)
+        if n
+        else MlmBaselines(math.nan, math.nan, math.nan)
+    )
     metrics = {k: float(v) for k, v in last.items() if k.startswith("val_")}
     return EvalFacts(
         step=int(last["step"]),

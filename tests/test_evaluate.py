@@ -17,7 +17,7 @@ from pipelines.cli import main as cli_main
 from pipelines.evaluate_command import evaluate_checkpoint
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
 from training.data import ExampleStore, collate, load_split
-from training.evaluate import mlm_baselines
+from training.evaluate import mlm_baselines, train_target_counts
 
 
 @pytest.fixture(scope="module")
@@ -67,22 +67,44 @@ def test_figures_equal_transformers_on_the_same_examples(shards_and_tokenizer, m
     assert ours["beats_unigram"] is False
 
 
-def test_mlm_baselines_of_a_known_split():
-    store = ExampleStore(
-        input_ids=np.zeros(8, np.int32),
-        segment_ids=np.zeros(8, np.int8),
-        offsets=np.array([0, 4, 8]),
-        mlm_positions=np.array([1, 2, 1, 2], np.int32),
-        mlm_ids=np.array([5, 5, 5, 7], np.int32),
-        mlm_offsets=np.array([0, 2, 4]),
-        nsp_labels=np.array([0, 1], np.int8),
+def _store(mlm_ids: list[int], per_example: int) -> ExampleStore:
+    n = len(mlm_ids) // per_example
+    return ExampleStore(
+        input_ids=np.zeros(4 * n, np.int32),
+        segment_ids=np.zeros(4 * n, np.int8),
+        offsets=np.arange(0, 4 * n + 1, 4),
+        mlm_positions=np.tile(np.arange(1, per_example + 1, dtype=np.int32), n),
+        mlm_ids=np.array(mlm_ids, np.int32),
+        mlm_offsets=np.arange(0, len(mlm_ids) + 1, per_example),
+        nsp_labels=np.array([0, 1] * (n // 2) + [0] * (n % 2), np.int8),
     )
-    b = mlm_baselines(store)
+
+
+def test_mlm_baselines_score_the_training_frequencies_on_the_held_out_targets():
+    train_counts = np.array([0, 0, 0, 0, 0, 6, 0, 2])  # token 5 six times, 7 twice, vocabulary 8
+    store = _store([5, 5, 5, 7], per_example=2)
+    b = mlm_baselines(store, train_counts)
+    p5, p7 = 7 / 16, 3 / 16  # add-one smoothed over the vocabulary, as the MLM bias starts
     assert b.most_frequent_token_acc == pytest.approx(0.75)
-    assert b.unigram_entropy == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert b.unigram_entropy == pytest.approx(-(3 * math.log(p5) + math.log(p7)) / 4)
     assert b.nsp_majority_acc == pytest.approx(0.5)
-    first = mlm_baselines(store, num_examples=1)  # only the first example's masked tokens
-    assert first.most_frequent_token_acc == 1.0 and first.unigram_entropy == 0.0
+    first = mlm_baselines(store, train_counts, num_examples=1)  # only the first example's masked tokens
+    assert first.most_frequent_token_acc == 1.0 and first.unigram_entropy == pytest.approx(-math.log(p5))
+
+
+def test_a_small_held_out_sample_does_not_make_the_unigram_baseline_look_low():
+    """Four held-out targets, each a different token of a uniform vocabulary of 8: their own
+    frequencies have an entropy of log 4, but no context-free predictor does better than log 8 on
+    them (the defect: the baseline was the sample's own entropy, far below what a model that has
+    learned only frequencies scores on a small validation split)."""
+    b = mlm_baselines(_store([1, 2, 3, 4], per_example=2), np.full(8, 10))
+    assert b.unigram_entropy == pytest.approx(math.log(8))
+
+
+def test_train_target_counts_read_the_train_splits_masked_ids(shards_and_tokenizer):
+    shards, _ = shards_and_tokenizer
+    expected = np.bincount(load_split(shards, "train").mlm_ids, minlength=30522)
+    assert np.array_equal(train_target_counts(shards, 30522), expected)
 
 
 def test_refuses_a_checkpoint_without_pretraining_heads(shards_and_tokenizer, minilm_dir):
