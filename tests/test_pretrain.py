@@ -241,7 +241,7 @@ def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_f
     sets = two_node_settings(port, "pretrain.checkpoint_every=100")  # no periodic checkpoint before 12
     logs = [tmp_path / f"first{r}.log" for r in (0, 1)]
     procs = [
-        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], BERTFLOW_DEBUG_STEP_DELAY_S="0.3",
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], BERTFLOW_DEBUG_STEP_DELAY_S="0.5",
                   **ONE_THREAD)
         for r in (0, 1)
     ]  # fmt: skip
