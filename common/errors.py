@@ -6,6 +6,10 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class UserError(Exception):
     """A problem with the user's input. The message names the file/key and says how to fix it."""
@@ -31,3 +35,14 @@ class Terminated(KeyboardInterrupt):
 def raise_terminated(signum: int, frame: object) -> None:
     """A SIGTERM handler (`signal.signal(signal.SIGTERM, raise_terminated)`)."""
     raise Terminated()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within: SIGTERM raises `Terminated`, so a command unwinds as on Ctrl-C (its children are
+    stopped, pretraining ranks save the step they reached); the previous handler after."""
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
-from common.errors import raise_terminated
+from common.errors import sigterm_as_interrupt
 from common.paths import PROJECT_ROOT, torch_extensions_dir
 
 # Prefect reads its settings when it is first imported: set ours before that.
@@ -75,19 +74,18 @@ def main(args: argparse.Namespace) -> int:
 
     # SIGTERM unwinds like Ctrl-C: the pretraining launcher's group is stopped, the flow records
     # its crash, the temporary API stops (Prefect's flow engine passes a SIGTERM it catches on here)
-    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        start_temporary_server()
-        summary = bert_pipeline(
-            config=args.config,
-            overrides=args.overrides,
-            only=args.only,
-            from_stage=args.from_stage,
-            force=args.force,
-        )
-    finally:
-        stop_prefect()
-        signal.signal(signal.SIGTERM, previous_handler)
+    with sigterm_as_interrupt():
+        try:
+            start_temporary_server()
+            summary = bert_pipeline(
+                config=args.config,
+                overrides=args.overrides,
+                only=args.only,
+                from_stage=args.from_stage,
+                force=args.force,
+            )
+        finally:
+            stop_prefect()
     print()
     print(end_summary(summary))
     return 0

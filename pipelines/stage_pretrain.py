@@ -18,7 +18,6 @@ Node 0 writes the model and the completion marker; the other nodes return once t
 from __future__ import annotations
 
 import argparse
-import signal
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from common.atomic import mark_in_progress, read_marker, write_marker
 from common.dir_lock import exclusive_dir
-from common.errors import UserError, raise_terminated
+from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
@@ -226,11 +225,8 @@ def main(args: argparse.Namespace) -> int:
         f"(every line of the ranks, DeepSpeed's warnings included: {output / 'launcher.log'})",
         flush=True,
     )
-    # SIGTERM (a scheduler's preemption, `kill PID`) unwinds like Ctrl-C: the ranks are told to stop,
-    # save the step they reached and exit before this command does (training/stop_request.py)
-    previous_handler = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
+    # SIGTERM (a scheduler's preemption, `kill PID`): the ranks save the step they reached and exit
+    # before this command does (training/stop_request.py)
+    with sigterm_as_interrupt():
         run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank)
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
     return 0

@@ -606,9 +606,9 @@ def main(argv: list[str] | None = None) -> int:
         # No barrier and no process-group teardown: the other ranks may be inside a collective, and
         # a gloo/NCCL group left at interpreter exit can hang until the collective timeout. Leave
         # at once; the launcher stops the other ranks (fail fast, no 10-minute wait).
-        if local_rank == 0 or not isinstance(
-            exc, PretrainingStopped
-        ):  # every rank stops alike: one line a node
+        # a requested stop reads the same on every rank: one line a node
+        silent = isinstance(exc, PretrainingStopped) and local_rank != 0
+        if not silent:
             print(f"rank {os.environ.get('RANK', local_rank)}: error: {exc}", file=sys.stderr, flush=True)
         _exit_now(exc.exit_code if isinstance(exc, UserError) else 3)  # PretrainingStopped: 143
     except BaseException:
