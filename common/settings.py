@@ -9,7 +9,7 @@ their own bounds (`Field(gt=0, le=1)`); seeds use `Seed`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -19,6 +19,14 @@ Seed = Annotated[int, Field(ge=0, le=INT_MAX, description="random seed, 0 .. 2**
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # settings that say how a stage runs (workers, logging and checkpoint cadence, ports, scratch
+    # places), never what it produces: out of the stage's key (pipelines/stage_keys.py), so changing
+    # one reuses a finished output or resumes a killed one instead of starting again
+    run_only: ClassVar[tuple[str, ...]] = ()
+
+    def output_settings(self) -> dict[str, Any]:
+        """This section as JSON without its run-only settings: what decides the stage's output."""
+        return self.model_dump(mode="json", exclude=set(self.run_only))
 
     @field_validator("*", mode="after")
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import Field
 
@@ -16,6 +16,8 @@ UNIT_CODE: tuple[str, ...] = ("finetuning/*.py", "model/*.py")
 
 
 class FinetuneConfig(Section):
+    run_only: ClassVar[tuple[str, ...]] = ("concurrency", "threads")  # scheduling, not a unit's result
+
     tasks: list[str] = Field(default_factory=lambda: ["sst2", "mrpc", "rte", "cola", "stsb"])
     task_config: str | None = Field(None, description="YAML with extra task definitions")
     baselines: list[str] = Field(

@@ -40,7 +40,7 @@ from model.hf_io import TOKENIZER_FILES
 # Fine-tuning settings left out of a unit's key: they pick which units run and how they are
 # scheduled, not what one unit computes (a unit carries its own task, lr and seed, so growing a
 # sweep reuses every finished unit).
-NOT_IN_UNIT_KEY = {"tasks", "lrs", "seeds", "baselines", "concurrency", "threads", "task_config"}
+NOT_IN_UNIT_KEY = {*FinetuneConfig.run_only, "tasks", "lrs", "seeds", "baselines", "task_config"}
 WORKER_DIED = "the worker process died (out of memory or killed); rerun to retry this unit"
 
 

@@ -3,7 +3,10 @@
 A stage's key is a short hash of everything that determines its output: its own config section
 (plus the `model:` section where the model is built), the keys of the stages it reads from, and
 fingerprints of the files it reads (corpus files by path, size and sha256, so a corpus copied again
-or touched keeps its key; see common/fingerprint.py). Change any of those and the key changes,
+or touched keeps its key; see common/fingerprint.py). Settings that say how a stage runs, not what
+it produces (`Section.run_only`: workers, logging and checkpoint cadence, ports, the data cache's
+place), are not in it: a pretraining killed after hours resumes under a new port or timeout, and a
+finished one is found again. Change anything else and the key changes,
 so the stage (and only the stages downstream of it) recompute; change nothing and every completed
 stage is found again. A stage directory is complete when its `_COMPLETE.json` marker exists (the
 marker is written last, so a killed run never looks finished).
@@ -27,6 +30,7 @@ from typing import Any
 from common.atomic import read_marker
 from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
 from common.paths import PROJECT_ROOT
+from common.settings import Section
 from common.version import changed_sources, source_digests
 from finetuning.config import UNIT_CODE
 from pipelines.config import PipelineConfig
@@ -96,26 +100,33 @@ def _config_file_digest(path: str | None) -> str | None:
     return content_digest(p) if p.is_file() else f"missing:{path}"
 
 
-def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
-    """What each stage's key is a hash of (written next to the outputs as `stage_key.json`)."""
+def stage_key_inputs(cfg: PipelineConfig, *, with_run_only: bool = False) -> dict[str, dict[str, Any]]:
+    """What each stage's key is a hash of (written next to the outputs as `stage_key.json`): each
+    section without its run-only settings (`Section.run_only`: workers, logging cadence, ports...),
+    so changing one of those finds the same output. `with_run_only`: the inputs as bertflow hashed
+    them before 2026-11-25, with those settings, to find the outputs it made (`stage_dirs`)."""
+
+    def settings(section: Section) -> dict[str, Any]:
+        return section.model_dump(mode="json") if with_run_only else section.output_settings()
+
     tok = {
         "stage": "tokenizer",
-        "config": cfg.tokenizer.model_dump(mode="json"),
+        "config": settings(cfg.tokenizer),
         "inputs": corpus_stamps(cfg, cfg.tokenizer.input),
         "vocab": content_stamp(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
     }
     tok_key = digest(tok, KEY_LENGTH)
     prep = {
         "stage": "preprocess",
-        "config": cfg.preprocess.model_dump(mode="json"),
+        "config": settings(cfg.preprocess),
         "inputs": corpus_stamps(cfg, cfg.preprocess.input),
         "tokenizer": tok_key,
     }
     prep_key = digest(prep, KEY_LENGTH)
     pre = {
         "stage": "pretrain",
-        "config": cfg.pretrain.model_dump(mode="json"),
-        "model": cfg.model.model_dump(mode="json"),
+        "config": settings(cfg.pretrain),
+        "model": settings(cfg.model),
         "deepspeed_config": _config_file_digest(cfg.pretrain.deepspeed_config),
         "hostfile": _config_file_digest(cfg.pretrain.hostfile),
         "init_from": model_dir_stamp(cfg.pretrain.init_from) if cfg.pretrain.init_from else None,
@@ -125,9 +136,9 @@ def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
     pre_key = digest(pre, KEY_LENGTH)
     fin = {
         "stage": "finetune",
-        "config": cfg.finetune.model_dump(mode="json"),
+        "config": settings(cfg.finetune),
         "task_config": _config_file_digest(cfg.finetune.task_config),
-        "model": cfg.model.model_dump(mode="json"),
+        "model": settings(cfg.model),
         "data_root": str(cfg.resolved_data_root()),
         "pretrain": pre_key,
         "tokenizer": tok_key,
@@ -135,13 +146,13 @@ def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
     fin_key = digest(fin, KEY_LENGTH)
     rep = {
         "stage": "report",
-        "config": cfg.report.model_dump(mode="json"),
+        "config": settings(cfg.report),
         "pretrain": pre_key,
         "finetune": fin_key,
     }
     verify = {
         "stage": "verify",
-        "config": cfg.verify.model_dump(mode="json"),
+        "config": settings(cfg.verify),
         "tokenizer": tok["inputs"],
         "preprocess": prep["inputs"],
         "tasks": cfg.finetune.tasks,
@@ -158,9 +169,10 @@ def stage_key_inputs(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
     }
 
 
-def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
-    """stage name → key, for every stage in `STAGES`."""
-    return {stage: digest(inputs, KEY_LENGTH) for stage, inputs in stage_key_inputs(cfg).items()}
+def stage_keys(cfg: PipelineConfig, *, with_run_only: bool = False) -> dict[str, str]:
+    """stage name → key, for every stage in `STAGES` (`with_run_only`: see `stage_key_inputs`)."""
+    inputs = stage_key_inputs(cfg, with_run_only=with_run_only)
+    return {stage: digest(stage_inputs, KEY_LENGTH) for stage, stage_inputs in inputs.items()}
 
 
 def run_root(cfg: PipelineConfig) -> Path:
@@ -169,16 +181,23 @@ def run_root(cfg: PipelineConfig) -> Path:
 
 
 def stage_dir(cfg: PipelineConfig, stage: str) -> Path:
-    """THE output directory of `stage` for this config: `run_dir/<stage>/<key>/`."""
+    """THE output directory of `stage` for this config (see `stage_dirs`)."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
-    return run_root(cfg) / stage / stage_keys(cfg)[stage]
+    return stage_dirs(cfg)[stage]
 
 
 def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
-    keys = stage_keys(cfg)
+    """stage → `run_dir/<stage>/<key>/`. Where no output has that key yet but one made before
+    run-only settings left the keys has (same config, key with those settings), that one: an
+    upgrade must not cost a finished or half-done pretraining."""
     root = run_root(cfg)
-    return {stage: root / stage / key for stage, key in keys.items()}
+    keys, earlier = stage_keys(cfg), stage_keys(cfg, with_run_only=True)
+    dirs = {}
+    for stage in STAGES:
+        current, before = root / stage / keys[stage], root / stage / earlier[stage]
+        dirs[stage] = before if before.is_dir() and not current.exists() else current
+    return dirs
 
 
 def is_complete(directory: str | os.PathLike) -> bool:

@@ -33,8 +33,6 @@ log = logging.getLogger("bertflow.preprocess")
 
 PASSES_UNKNOWN_ARGS = True  # leftover flags are Beam pipeline options
 WORK_DIR = "_work"
-# settings that change how the job runs but not what it writes (kept out of the manifest)
-RUN_ONLY_KEYS = ("workers", "runner", "beam_options")
 # the bucket parts and the shards a job writes, per byte of corpus text and per dupe_factor: 1.7
 # at its peak on wiki_00.gz (1.0 MB of text, max_seq_length 128); rounded up for the message
 OUTPUT_BYTES_PER_TEXT_BYTE = 2.0
@@ -207,7 +205,7 @@ def run_preprocess_stage(
     tok, _ = load_tokenizer(tokenizer_path)
     tokenizer_json = tok.to_str()
     vocab = vocab_list(tok)
-    config = {k: v for k, v in cfg.model_dump().items() if k not in RUN_ONLY_KEYS}
+    config = cfg.output_settings()  # how the job runs (workers, runner) is not in the manifest
     fingerprint = input_fingerprint(files)
     identity = {
         "schema_version": SCHEMA_VERSION,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from common.settings import Section, Seed
@@ -22,6 +24,9 @@ class TokenizerConfig(Section):
 
 
 class PreprocessConfig(Section):
+    # the shards are byte-identical for any number of workers or runner (preprocessing/beam_job.py)
+    run_only: ClassVar[tuple[str, ...]] = ("workers", "runner", "beam_options")
+
     input: list[str] = Field(default_factory=lambda: ["data:wiki/summaries_en.txt"])
     max_seq_length: int = Field(128, gt=8)
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)

@@ -54,6 +54,49 @@ def test_a_change_moves_exactly_the_downstream_keys(override: str, stage: str) -
     assert changed == expected, override
 
 
+# one value other than the default for every run-only setting (Section.run_only)
+RUN_ONLY_CHANGES = {
+    "preprocess": ["workers=7", "runner=SparkRunner", "beam_options=[--max_num_workers=3]"],
+    "pretrain": [
+        "log_every=3", "eval_every=7", "checkpoint_every=9", "keep_checkpoints=5", "prefetch_batches=2",
+        "peak_tflops=100", "dist_timeout_s=1200", "master_port=29555", "master_addr=node-001",
+        "data_cache_dir=/tmp/cache", "launcher=deepspeed",
+    ],
+    "finetune": ["concurrency=5", "threads=3"],
+}  # fmt: skip
+
+
+def test_run_only_settings_keep_every_key_and_nothing_else_does() -> None:
+    base = load_config(None)
+    listed = {section: {c.split("=")[0] for c in changes} for section, changes in RUN_ONLY_CHANGES.items()}
+    for section, names in listed.items():  # the list above covers every run-only setting
+        assert names == set(type(getattr(base, section)).run_only), section
+    for section, changes in RUN_ONLY_CHANGES.items():
+        for change in changes:
+            changed = load_config(None, [f"{section}.{change}"])
+            assert getattr(changed, section) != getattr(base, section)  # the override took
+            assert stage_keys(changed) == stage_keys(base), change
+    # a setting that changes what the stage reports is not run-only: it moves the key
+    eval_size = stage_keys(load_config(None, ["pretrain.eval_batches=3"]))
+    assert _changed(stage_keys(base), eval_size) == DOWNSTREAM["pretrain"]
+
+
+def test_outputs_made_before_run_only_settings_left_the_keys_are_found(tmp_path: Path) -> None:
+    cfg = load_config(None, [f"run_dir={tmp_path}"])
+    earlier = stage_keys(cfg, with_run_only=True)
+    assert earlier["pretrain"] != stage_keys(cfg)["pretrain"]
+    made_then = tmp_path / "pretrain" / earlier["pretrain"]
+    made_then.mkdir(parents=True)  # a finished or half-done pretraining of an older bertflow
+    assert stage_dir(cfg, "pretrain") == made_then
+    assert stage_dir(cfg, "finetune") == tmp_path / "finetune" / stage_keys(cfg)["finetune"]  # none then
+    # with another run-only value the earlier key (which held it) differs: a new output
+    other = load_config(None, [f"run_dir={tmp_path}", "pretrain.log_every=3"])
+    assert stage_dir(other, "pretrain") == tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]
+    # once an output has the current key, it is the one
+    (tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]).mkdir()
+    assert stage_dir(cfg, "pretrain") == tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]
+
+
 def test_corpus_content_is_part_of_the_key_and_its_mtime_is_not(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("A first sentence. A second one.\n")

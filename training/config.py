@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -10,6 +10,22 @@ from common.settings import Section, Seed
 
 
 class PretrainConfig(Section):
+    # how a run is watched, checkpointed, connected and fed, never the weights it computes: a resume
+    # reproduces every loss bit for bit across a change of any of them (tests/test_pretrain.py)
+    run_only: ClassVar[tuple[str, ...]] = (
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "prefetch_batches",
+        "peak_tflops",
+        "dist_timeout_s",
+        "master_port",
+        "master_addr",
+        "data_cache_dir",
+        "launcher",
+    )
+
     deepspeed_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed JSON template")
     zero_stage: int | None = Field(None, ge=0, description="overrides the template's ZeRO stage")
     num_processes: int = Field(2, ge=1)

@@ -19,25 +19,17 @@ from common.tracking import WandbTarget
 from model.config import BertConfig
 from training.config import PretrainConfig
 
-# Pretrain settings that change how a run is watched, scheduled or laid out, never the weights it
-# computes: kept out of the fingerprint, so they may change when a run is resumed (and a finished
-# run with other values of them is the same run). The DeepSpeed template's path and the ZeRO stage
-# override are here because the resolved `ds_config` (in the fingerprint) holds what they decide;
-# the process layout because the world size and the global batch are in it too (and a resume on
-# another world size is refused by preflight with its own message).
+# Pretrain settings that never change the weights a run computes: kept out of the fingerprint, so
+# they may change when a run is resumed (and a finished run with other values of them is the same
+# run). The run-only ones (`PretrainConfig.run_only`, also out of the stage key); the evaluation size
+# (it changes the held-out figures, so it stays in the key: a finished output is not reused for
+# other ones); the DeepSpeed template's path and the ZeRO stage override, because the resolved
+# `ds_config` (in the fingerprint) holds what they decide; the process layout, because the world
+# size and the global batch are in it too (and a resume on another world size is refused by
+# preflight with its own message).
 NOT_IN_FINGERPRINT = (
-    "log_every",
-    "eval_every",
+    *PretrainConfig.run_only,
     "eval_batches",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "prefetch_batches",
-    "peak_tflops",
-    "dist_timeout_s",
-    "master_port",
-    "master_addr",
-    "data_cache_dir",
-    "launcher",
     "hostfile",
     "nnodes",
     "num_processes",
