@@ -182,12 +182,14 @@ def test_kill_9_then_rerun_with_other_run_only_settings_reproduces_every_loss_ex
     run_only = [
         "pretrain.log_every=2", "pretrain.eval_every=3", "pretrain.checkpoint_every=3",
         "pretrain.keep_checkpoints=2", "pretrain.prefetch_batches=1", "pretrain.dist_timeout_s=300",
-        f"pretrain.master_port={free_port()}", "pretrain.peak_tflops=50", "pretrain.launcher=torchrun",
+        f"pretrain.master_port={free_port()}", "pretrain.peak_tflops=50", "pretrain.launcher=deepspeed",
         f"pretrain.data_cache_dir={tmp_path / 'cache'}",
     ]  # fmt: skip
     lines: list[str] = []
     run_pretrain_stage(config(*run_only), shards, tok, out, log_line=lines.append)
     assert any("resumed from" in ln and "global_step8" in ln for ln in lines)
+    launches = [ln for ln in lines if ln.startswith("launch:")]
+    assert "deepspeed.launcher.runner" in launches[0]  # the reference ran under torchrun
     ref_losses, resumed = losses(ref_out), losses(out)
     assert set(range(1, 9)) | {10, 12} <= set(resumed)
     assert all(resumed[step] == ref_losses[step] for step in resumed)  # bit-exact
