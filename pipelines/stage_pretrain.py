@@ -107,7 +107,8 @@ def run_pretrain_stage(
         started = time.time()
         ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
         try:
-            launch.run_launcher(cmd, launch.child_env(local, on_gpu), ranks_log)
+            env = launch.child_env(local, on_gpu, p.stop_grace_s)
+            launch.run_launcher(cmd, env, ranks_log, p.stop_grace_s)
         finally:
             ranks_log.close()
 

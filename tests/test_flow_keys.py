@@ -60,7 +60,7 @@ RUN_ONLY_CHANGES = {
     "pretrain": [
         "log_every=3", "eval_every=7", "checkpoint_every=9", "keep_checkpoints=5", "prefetch_batches=2",
         "peak_tflops=100", "dist_timeout_s=1200", "master_port=29555", "master_addr=node-001",
-        "data_cache_dir=/tmp/cache", "launcher=deepspeed",
+        "data_cache_dir=/tmp/cache", "launcher=deepspeed", "stop_grace_s=30",
     ],
     "finetune": ["concurrency=5", "threads=3"],
 }  # fmt: skip

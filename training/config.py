@@ -24,6 +24,7 @@ class PretrainConfig(Section):
         "master_addr",
         "data_cache_dir",
         "launcher",
+        "stop_grace_s",
     )
 
     deepspeed_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed JSON template")
@@ -81,6 +82,14 @@ class PretrainConfig(Section):
     )
     dist_timeout_s: int = Field(
         600, ge=10, le=7 * 86400, description="collective timeout: a hung rank fails all ranks"
+    )
+    stop_grace_s: int = Field(
+        90,
+        ge=1,
+        le=3600,
+        description="after SIGTERM or Ctrl-C: the seconds the ranks get to finish their step and save it "
+        "before they are killed (a second Ctrl-C kills them at once); keep it under the scheduler's notice "
+        "(infra/: Slurm --signal=TERM@120, Kubernetes terminationGracePeriodSeconds 120)",
     )
     peak_tflops: float | None = Field(
         None, gt=0, le=1e6, description="MFU denominator override (dense TFLOP/s)"

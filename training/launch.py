@@ -94,8 +94,11 @@ def build_command(
     return [*cmd, "--module", *script]
 
 
-def child_env(num_processes: int, on_gpu: bool) -> dict[str, str]:
+def child_env(num_processes: int, on_gpu: bool, stop_grace_s: float) -> dict[str, str]:
     env = dict(os.environ)
+    # torchrun's wait between passing a SIGTERM on to the ranks and SIGKILL (its default is 30 s);
+    # DeepSpeed's launcher always waits 30 s
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(int(stop_grace_s))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
@@ -105,8 +108,11 @@ def child_env(num_processes: int, on_gpu: bool) -> dict[str, str]:
     return env
 
 
-def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], None]) -> None:
-    """Run the launcher, forwarding every output line; a failed run raises with the ranks' error."""
+def run_launcher(
+    cmd: list[str], env: dict[str, str], log_line: Callable[[str], None], stop_grace_s: float
+) -> None:
+    """Run the launcher, forwarding every output line; a failed run raises with the ranks' error.
+    Interrupted (Ctrl-C, SIGTERM), it stops the ranks with `_stop_group` and raises."""
     log_line("launch: " + " ".join(cmd))
     proc = subprocess.Popen(
         cmd,
@@ -130,7 +136,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], 
             log_line(line)
         rc = proc.wait()
     except BaseException:
-        _stop_group(proc, log_line)
+        _stop_group(proc, log_line, stop_grace_s)
         raise
     if rc != 0:
         if errors:
@@ -138,20 +144,32 @@ def run_launcher(cmd: list[str], env: dict[str, str], log_line: Callable[[str], 
         raise RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
 
 
-def _stop_group(proc: subprocess.Popen, log_line: Callable[[str], None], grace_s: float = 20) -> None:
+def _stop_group(proc: subprocess.Popen, log_line: Callable[[str], None], grace_s: float) -> None:
     """SIGTERM to the launcher and its ranks, which save the step they reached and exit
-    (training/stop_request.py); their last lines are still logged. SIGKILL after `grace_s`."""
+    (training/stop_request.py); their last lines are still logged. SIGKILL after `grace_s`, or at
+    once when a second Ctrl-C or SIGTERM arrives meanwhile (which is then raised)."""
     drain = threading.Thread(target=_forward_lines, args=(proc, log_line), daemon=True)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
+        log_line(
+            f"pretrain: stopping; the ranks save the step they reached (up to {grace_s:g} s, "
+            "pretrain.stop_grace_s; interrupt again to kill them now)"
+        )
         drain.start()
         proc.wait(timeout=grace_s)
         drain.join(timeout=5)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _forward_lines(proc: subprocess.Popen, log_line: Callable[[str], None]) -> None:

@@ -1,0 +1,99 @@
+"""Stopping the pretraining launcher's process group (Ctrl-C, SIGTERM): the ranks get
+`pretrain.stop_grace_s` to save the step they reached, from bertflow and from torchrun alike, and a
+second interrupt kills them at once. The "ranks" here are real processes that take a set time to
+save on SIGTERM, as training/stop_request.py does."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from training import launch
+
+# on SIGTERM: "save" for argv[2] seconds into argv[1], then exit 143
+SAVING_RANK = textwrap.dedent(
+    """
+    import signal, sys, time
+
+    def save(*_):
+        time.sleep(float(sys.argv[2]))
+        open(sys.argv[1], "w").write("saved")
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, save)
+    print("ready", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def start_group(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # torchrun prints its own lines first
+        if line.strip().endswith("ready"):
+            return proc
+    raise AssertionError(f"the rank did not start (exit {proc.wait()})")
+
+
+def rank(saved: Path, save_s: float) -> list[str]:
+    return [sys.executable, "-c", SAVING_RANK, str(saved), str(save_s)]
+
+
+def test_the_ranks_get_stop_grace_s_to_save_then_are_killed(tmp_path: Path) -> None:
+    saved, lines = tmp_path / "saved", []
+    proc = start_group(rank(saved, save_s=1))
+    launch._stop_group(proc, lines.append, grace_s=30)
+    assert proc.returncode == 143 and saved.read_text() == "saved"
+    assert "up to 30 s" in lines[0] and "interrupt again" in lines[0]
+
+    saved.unlink()
+    proc = start_group(rank(saved, save_s=30))
+    launch._stop_group(proc, lines.append, grace_s=1)
+    assert proc.wait(timeout=5) == -signal.SIGKILL and not saved.exists()
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def test_a_second_interrupt_kills_the_ranks_at_once(tmp_path: Path) -> None:
+    saved = tmp_path / "saved"
+    proc = start_group(rank(saved, save_s=30))
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)  # the second Ctrl-C, while the ranks save
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch._stop_group(proc, lambda _: None, grace_s=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert proc.wait(timeout=5) == -signal.SIGKILL and not saved.exists()
+
+
+@pytest.mark.parametrize("grace_s,saves", [(2, False), (20, True)])
+def test_torchrun_waits_stop_grace_s_before_it_kills_its_ranks(
+    tmp_path: Path, grace_s: int, saves: bool
+) -> None:
+    """torchrun's own wait (30 s by default) follows the setting: a rank that needs 5 s to save
+    is killed by torchrun after 2 s, and saves with 20 s (bertflow itself waits 60 s here)."""
+    script = tmp_path / "rank.py"
+    script.write_text(SAVING_RANK)
+    saved = tmp_path / "saved"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        f"--master_port={launch.free_port()}",
+    ]
+    proc = start_group([*cmd, str(script), str(saved), "5"], env=launch.child_env(1, False, grace_s))
+    launch._stop_group(proc, lambda _: None, grace_s=60)
+    assert saved.exists() == saves
