@@ -100,6 +100,10 @@ def _config_file_digest(path: str | None) -> str | None:
     return content_digest(p) if p.is_file() else f"missing:{path}"
 
 
+# run-only settings added after run-only settings left the keys: no earlier key holds them
+RUN_ONLY_SINCE = ("stop_grace_s",)
+
+
 def stage_key_inputs(cfg: PipelineConfig, *, with_run_only: bool = False) -> dict[str, dict[str, Any]]:
     """What each stage's key is a hash of (written next to the outputs as `stage_key.json`): each
     section without its run-only settings (`Section.run_only`: workers, logging cadence, ports...),
@@ -107,7 +111,9 @@ def stage_key_inputs(cfg: PipelineConfig, *, with_run_only: bool = False) -> dic
     them before 2026-11-25, with those settings, to find the outputs it made (`stage_dirs`)."""
 
     def settings(section: Section) -> dict[str, Any]:
-        return section.model_dump(mode="json") if with_run_only else section.output_settings()
+        if with_run_only:
+            return section.model_dump(mode="json", exclude=set(RUN_ONLY_SINCE))
+        return section.output_settings()
 
     tok = {
         "stage": "tokenizer",

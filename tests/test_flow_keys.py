@@ -92,6 +92,9 @@ def test_outputs_made_before_run_only_settings_left_the_keys_are_found(tmp_path:
     # with another run-only value the earlier key (which held it) differs: a new output
     other = load_config(None, [f"run_dir={tmp_path}", "pretrain.log_every=3"])
     assert stage_dir(other, "pretrain") == tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]
+    # a run-only setting added since (RUN_ONLY_SINCE) was in no earlier key
+    newer = load_config(None, [f"run_dir={tmp_path}", "pretrain.stop_grace_s=30"])
+    assert stage_dir(newer, "pretrain") == made_then
     # once an output has the current key, it is the one
     (tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]).mkdir()
     assert stage_dir(cfg, "pretrain") == tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]
