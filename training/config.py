@@ -10,8 +10,9 @@ from common.settings import Section, Seed
 
 
 class PretrainConfig(Section):
-    # how a run is watched, checkpointed, connected and fed, never the weights it computes: a resume
-    # reproduces every loss bit for bit across a change of any of them (tests/test_pretrain.py)
+    # how a run is watched, checkpointed, connected, fed and stopped, never the weights it computes:
+    # a resume that changes them all (but master_addr and stop_grace_s) reproduces every loss of an
+    # uninterrupted run bit for bit (tests/test_pretrain.py)
     run_only: ClassVar[tuple[str, ...]] = (
         "log_every",
         "eval_every",
