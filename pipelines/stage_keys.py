@@ -2,8 +2,9 @@
 
 A stage's key is a short hash of everything that determines its output: its own config section
 (plus the `model:` section where the model is built), the keys of the stages it reads from, and
-fingerprints of the files it reads (corpus files by path, size and sha256, so a corpus copied again
-or touched keeps its key; see common/fingerprint.py). Settings that say how a stage runs, not what
+fingerprints of the files it reads (corpus files by label, size and sha256, so a corpus copied
+again, touched, or moved to another folder keeps its key; the label is the path relative to the
+files' common folder, which names their documents; see common/fingerprint.py). Settings that say how a stage runs, not what
 it produces (`Section.run_only`: workers, logging and checkpoint cadence, ports, the data cache's
 place), are not in it: a pretraining killed after hours resumes under a new port or timeout, and a
 finished one is found again. Change anything else and the key changes,
@@ -34,7 +35,7 @@ from common.settings import Section
 from common.version import changed_sources, source_digests
 from finetuning.config import UNIT_CODE
 from pipelines.config import PipelineConfig
-from preprocessing.corpus import match_inputs
+from preprocessing.corpus import file_labels, match_inputs
 
 STAGES: tuple[str, ...] = ("verify", "tokenizer", "preprocess", "pretrain", "finetune", "report")
 
@@ -81,12 +82,15 @@ def code_change_note(
     )
 
 
-def corpus_stamps(cfg: PipelineConfig, patterns: list[str]) -> list[dict[str, Any]]:
-    """Stamps of the files the corpus entries name, plus one `missing` entry per entry naming none."""
+def corpus_stamps(cfg: PipelineConfig, patterns: list[str], *, earlier: bool = False) -> list[dict[str, Any]]:
+    """Size and sha256 of each file the corpus entries name, under its label (its path relative to
+    the files' common folder, which names its documents and the shards' manifest: a corpus moved
+    or mounted elsewhere keeps its keys; `earlier`: the absolute path), plus one `missing` entry
+    per entry naming none."""
     files, unmatched = match_inputs(patterns, cfg.data_root)
-    return [content_stamp(p) for p in files] + [
-        {"path": str(cfg.data_path(p)), "missing": True} for p in unmatched
-    ]
+    labels = file_labels(files)
+    stamps = [{**content_stamp(p), **({} if earlier else {"path": labels[p]})} for p in files]
+    return stamps + [{"path": str(cfg.data_path(p)), "missing": True} for p in unmatched]
 
 
 def _config_file_digest(path: str | None) -> str | None:
@@ -100,32 +104,33 @@ def _config_file_digest(path: str | None) -> str | None:
     return content_digest(p) if p.is_file() else f"missing:{path}"
 
 
-# run-only settings added after run-only settings left the keys: no earlier key holds them
+# run-only settings added since 2026-11-25, when they left the keys: no earlier key holds them
 RUN_ONLY_SINCE = ("stop_grace_s",)
 
 
-def stage_key_inputs(cfg: PipelineConfig, *, with_run_only: bool = False) -> dict[str, dict[str, Any]]:
+def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str, dict[str, Any]]:
     """What each stage's key is a hash of (written next to the outputs as `stage_key.json`): each
     section without its run-only settings (`Section.run_only`: workers, logging cadence, ports...),
-    so changing one of those finds the same output. `with_run_only`: the inputs as bertflow hashed
-    them before 2026-11-25, with those settings, to find the outputs it made (`stage_dirs`)."""
+    so changing one of those finds the same output, and the corpus files by label and content.
+    `earlier`: the inputs as bertflow hashed them before 2026-11-25, with the run-only settings and
+    the corpus files' absolute paths, to find the outputs it made (`stage_dirs`)."""
 
     def settings(section: Section) -> dict[str, Any]:
-        if with_run_only:
+        if earlier:
             return section.model_dump(mode="json", exclude=set(RUN_ONLY_SINCE))
         return section.output_settings()
 
     tok = {
         "stage": "tokenizer",
         "config": settings(cfg.tokenizer),
-        "inputs": corpus_stamps(cfg, cfg.tokenizer.input),
+        "inputs": corpus_stamps(cfg, cfg.tokenizer.input, earlier=earlier),
         "vocab": content_stamp(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
     }
     tok_key = digest(tok, KEY_LENGTH)
     prep = {
         "stage": "preprocess",
         "config": settings(cfg.preprocess),
-        "inputs": corpus_stamps(cfg, cfg.preprocess.input),
+        "inputs": corpus_stamps(cfg, cfg.preprocess.input, earlier=earlier),
         "tokenizer": tok_key,
     }
     prep_key = digest(prep, KEY_LENGTH)
@@ -175,9 +180,9 @@ def stage_key_inputs(cfg: PipelineConfig, *, with_run_only: bool = False) -> dic
     }
 
 
-def stage_keys(cfg: PipelineConfig, *, with_run_only: bool = False) -> dict[str, str]:
-    """stage name → key, for every stage in `STAGES` (`with_run_only`: see `stage_key_inputs`)."""
-    inputs = stage_key_inputs(cfg, with_run_only=with_run_only)
+def stage_keys(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str, str]:
+    """stage name → key, for every stage in `STAGES` (`earlier`: see `stage_key_inputs`)."""
+    inputs = stage_key_inputs(cfg, earlier=earlier)
     return {stage: digest(stage_inputs, KEY_LENGTH) for stage, stage_inputs in inputs.items()}
 
 
@@ -194,11 +199,11 @@ def stage_dir(cfg: PipelineConfig, stage: str) -> Path:
 
 
 def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
-    """stage → `run_dir/<stage>/<key>/`. Where no output has that key yet but one made before
-    run-only settings left the keys has (same config, key with those settings), that one: an
-    upgrade must not cost a finished or half-done pretraining."""
+    """stage → `run_dir/<stage>/<key>/`. Where no output has that key yet but one made by a
+    bertflow from before 2026-11-25 has (same config and corpus, the key computed as then), that
+    one: an upgrade must not cost a finished or half-done pretraining."""
     root = run_root(cfg)
-    keys, earlier = stage_keys(cfg), stage_keys(cfg, with_run_only=True)
+    keys, earlier = stage_keys(cfg), stage_keys(cfg, earlier=True)
     dirs = {}
     for stage in STAGES:
         current, before = root / stage / keys[stage], root / stage / earlier[stage]

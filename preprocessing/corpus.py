@@ -13,6 +13,7 @@ import glob
 import gzip
 import json
 import logging
+import posixpath
 import re
 import zlib
 from collections import Counter
@@ -125,11 +126,13 @@ def _expand_remote(pattern: str, remote_ok: bool) -> list[str]:
 
 
 def file_labels(paths: list[Path | str]) -> dict[Path | str, str]:
-    """Short, stable names for document ids: each path relative to the inputs' common folder."""
-    from preprocessing.storage import relative_labels
-
-    labels = relative_labels([str(p) for p in paths])
-    return {p: labels[str(p)] for p in paths}
+    """Short, stable names for document ids: each path relative to the inputs' common folder (the
+    file name alone for one file), the same for a corpus on local disk or in a bucket (`s3://...`)."""
+    split = [str(p).split("/") for p in paths]
+    if len(paths) == 1:
+        return {paths[0]: split[0][-1]}
+    common = posixpath.commonprefix([parts[:-1] for parts in split])
+    return {p: "/".join(parts[len(common) :]) for p, parts in zip(paths, split)}
 
 
 def _open_binary(path: Path | str) -> BinaryIO:

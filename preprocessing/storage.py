@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import posixpath
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -190,13 +189,3 @@ def delete_tree(path: str) -> None:
     found = [p for p, _ in match(join(path, "**"))] + ([path] if exists(path) else [])
     if found:
         FileSystems.delete(found)
-
-
-def relative_labels(paths: list[str]) -> dict[str, str]:
-    """Short names of input files for document ids: each path relative to the inputs' common
-    folder (the file name alone for one file), the same for a corpus on local disk or in a bucket."""
-    if len(paths) == 1:
-        return {paths[0]: basename(paths[0])}
-    split = [p.split("/") for p in paths]
-    common = posixpath.commonprefix([parts[:-1] for parts in split])
-    return {p: "/".join(parts[len(common) :]) for p, parts in zip(paths, split)}

@@ -83,7 +83,7 @@ def test_run_only_settings_keep_every_key_and_nothing_else_does() -> None:
 
 def test_outputs_made_before_run_only_settings_left_the_keys_are_found(tmp_path: Path) -> None:
     cfg = load_config(None, [f"run_dir={tmp_path}"])
-    earlier = stage_keys(cfg, with_run_only=True)
+    earlier = stage_keys(cfg, earlier=True)
     assert earlier["pretrain"] != stage_keys(cfg)["pretrain"]
     made_then = tmp_path / "pretrain" / earlier["pretrain"]
     made_then.mkdir(parents=True)  # a finished or half-done pretraining of an older bertflow
@@ -111,6 +111,23 @@ def test_corpus_content_is_part_of_the_key_and_its_mtime_is_not(tmp_path: Path) 
     corpus.write_text("A first sentence. A second one!\n")  # same size, other bytes
     after = stage_keys(load_config(None, overrides))
     assert _changed(before, after) == DOWNSTREAM["tokenizer"] | {"verify"}
+
+
+def test_a_data_root_moved_keeps_the_pretraining_and_a_renamed_file_does_not(tmp_path: Path) -> None:
+    def keys(data_root: Path) -> dict[str, str]:
+        corpus = "[data:corpus/*.txt]"
+        sets = [f"data_root={data_root}", f"tokenizer.input={corpus}", f"preprocess.input={corpus}"]
+        return stage_keys(load_config(None, sets))
+
+    first, moved = tmp_path / "disk1", tmp_path / "disk2" / "data"
+    for root in (first, moved):
+        (root / "corpus").mkdir(parents=True)
+        (root / "corpus" / "a.txt").write_text("A first sentence. A second one.\n")
+        (root / "corpus" / "b.txt").write_text("Another document. With two sentences.\n")
+    # documents are named by label (a.txt:0), as in the shards' manifest; the fine-tuning data moved
+    assert _changed(keys(first), keys(moved)) == {"verify", "finetune", "report"}
+    (moved / "corpus" / "b.txt").rename(moved / "corpus" / "c.txt")  # other document names
+    assert _changed(keys(first), keys(moved)) == DOWNSTREAM["tokenizer"] | {"verify"}
 
 
 def test_a_file_version_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
