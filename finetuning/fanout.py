@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_stamp
+from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
 from common.tracking import WandbTarget
 from finetuning.checkpoints import checkpoint_label, is_random, normalize_checkpoint, tokenizer_dir_for
 from finetuning.config import FinetuneConfig
@@ -63,8 +63,11 @@ def plan(
         tokenizer = tokenizer_dir_for(checkpoint, tokenizer_dir)
         label = checkpoint_label(checkpoint)
         for unit in units:
-            key = unit_key(cfg, unit, checkpoint, tokenizer, data_root)
             slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{unit.name}__{label}")
+            key = unit_key(cfg, unit, checkpoint, tokenizer, data_root)
+            if not (Path(root) / "units" / f"{slug}-{key}").exists():  # made before 2026-11-25?
+                earlier = unit_key(cfg, unit, checkpoint, tokenizer, data_root, earlier=True)
+                key = earlier if (Path(root) / "units" / f"{slug}-{earlier}").is_dir() else key
             jobs.append(Job(unit, checkpoint, label, tokenizer, Path(root) / "units" / f"{slug}-{key}", key))
     return jobs
 
@@ -95,16 +98,32 @@ def check_model_limits(cfg: FinetuneConfig, checkpoint: str, tasks: set[str]) ->
 
 
 def unit_key(
-    cfg: FinetuneConfig, unit: FinetuneUnit, checkpoint: str, tokenizer_dir: Path, data_root: str | None
+    cfg: FinetuneConfig,
+    unit: FinetuneUnit,
+    checkpoint: str,
+    tokenizer_dir: Path,
+    data_root: str | None,
+    *,
+    earlier: bool = False,
 ) -> str:
+    """The task's data files enter by size and sha256 under their configured path (an edited TSV
+    is new data; a moved data root is not); `earlier`: by resolved path only, as before 2026-11-25,
+    to find the units made then (`plan`)."""
     spec = get_task(unit.task, cfg.task_config)
     target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+    configured = {"train": spec.train, "dev": spec.dev}
+    paths = {split: spec.path(split, data_root) for split in configured}
+    data = (
+        [str(p) for p in paths.values()]
+        if earlier
+        else [{**content_stamp(paths[split]), "path": configured[split]} for split in configured]
+    )
     return digest(
         {
             "unit": dataclasses.asdict(unit),
             "settings": cfg.model_dump(mode="json", exclude=NOT_IN_UNIT_KEY),
             "task": spec.model_dump(mode="json", exclude={"source"}),
-            "data": [str(spec.path(split, data_root)) for split in ("train", "dev")],
+            "data": data,
             "checkpoint": checkpoint,
             "weights": model_dir_stamp(target) if "/" in target else None,
             "tokenizer": [content_digest(tokenizer_dir / name) for name in TOKENIZER_FILES],

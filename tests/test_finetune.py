@@ -20,7 +20,7 @@ from common.version import source_digests
 from finetuning.batching import collate, train_batches
 from finetuning.checkpoints import checkpoint_label, with_baselines
 from finetuning.config import UNIT_CODE, FinetuneConfig
-from finetuning.fanout import plan
+from finetuning.fanout import plan, unit_key
 from finetuning.scorecard import build_scorecard
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
 
@@ -86,6 +86,44 @@ def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
     assert not {j.out_dir for j in retokenized} & {j.out_dir for j in jobs}
     with pytest.raises(UserError, match="has no vocabulary"):
         plan(cfg, ["random:tiny"], tmp_path)  # before any unit runs
+
+
+def test_a_units_data_enter_its_key_by_content_not_by_place(tmp_path, minilm_dir):
+    """A task file edited in place is new data (new units); the same files under another data root
+    are not (the units are found again), nor are units made before 2026-11-25, keyed by path."""
+    (tmp_path / "tasks.yaml").write_text(
+        "movies:\n  format: tsv\n  kind: classification\n  train: data:movies/train.tsv\n"
+        "  dev: data:movies/dev.tsv\n  text_a: review\n  label: polarity\n  labels: [neg, pos]\n"
+        "  metrics: [accuracy]\n"
+    )
+    for root in ("disk1", "disk2"):
+        (tmp_path / root / "movies").mkdir(parents=True)
+        for split in ("train", "dev"):
+            (tmp_path / root / "movies" / f"{split}.tsv").write_text("review\tpolarity\ngood film\tpos\n")
+    cfg = FinetuneConfig(tasks=["movies"], task_config=str(tmp_path / "tasks.yaml"))
+
+    def unit_dir(root: str) -> Path:
+        [job] = plan(
+            cfg, ["random:tiny"], tmp_path / "out", tokenizer_dir=minilm_dir, data_root=str(tmp_path / root)
+        )
+        return job.out_dir
+
+    assert unit_dir("disk2") == unit_dir("disk1")
+    with open(tmp_path / "disk2" / "movies" / "train.tsv", "a") as f:
+        f.write("bad film\tneg\n")
+    edited = unit_dir("disk2")
+    assert edited != unit_dir("disk1")
+
+    [job] = plan(
+        cfg, ["random:tiny"], tmp_path / "out", tokenizer_dir=minilm_dir, data_root=str(tmp_path / "disk1")
+    )
+    earlier = unit_key(cfg, job.unit, job.checkpoint, minilm_dir, str(tmp_path / "disk1"), earlier=True)
+    made_then = job.out_dir.with_name(job.out_dir.name.replace(job.key, earlier))
+    made_then.mkdir(parents=True)
+    [found] = plan(
+        cfg, ["random:tiny"], tmp_path / "out", tokenizer_dir=minilm_dir, data_root=str(tmp_path / "disk1")
+    )
+    assert (found.out_dir, found.key) == (made_then, earlier)  # its marker holds that key
 
 
 def test_dynamic_padding_and_length_grouping():
