@@ -57,6 +57,7 @@ def plan(
     (task, lr, seed) of `cfg`. Bad checkpoints, tasks or tokenizers are UserErrors, raised here,
     before any unit runs."""
     units = finetune_units(cfg) if units is None else units
+    units_dir = Path(root) / "units"
     jobs = []
     for checkpoint in (normalize_checkpoint(c) for c in checkpoints):
         check_model_limits(cfg, checkpoint, {u.task for u in units})
@@ -65,10 +66,12 @@ def plan(
         for unit in units:
             slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{unit.name}__{label}")
             key = unit_key(cfg, unit, checkpoint, tokenizer, data_root)
-            if not (Path(root) / "units" / f"{slug}-{key}").exists():  # made before 2026-11-25?
+            if not (
+                units_dir / f"{slug}-{key}"
+            ).exists():  # a unit made before 2026-11-25 has its earlier key
                 earlier = unit_key(cfg, unit, checkpoint, tokenizer, data_root, earlier=True)
-                key = earlier if (Path(root) / "units" / f"{slug}-{earlier}").is_dir() else key
-            jobs.append(Job(unit, checkpoint, label, tokenizer, Path(root) / "units" / f"{slug}-{key}", key))
+                key = earlier if (units_dir / f"{slug}-{earlier}").is_dir() else key
+            jobs.append(Job(unit, checkpoint, label, tokenizer, units_dir / f"{slug}-{key}", key))
     return jobs
 
 
