@@ -67,7 +67,7 @@ def plan(
             slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{unit.name}__{label}")
             key = unit_key(cfg, unit, checkpoint, tokenizer, data_root)
             # a unit made before 2026-11-25 is under its earlier key
-            if not (units_dir / f"{slug}-{key}").exists():
+            if units_dir.is_dir() and not (units_dir / f"{slug}-{key}").exists():
                 earlier = unit_key(cfg, unit, checkpoint, tokenizer, data_root, earlier=True)
                 key = earlier if (units_dir / f"{slug}-{earlier}").is_dir() else key
             jobs.append(Job(unit, checkpoint, label, tokenizer, units_dir / f"{slug}-{key}", key))

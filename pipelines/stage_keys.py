@@ -203,11 +203,14 @@ def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
     bertflow from before 2026-11-25 has (same config and corpus, the key computed as then), that
     one: an upgrade must not cost a finished or half-done pretraining."""
     root = run_root(cfg)
-    keys, earlier = stage_keys(cfg), stage_keys(cfg, earlier=True)
-    dirs = {}
-    for stage in STAGES:
-        current, before = root / stage / keys[stage], root / stage / earlier[stage]
-        dirs[stage] = before if before.is_dir() and not current.exists() else current
+    dirs = {stage: root / stage / key for stage, key in stage_keys(cfg).items()}
+    if all(d.exists() or not d.parent.is_dir() for d in dirs.values()):
+        return dirs  # nothing an earlier output could be: no second round of corpus stamps
+    earlier = stage_keys(cfg, earlier=True)
+    for stage, current in dirs.items():
+        before = root / stage / earlier[stage]
+        if before.is_dir() and not current.exists():
+            dirs[stage] = before
     return dirs
 
 

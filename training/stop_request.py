@@ -9,8 +9,8 @@ a checkpoint of it and stop with `PretrainingStopped`. A rerun resumes from that
 
 Every SIGTERM only notes the request: a stop usually delivers two (the process group's, then
 torchrun's own to its workers, milliseconds apart). A rank stuck in a collective whose peer is gone
-never reaches the next step; the sender's SIGKILL after its grace period ends it (`bertflow` waits
-20 s, torchrun 30 s, Slurm its KillWait).
+never reaches the next step; the sender's SIGKILL after its grace period ends it (`bertflow` and
+torchrun wait `pretrain.stop_grace_s`, DeepSpeed's launcher 30 s, Slurm its KillWait).
 """
 
 from __future__ import annotations
