@@ -506,7 +506,8 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
 
 def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
     """A name a reader understands: 'pretrained (tiny, 300 steps)' for a bertflow pretraining
-    output's model, 'random init (tiny)', else the checkpoint's folder label. Labels (which name
+    output's model ('3,000 + 8,500 steps' when it continued an earlier phase's), 'random init (tiny)',
+    else the checkpoint's folder label. Labels (which name
     unit directories) stay as they are; this is only what the tables show."""
     if kind == "random" or checkpoint.startswith("random:"):
         target = next((t.split(":", 1)[1] for t in (checkpoint, label) if t.startswith("random:")), label)
@@ -516,7 +517,8 @@ def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
     preset = _preset(path)
     marker = read_json_or_empty(path.parent / "_COMPLETE.json") if path.name == "model" else {}
     if "max_steps" in marker and (path.parent / "run_spec.json").is_file():
-        return f"pretrained ({preset or 'custom shape'}, {marker['max_steps']:,} steps)"
+        steps = " + ".join(f"{n:,}" for n in [*marker.get("steps_before", []), marker["max_steps"]])
+        return f"pretrained ({preset or 'custom shape'}, {steps} steps)"
     return f"{label} ({preset})" if preset else label
 
 

@@ -62,6 +62,17 @@ class FlowSection(Section):
     retry_delay_seconds: float = Field(10.0, ge=0, le=86400)
 
 
+class PhaseSection(Section):
+    """A pretraining phase before the main one (BERT's 128 tokens before 512; our 32 before 128):
+    the config's own `preprocess:` and `pretrain:` sections with these settings changed. Each phase
+    starts from the model of the phase before it, the first from `pretrain.init_from` (or random
+    init); the main phase (the sections themselves) starts from the last one's."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="names its stages: pretrain@NAME")
+    preprocess: dict[str, Any] = Field(default_factory=dict, description="preprocess settings changed")
+    pretrain: dict[str, Any] = Field(default_factory=dict, description="pretrain settings changed")
+
+
 class PipelineConfig(Section):
     name: str = "default"
     run_dir: str = "runs"
@@ -73,6 +84,9 @@ class PipelineConfig(Section):
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     model: ModelSection = Field(default_factory=ModelSection)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    phases: list[PhaseSection] = Field(
+        default_factory=list, description="pretraining phases before the main one"
+    )
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     report: ReportSection = Field(default_factory=ReportSection)
 
@@ -81,6 +95,35 @@ class PipelineConfig(Section):
 
     def resolved_data_root(self) -> Path:
         return data_root(self.data_root)
+
+    def phase_config(self, index: int) -> PipelineConfig:
+        """Pretraining phase `index` (0 = the first of `phases`; `len(phases)` = the main one) as a
+        config of its own: the phases before it, and its own preprocess and pretrain settings. Its
+        stage keys and directories are the ones this config's flow uses for that phase."""
+        if index == len(self.phases):
+            return self
+        phase = self.phases[index]
+        return self.model_copy(
+            update={
+                "phases": self.phases[:index],
+                "preprocess": PreprocessConfig.model_validate(
+                    {**self.preprocess.model_dump(), **phase.preprocess}
+                ),
+                "pretrain": PretrainConfig.model_validate({**self.pretrain.model_dump(), **phase.pretrain}),
+            }
+        )
+
+    def phase_index(self, name: str | None) -> int:
+        """The index of the phase named `name` (None: the main one, after every phase)."""
+        names = [phase.name for phase in self.phases]
+        if name is None:
+            return len(names)
+        if name not in names:
+            known = ", ".join(names) if names else "none (the config has no phases: section)"
+            raise UserError(
+                f"--phase {name!r}: no such pretraining phase{did_you_mean(name, names)}; phases: {known}."
+            )
+        return names.index(name)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -186,6 +229,45 @@ def validation_message(exc: ValidationError, section: str | None = None) -> str:
     return "; ".join(lines)
 
 
+def _merge_phases(phases: Any, changes: dict[str, Any]) -> list[Any]:
+    """`--set phases.NAME.SECTION.KEY=VALUE` overrides merged into the phase of that name."""
+    merged = list(phases) if isinstance(phases, list) else []
+    names = [phase.get("name") if isinstance(phase, dict) else None for phase in merged]
+    for name, change in changes.items():
+        if name not in names:
+            raise UserError(
+                f"--set phases.{name}...: the config has no pretraining phase named {name!r}"
+                f"{did_you_mean(name, [n for n in names if n])}.",
+                fix="name one of its phases: " + (", ".join(n for n in names if n) or "it has none") + ".",
+            )
+        index = names.index(name)
+        merged[index] = _merge(merged[index], change if isinstance(change, dict) else {})
+    return merged
+
+
+def _check_phases(cfg: PipelineConfig, where: str) -> None:
+    """Each phase's settings valid as a section of their own, its name unique, no init_from of its own."""
+    names = [phase.name for phase in cfg.phases]
+    for index, phase in enumerate(cfg.phases):
+        if names.count(phase.name) > 1:
+            raise UserError(
+                f"{where}: two pretraining phases are named {phase.name!r}.", fix="name each phase once."
+            )
+        if "init_from" in phase.pretrain:
+            raise UserError(
+                f"{where}: phases[{index}].pretrain.init_from: a phase starts from the phase before it.",
+                fix="remove it; pretrain.init_from (the main section's) is where the first phase starts.",
+            )
+        for section, base in (("preprocess", cfg.preprocess), ("pretrain", cfg.pretrain)):
+            try:
+                type(base).model_validate({**base.model_dump(), **getattr(phase, section)})
+            except ValidationError as exc:
+                message = validation_message(exc, section).replace(
+                    f"{section}.", f"phases[{index}].{section}."
+                )
+                raise UserError(f"{where} is invalid: {message}") from None
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> PipelineConfig:
     """Read, merge overrides into, and validate a pipeline YAML. Errors name the file and key."""
     raw: dict[str, Any] = {}
@@ -204,12 +286,16 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             raise UserError(f"config file {p} is not valid YAML{at}: {problem}.") from None
         if not isinstance(raw, dict):
             raise UserError(f"config file {p} must hold a mapping of sections, got {type(raw).__name__}.")
-    raw = _merge(raw, parse_overrides(overrides))
+    over = parse_overrides(overrides)
+    if isinstance(over.get("phases"), dict):  # --set phases.NAME.pretrain.max_steps=50
+        raw["phases"] = _merge_phases(raw.get("phases"), over.pop("phases"))
+    raw = _merge(raw, over)
+    where = f"config file {path}" if path else "config"
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
-        where = f"config file {path}" if path else "config"
         raise UserError(f"{where} is invalid: {validation_message(exc)}") from None
+    _check_phases(cfg, where)
     if cfg.pretrain.init_from and "preset" not in cfg.model.model_fields_set:
         cfg.model.preset = None  # the model is init_from's; the record must not name a default preset
     if cfg.model.preset is None and not cfg.pretrain.init_from:

@@ -1,5 +1,7 @@
 """The Prefect flow `bert-pipeline`, top to bottom: verify data → tokenizer → preprocess → pretrain →
-fine-tuning units → scorecard → report.
+fine-tuning units → scorecard → report. A config with `phases:` pretrains in phases (BERT's 128
+tokens, then 512): preprocess@NAME → pretrain@NAME for each, then the main preprocess → pretrain,
+each phase starting from the model of the one before.
 
 Each stage is a Prefect task (`pipelines/flow_tasks.py`) writing `run_dir/<stage>/<key>/`
 (`pipelines/stage_keys.py`) and taking its upstream stages' outputs as inputs, so Prefect records
@@ -31,6 +33,7 @@ from pipelines.flow_tasks import (
 )
 from pipelines.prefect_logging import drop_user_error_tracebacks
 from pipelines.report_builder import EMBEDDED_NAME
+from pipelines.stage_keys import phase_names, phase_stage
 
 FLOW_NAME = "bert-pipeline"
 
@@ -56,8 +59,16 @@ def bert_pipeline(
     with run.recorded():
         run.stage("verify", verify_task, cfg=cfg, wandb=run.wandb)
         run.stage("tokenizer", tokenizer_task, after=("verify",), cfg=cfg, wandb=run.wandb)
-        run.stage("preprocess", preprocess_task, upstream=("tokenizer",), cfg=cfg, wandb=run.wandb)
-        run.stage("pretrain", pretrain_task, upstream=("tokenizer", "preprocess"), cfg=cfg, wandb=run.wandb)
+        previous: tuple[str, ...] = ()  # each pretraining phase starts from the model of the one before
+        for index, phase in enumerate(
+            phase_names(cfg)
+        ):  # `phases:`, then the main one (most configs: only it)
+            prep, pre = phase_stage("preprocess", phase), phase_stage("pretrain", phase)
+            phase_cfg = cfg.phase_config(index)
+            run.stage(prep, preprocess_task, upstream=("tokenizer",), cfg=phase_cfg, wandb=run.wandb)
+            inputs = {"tokenizer": "tokenizer", "preprocess": prep}
+            run.stage(pre, pretrain_task, upstream=inputs, after=previous, cfg=phase_cfg, wandb=run.wandb)
+            previous = (pre,)
         run.fan_out(finetune_unit_task, upstream=("pretrain", "tokenizer"))
         run.stage("finetune", scorecard_task, upstream=("units",), wandb=run.wandb)
         record = run.write_record()

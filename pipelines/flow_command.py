@@ -99,8 +99,10 @@ def end_summary(summary: dict[str, Any]) -> str:
     from pipelines.report_sections import duration
 
     stages = summary["stages"]
+    width = max([15, *(len(r["stage"]) for r in stages)])  # pretrain@NAME for a phase's stages
     lines = [
-        f"  {r['stage']:<15} {r['status']:<18} {duration(r['seconds']):>12}  {r['out_dir']}" for r in stages
+        f"  {r['stage']:<{width}} {r['status']:<18} {duration(r['seconds']):>12}  {r['out_dir']}"
+        for r in stages
     ]
     out = {r["stage"]: Path(r["out_dir"]) for r in stages}
     lines += [f"  WARNING {r['code_note']}" for r in stages if r.get("code_note")]

@@ -28,7 +28,7 @@ from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import stage_record, write_record
 from pipelines.run_history import update_latest
-from pipelines.stage_keys import code_change_note, run_root, stage_dirs, stage_key_inputs
+from pipelines.stage_keys import base_stage, code_change_note, run_root, stage_dirs, stage_key_inputs
 from pipelines.stage_plan import plan_stages
 
 
@@ -66,7 +66,8 @@ class FlowRun:
         self.unit_dirs: list[str] = []
 
     def wanted(self, stage: str) -> bool:
-        return stage in self.selected
+        """Whether this flow run executes `stage` (a phase's stages go with their stage's name)."""
+        return base_stage(stage) in self.selected
 
     def upstream(self, stage: str) -> Any:
         """The output of `stage` for a downstream task: this flow run's, else the one on disk."""
@@ -76,7 +77,7 @@ class FlowRun:
         if read_marker(out) is None:
             raise UserError(
                 f"stage {stage!r} has no complete output for this config ({out}).",
-                fix=f"run it first: `bertflow run CONFIG --only {stage}` or the whole flow without --only.",
+                fix=f"run it first: `bertflow run CONFIG --only {base_stage(stage)}` or the whole flow without --only.",
             )
         self._code_note(stage, [out])
         return {"stage": stage, "out_dir": str(out), "status": "reused", "seconds": 0.0, "result": {}}
@@ -93,23 +94,26 @@ class FlowRun:
         name: str,
         task_fn: Any,
         *,
-        upstream: tuple[str, ...] = (),
+        upstream: tuple[str, ...] | dict[str, str] = (),
         after: tuple[str, ...] = (),
         **params: Any,
     ) -> None:
         """Run stage `name` when selected. `upstream`: stages whose outputs the task takes (as
-        parameters of the same names); `after`: stages it only follows when they ran here."""
+        parameters of the same names, or parameter → stage, for a phase's stages); `after`: stages
+        it only follows when they ran here."""
         if not self.wanted(name):
             return
-        inputs = {stage: self.upstream(stage) for stage in upstream}
+        pairs = upstream.items() if isinstance(upstream, dict) else ((stage, stage) for stage in upstream)
+        inputs = {param: self.upstream(stage) for param, stage in pairs}
         out = self.dirs[name]
-        if name in self.forced:
+        if base_stage(name) in self.forced:
             clear(out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "stage_key.json", stage_key_inputs(self.cfg)[name])
         wait_for = [self.outputs[s] for s in after if s in self.outputs]
         t0 = time.time()
-        state = task_fn.with_options(**self._options(read_marker(out) is not None))(
+        options = self._options(read_marker(out) is not None)
+        state = task_fn.with_options(task_run_name=name, **options)(
             stage=name, out_dir=str(out), **inputs, **params, wait_for=wait_for, return_state=True
         )
         value = state.result()  # raises the stage's exception if it failed (after retries)

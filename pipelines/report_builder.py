@@ -24,13 +24,14 @@ from pipelines.report_plots import plot_curves
 from pipelines.report_sections import (
     Links,
     data_section,
+    phases_section,
     pretraining_section,
     result_section,
     scorecard_section,
     stages_section,
     wandb_section,
 )
-from pipelines.stage_keys import run_root, stage_dirs
+from pipelines.stage_keys import base_stage, phase_names, phase_stage, run_root, stage_dirs
 
 EMBEDDED_NAME = "report_embedded.md"
 
@@ -67,25 +68,44 @@ class ReportInputs:
     rows: list[dict[str, Any]]  # pretraining metrics.jsonl
     plots: dict[str, Path]
     wandb_runs: list[Path]
+    phases: list[tuple[str, CardFacts | None, Path]]  # (name, facts, output) per pretraining phase
 
 
 def gather(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any]) -> ReportInputs:
     dirs = stage_dirs(cfg)
     rows = read_metrics(dirs["pretrain"])
-    card = None
-    if (dirs["pretrain"] / "run_spec.json").is_file() and (
-        dirs["pretrain"] / "model" / "config.json"
-    ).is_file():
-        from pipelines.pretrain_card import pretraining_card
-
-        card = pretraining_card(dirs["pretrain"])
+    card = _card(dirs["pretrain"])
+    phases = [
+        (
+            name or "main",
+            _card(dirs[phase_stage("pretrain", name)]) if name else card,
+            dirs[phase_stage("pretrain", name)],
+        )
+        for name in phase_names(cfg)
+    ]
     score_path = dirs["finetune"] / "scorecard.json"
     scorecard = json.loads(score_path.read_text()) if score_path.is_file() else None
-    search = [dirs[s] for s in ("verify", "tokenizer", "preprocess", "pretrain", "finetune")]
+    search = [
+        dirs[s]
+        for s in dirs
+        if base_stage(s) in ("verify", "tokenizer", "preprocess", "pretrain", "finetune")
+    ]
     search += _unit_dirs(cfg, dirs["pretrain"] / "model") + [out_dir]
     baselines = card.evaluation.baselines if card is not None and card.evaluation is not None else None
     plots = plot_curves(rows, out_dir, baselines)
-    return ReportInputs(cfg, out_dir, record, scorecard, card, rows, plots, wandb_run_dirs(search))
+    return ReportInputs(cfg, out_dir, record, scorecard, card, rows, plots, wandb_run_dirs(search), phases)
+
+
+def _card(pretrain_dir: Path) -> CardFacts | None:
+    """The facts of a complete pretraining output (None while it has no model)."""
+    if (
+        not (pretrain_dir / "run_spec.json").is_file()
+        or not (pretrain_dir / "model" / "config.json").is_file()
+    ):
+        return None
+    from pipelines.pretrain_card import pretraining_card
+
+    return pretraining_card(pretrain_dir)
 
 
 def render_markdown(inputs: ReportInputs, links: Links) -> str:
@@ -100,6 +120,7 @@ def render_markdown(inputs: ReportInputs, links: Links) -> str:
     lines += result_section(inputs.scorecard, inputs.card, dirs["pretrain"] / "model", inputs.record, links)
     lines += scorecard_section(inputs.scorecard, dirs["finetune"] / "scorecard.md", links)
     lines += pretraining_section(inputs.rows, inputs.card, inputs.plots, dirs["pretrain"], links)
+    lines += phases_section(inputs.phases, links)
     lines += data_section(dirs["preprocess"] / "stats.json", links)
     lines += stages_section(inputs.record, inputs.out_dir, links)
     lines += wandb_section(inputs.wandb_runs, links.root, links)

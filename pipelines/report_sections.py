@@ -191,6 +191,34 @@ def pretraining_section(
     return [*lines, ""]
 
 
+def phases_section(phases: list[tuple[str, CardFacts | None, Path]], links: Links) -> list[str]:
+    """One row per pretraining phase (config `phases:`, then the main one), each measured on its own
+    held-out split: how the model got where the section above says. Empty without phases."""
+    if len(phases) < 2:
+        return []
+    lines = [
+        "Pretraining phases, each starting from the model of the one before (held-out figures on "
+        "each phase's own validation split and sequence length):",
+        "",
+        "| phase | tokens per example | steps × sequences | tokens seen | held-out MLM accuracy | without context | output |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, card, out_dir in phases:
+        if card is None or card.training is None:
+            lines.append(f"| {name} | | | | | | {links.file(out_dir)} (not complete) |")
+            continue
+        t, e = card.training, card.evaluation
+        length = card.data.max_seq_length if card.data is not None else None
+        tokens = f"{t.tokens_seen:,}" if t.tokens_seen else ""
+        acc = _pct(e.metrics.get("val_mlm_acc")) if e is not None else ""
+        floor = _pct(e.baselines.get("most_frequent_token_acc")) if e is not None else ""
+        lines.append(
+            f"| {name} | {length or ''} | {t.steps:,} × {t.global_batch:,} | {tokens} | {acc} | {floor} | "
+            f"{links.file(out_dir)} |"
+        )
+    return [*lines, ""]
+
+
 def _last_values(rows: list[dict[str, Any]]) -> dict[str, tuple[Any, float]]:
     last: dict[str, tuple[Any, float]] = {}
     for row in rows:

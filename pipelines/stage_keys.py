@@ -51,8 +51,9 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
 
 
 def stage_code(stage: str) -> dict[str, str]:
-    """What a stage's marker records as `code`: file → digest of the code that made the output."""
-    return source_digests(STAGE_CODE[stage])
+    """What a stage's marker records as `code`: file → digest of the code that made the output
+    (a phase's stage, pretrain@NAME: the pretrain stage's)."""
+    return source_digests(STAGE_CODE[base_stage(stage)])
 
 
 def code_change_note(
@@ -127,24 +128,31 @@ def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str,
         "vocab": content_stamp(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
     }
     tok_key = digest(tok, KEY_LENGTH)
-    prep = {
-        "stage": "preprocess",
-        "config": settings(cfg.preprocess),
-        "inputs": corpus_stamps(cfg, cfg.preprocess.input, earlier=earlier),
-        "tokenizer": tok_key,
-    }
-    prep_key = digest(prep, KEY_LENGTH)
-    pre = {
-        "stage": "pretrain",
-        "config": settings(cfg.pretrain),
-        "model": settings(cfg.model),
-        "deepspeed_config": _config_file_digest(cfg.pretrain.deepspeed_config),
-        "hostfile": _config_file_digest(cfg.pretrain.hostfile),
-        "init_from": model_dir_stamp(cfg.pretrain.init_from) if cfg.pretrain.init_from else None,
-        "preprocess": prep_key,
-        "tokenizer": tok_key,
-    }
-    pre_key = digest(pre, KEY_LENGTH)
+    phases: dict[str, dict[str, Any]] = {}  # the earlier pretraining phases' preprocess@NAME, pretrain@NAME
+    # the first phase starts from init_from's model (by content), each later one from the one before
+    init_from = model_dir_stamp(cfg.pretrain.init_from) if cfg.pretrain.init_from else None
+    for index, name in enumerate(phase_names(cfg)):
+        phase = cfg.phase_config(index)
+        prep = {
+            "stage": "preprocess",
+            "config": settings(phase.preprocess),
+            "inputs": corpus_stamps(cfg, phase.preprocess.input, earlier=earlier),
+            "tokenizer": tok_key,
+        }
+        prep_key = digest(prep, KEY_LENGTH)
+        pre = {
+            "stage": "pretrain",
+            "config": settings(phase.pretrain),
+            "model": settings(cfg.model),
+            "deepspeed_config": _config_file_digest(phase.pretrain.deepspeed_config),
+            "hostfile": _config_file_digest(phase.pretrain.hostfile),
+            "init_from": init_from,
+            "preprocess": prep_key,
+            "tokenizer": tok_key,
+        }
+        pre_key = digest(pre, KEY_LENGTH)
+        phases[phase_stage("preprocess", name)], phases[phase_stage("pretrain", name)] = prep, pre
+        init_from = {"phase": name, "pretrain": pre_key}
     fin = {
         "stage": "finetune",
         "config": settings(cfg.finetune),
@@ -166,18 +174,43 @@ def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str,
         "config": settings(cfg.verify),
         "tokenizer": tok["inputs"],
         "preprocess": prep["inputs"],
+        **(
+            {"phases": [phases[phase_stage("preprocess", n)]["inputs"] for n in phase_names(cfg)[:-1]]}
+            if cfg.phases
+            else {}
+        ),
         "tasks": cfg.finetune.tasks,
         "task_config": fin["task_config"],
         "data_root": str(cfg.resolved_data_root()),
     }
-    return {
-        "verify": verify,
-        "tokenizer": tok,
-        "preprocess": prep,
-        "pretrain": pre,
-        "finetune": fin,
-        "report": rep,
-    }
+    return {"verify": verify, "tokenizer": tok, **phases, "finetune": fin, "report": rep}
+
+
+PHASE_MARK = "@"  # pretrain@seq32: the pretrain stage of the phase named seq32
+
+
+def phase_names(cfg: PipelineConfig) -> list[str]:
+    """The pretraining phases in order: each of `phases` by name, then the main one ('')."""
+    return [phase.name for phase in cfg.phases] + [""]
+
+
+def phase_stage(stage: str, phase: str) -> str:
+    """The flow's name of a phase's preprocess or pretrain stage (the main phase's: the stage's)."""
+    return f"{stage}{PHASE_MARK}{phase}" if phase else stage
+
+
+def base_stage(name: str) -> str:
+    """The stage a flow stage name is of: pretrain@seq32 -> pretrain."""
+    return name.partition(PHASE_MARK)[0]
+
+
+def with_phase_init(cfg: PipelineConfig) -> PipelineConfig:
+    """`cfg` with `pretrain.init_from` the model of the phase before its main one (unchanged when it
+    has no phases): what the pretrain stage starts from."""
+    if not cfg.phases:
+        return cfg
+    previous = stage_dirs(cfg.phase_config(len(cfg.phases) - 1))["pretrain"] / "model"
+    return cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"init_from": str(previous)})})
 
 
 def stage_keys(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str, str]:
@@ -199,16 +232,16 @@ def stage_dir(cfg: PipelineConfig, stage: str) -> Path:
 
 
 def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
-    """stage → `run_dir/<stage>/<key>/`. Where no output has that key yet but one made by a
+    """stage → `run_dir/<stage>/<key>/` (a phase's stage, pretrain@NAME: `run_dir/pretrain/<key>/`). Where no output has that key yet but one made by a
     bertflow from before 2026-11-25 has (same config and corpus, the key computed as then), that
     one: an upgrade must not cost a finished or half-done pretraining."""
     root = run_root(cfg)
-    dirs = {stage: root / stage / key for stage, key in stage_keys(cfg).items()}
+    dirs = {stage: root / base_stage(stage) / key for stage, key in stage_keys(cfg).items()}
     if all(d.exists() or not d.parent.is_dir() for d in dirs.values()):
         return dirs  # nothing an earlier output could be: no second round of corpus stamps
     earlier = stage_keys(cfg, earlier=True)
     for stage, current in dirs.items():
-        before = root / stage / earlier[stage]
+        before = root / base_stage(stage) / earlier[stage]
         if before.is_dir() and not current.exists():
             dirs[stage] = before
     return dirs

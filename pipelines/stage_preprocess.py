@@ -301,6 +301,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--runner FlinkRunner --flink_master=host:8081 (see infra/beam/)."
     )
     parser.add_argument("config", nargs="?", help="pipeline YAML (section `preprocess:`)")
+    parser.add_argument(
+        "--phase", help="the shards of this phase of the config's phases: (default: the main ones)"
+    )
     parser.add_argument("--input", action="append", help="corpus file or glob (repeatable)")
     parser.add_argument(
         "--vocab",
@@ -346,6 +349,7 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     cfg = load_config(args.config, args.set)
+    cfg = cfg.phase_config(cfg.phase_index(args.phase))  # the phase's shards (default: the main ones)
     section = cfg.preprocess.model_dump()
     flags = {
         "input": args.input,

@@ -29,7 +29,7 @@ from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
-from pipelines.stage_keys import code_change_note, stage_code, stage_dir
+from pipelines.stage_keys import code_change_note, stage_code, stage_dir, with_phase_init
 
 
 def _device_caps() -> tuple[bool, bool]:
@@ -57,6 +57,7 @@ def run_pretrain_stage(
     from training import launch, preflight
 
     out_dir = Path(out_dir)
+    cfg = with_phase_init(cfg)  # a phase after the first starts from the one before's model
     check_own_output(out_dir, "pretrain", {"shards": shards_dir, "tokenizer": tokenizer_dir})
     on_gpu, bf16_ok = _device_caps()
     p = cfg.pretrain
@@ -128,11 +129,23 @@ def run_pretrain_stage(
                 "fingerprint": fingerprint,
                 "settings": spec.settings(),
                 "max_steps": p.max_steps,
+                "steps_before": steps_before(p.init_from),
                 "model": str(model_dir),
             },
         )
         log_line(f"pretrain: done, model at {model_dir}")
         return model_dir
+
+
+def steps_before(init_from: str | None) -> list[int]:
+    """The steps of each bertflow pretraining that `init_from`'s model continues, first phase first
+    ([]: random init, or a model bertflow did not pretrain)."""
+    if not init_from or Path(init_from).name != "model":
+        return []
+    marker = read_marker(Path(init_from).parent) or {}
+    if "max_steps" not in marker:
+        return []
+    return [*marker.get("steps_before", []), int(marker["max_steps"])]
 
 
 def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
@@ -181,6 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", help="run dir for checkpoints, metrics and model/; default: the flow's for CONFIG"
     )
+    parser.add_argument("--phase", help="pretrain this phase of the config's phases: (default: the main one)")
     parser.add_argument("--preset", help="model preset (tiny, mini, small, medium, base, large)")
     parser.add_argument(
         "--zero-stage",
@@ -214,9 +228,14 @@ def main(args: argparse.Namespace) -> int:
         ("nnodes", "pretrain.nnodes"),
     ):
         value = getattr(args, flag)
-        if value is not None:
-            overrides.append(f"{key}={value}")
+        if value is not None:  # with --phase, the flags change that phase's settings
+            overrides.append(
+                f"phases.{args.phase}.{key}={value}"
+                if args.phase and key.startswith("pretrain.")
+                else f"{key}={value}"
+            )
     cfg = load_config(args.config, overrides)
+    cfg = cfg.phase_config(cfg.phase_index(args.phase))
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)
     shards = Path(args.shards) if args.shards else stage_dir(cfg, "preprocess")
     tokenizer = Path(args.tokenizer) if args.tokenizer else stage_dir(cfg, "tokenizer")

@@ -40,9 +40,15 @@ def check_data_paths(cfg: PipelineConfig) -> list[Path]:
     """Every data file the config names; raises a UserError naming the first missing one."""
     root = cfg.resolved_data_root()
     files: list[Path] = []
+    phase_inputs = [
+        (f"phases[{index}].preprocess.input", cfg.phase_config(index).preprocess.input)
+        for index, phase in enumerate(cfg.phases)
+        if "input" in phase.preprocess
+    ]
     for key, patterns in (
         ("tokenizer.input", cfg.tokenizer.input),
         ("preprocess.input", cfg.preprocess.input),
+        *phase_inputs,
     ):
         if not patterns:
             raise UserError(f"config key {key} is empty.", fix=f"list at least one corpus file under {key}.")
