@@ -41,12 +41,9 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(VENV)/bin/bertflow run $(CONFIG)
 
-# The one-hour CPU recipe (docs/quality.md): phase 1 pretrains on 32-token examples (its tokenizer,
-# preprocess and pretrain stages only), phase 2 (configs/cpu-hour.yaml) continues at 128 tokens from
-# runs/cpu-hour-phase1/latest/model, then fine-tunes and reports. Each command reuses what is done.
+# The one-hour CPU recipe (docs/quality.md), one flow: a phase on 32-token examples, then 128 tokens
+# from its model, then fine-tuning and the report. A rerun reuses what is done.
 cpu-hour: install
-	for stage in tokenizer preprocess pretrain; do \
-	  $(VENV)/bin/bertflow run configs/cpu-hour-phase1.yaml --only $$stage || exit 1; done
 	$(VENV)/bin/bertflow run configs/cpu-hour.yaml
 
 # Register the `bert-pipeline/default` deployment (prefect.yaml) on a running Prefect server

@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # fails fast, before Prefect starts
     plan_stages(args.only, args.from_stage, args.force)
     check_data_paths(cfg)
-    if cfg.pretrain.init_from:  # phase 2: phase 1's model is part of the pretrain stage's key
+    if cfg.pretrain.init_from:  # its model is part of the pretrain stage's key
         from training.preflight import check_init_from
 
         check_init_from(cfg.pretrain.init_from)

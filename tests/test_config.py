@@ -137,7 +137,7 @@ def test_cli_prints_one_paragraph_and_exits_2(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_phase_two_without_phase_one_is_refused_before_any_stage(tmp_path: Path) -> None:
+def test_a_missing_init_from_is_refused_before_any_stage(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "run", "configs/cpu-hour.yaml",
          "--set", f"run_dir={tmp_path / 'runs'}", "--set", f"pretrain.init_from={tmp_path / 'phase1'}"],
@@ -149,5 +149,5 @@ def test_phase_two_without_phase_one_is_refused_before_any_stage(tmp_path: Path)
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert f"pretrain.init_from {tmp_path / 'phase1'} does not exist" in proc.stderr
-    assert "make cpu-hour" in proc.stderr and "Traceback" not in proc.stderr
+    assert "phases: section" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()  # refused before the tokenizer stage wrote anything

@@ -60,7 +60,7 @@ class PretrainConfig(Section):
     seed: Seed = 42
     compile: bool = Field(False, description="torch.compile the model (GPU fast path; off on CPU)")
     init_from: str | None = Field(
-        None, description="phase 2: start from this model dir (e.g. phase 1's out/model), fresh optimizer"
+        None, description="start from this model dir (with phases: the first phase does), fresh optimizer"
     )
     eval_batches: int = Field(20, ge=1, description="validation micro batches per rank per evaluation")
     launcher: Literal["auto", "deepspeed", "torchrun"] = Field(

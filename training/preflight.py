@@ -128,8 +128,8 @@ def check_init_from(init_from: str) -> Path:
         raise UserError(
             f"pretrain.init_from {init_dir} does not exist"
             + (" as a model directory (no config.json)." if init_dir.is_dir() else "."),
-            fix="point it to phase 1's output model/ dir (RUN_DIR/latest/model once phase 1's flow has "
-            "run; `make cpu-hour` runs both phases of the one-hour recipe).",
+            fix="point it to a model directory (a run's RUN_DIR/latest/model), or train the earlier "
+            "phase in the same flow with a phases: section (README, Pretraining).",
         )
     return init_dir
 
