@@ -185,7 +185,14 @@ def pretrain_task(
 
         shards, tokenizer_dir = Path(preprocess["out_dir"]), Path(tokenizer["out_dir"])
         model_dir = run_pretrain_stage(
-            cfg, shards, tokenizer_dir, out, log_line=logger.info, log_debug=logger.debug, wandb=wandb
+            cfg,
+            shards,
+            tokenizer_dir,
+            out,
+            log_line=logger.info,
+            log_debug=logger.debug,
+            wandb=wandb,
+            stage=stage,
         )
         return {"model_dir": str(model_dir)}
 

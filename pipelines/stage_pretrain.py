@@ -48,11 +48,13 @@ def run_pretrain_stage(
     node_rank: int = 0,
     log_debug: Callable[[str], None] | None = None,
     wandb: WandbTarget | None = None,
+    stage: str = "pretrain",
 ) -> Path:
     """Check everything, launch the ranks, return the model directory. The ranks' lines about the
     run go to `log_line`, DeepSpeed's and torch's talk about themselves to `log_debug` (dropped
     when None), every line to OUT/launcher.log. `wandb`: where the W&B run goes (the flow passes
-    its run's group; alone, the group is `<config name>-pretrain`)."""
+    its run's group; alone, the group is `<config name>-pretrain`). `stage`: the flow's name of the
+    stage (pretrain@NAME for a phase), which names the W&B run."""
     from pipelines.launcher_log import LauncherLog, jit_build_notice
     from training import launch, preflight
 
@@ -75,7 +77,7 @@ def run_pretrain_stage(
             )
     wandb = wandb or cfg.wandb.target(group=f"{cfg.name}-pretrain")
     spec = preflight.build_spec(
-        cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world, wandb
+        cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world, wandb, stage
     )
     fingerprint = spec.fingerprint()
     marker = read_marker(out_dir)
@@ -248,5 +250,6 @@ def main(args: argparse.Namespace) -> int:
     # SIGTERM (a scheduler's preemption, `kill PID`): the ranks save the step they reached and exit
     # before this command does (training/stop_request.py)
     with sigterm_as_interrupt():
-        run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank)
+        stage = f"pretrain@{args.phase}" if args.phase else "pretrain"
+        run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank, stage=stage)
     return 0

@@ -113,6 +113,12 @@ def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, dat
     # the phase trained at 32 tokens, the main phase started from its model
     assert json.loads((phase_dir / "model" / "tokenizer_config.json").read_text())["model_max_length"] == 32
     assert f"initialized weights from {phase_dir / 'model'}" in (main_dir / "launcher.log").read_text()
+    # each phase's W&B run is named for its stage, in the flow run's group
+    from tests.wandb_records import run_info
+
+    runs = [run_info(d) for d in (phase_dir, main_dir)]
+    assert [r["name"] for r in runs] == ["tiny-test-pretrain@seq32", "tiny-test-pretrain"], runs
+    assert {r["group"] for r in runs} == {first["wandb_group"]}
     marker = json.loads((main_dir / MARKER_NAME).read_text())
     assert (marker["steps_before"], marker["max_steps"]) == ([6], 8)
     # the scorecard names both phases' steps; the report shows one row per phase

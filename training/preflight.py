@@ -267,8 +267,10 @@ def build_spec(
     bf16_ok: bool,
     world_size: int,
     wandb: WandbTarget,
+    stage: str = "pretrain",
 ) -> RunSpec:
-    """`cfg` is the pipeline config (pipelines/config.py); raises a UserError for any bad input."""
+    """`cfg` is the pipeline config (pipelines/config.py); raises a UserError for any bad input.
+    `stage`: the flow's name of the stage (pretrain@NAME for a phase), which names the W&B run."""
     shards_dir, tokenizer_dir, out_dir = (Path(p).resolve() for p in (shards_dir, tokenizer_dir, out_dir))
     vocab = read_vocab(tokenizer_dir)
     manifest = check_shards(shards_dir, tokenizer_dir, len(vocab))
@@ -292,7 +294,7 @@ def build_spec(
         tokenizer_dir=tokenizer_dir,
         on_gpu=on_gpu,
         world_size=world_size,
-        run_name=f"{cfg.name}-pretrain",
+        run_name=f"{cfg.name}-{stage}",
         pretrain=cfg.pretrain,
         model=mcfg.to_hf_dict(),
         ds_config=ds,
