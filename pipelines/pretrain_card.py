@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from common.atomic import MARKER_NAME
 from common.jsonfile import read_json_or_empty
 from common.tracking import read_metrics
 from common.version import package_version
@@ -105,6 +106,17 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
     )
 
 
+def steps_before(init_from: str | None) -> list[int]:
+    """The steps of each bertflow pretraining that `init_from`'s model continues, first phase first
+    ([]: random init, or a model bertflow did not pretrain)."""
+    if not init_from or Path(init_from).name != "model":
+        return []
+    marker = read_json_or_empty(Path(init_from).parent / MARKER_NAME)
+    if "max_steps" not in marker:
+        return []
+    return [*marker.get("steps_before", []), int(marker["max_steps"])]
+
+
 def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | None = None) -> CardFacts:
     """The model card facts of the pretraining output directory `out_dir` (its model is
     `out_dir/model`)."""
@@ -121,8 +133,10 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
     preset = preset_of(model_config)
     title = f"BERT-{preset}" if preset else "BERT"
     corpus = f" on {data.corpus_files[0][0]}" if data and len(data.corpus_files) == 1 else ""
+    init_from = spec.get("pretrain", {}).get("init_from")
+    steps = " + ".join(f"{n:,}" for n in [*steps_before(init_from), training.steps])
     return CardFacts(
-        name=name or f"{title} pretrained{corpus} ({training.steps:,} steps, bertflow)",
+        name=name or f"{title} pretrained{corpus} ({steps} steps, bertflow)",
         model_config=model_config,
         parameters=_parameters(model_config),
         model_max_length=data.max_seq_length if data and data.max_seq_length else None,
@@ -131,6 +145,7 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
         evaluation=_eval_facts(spec, rows, shards_dir) if shards_dir else None,
         provenance={
             "pretraining output": f"`{out_dir}`",
+            **({"continued from": f"`{init_from}` (its weights; a fresh optimizer)"} if init_from else {}),
             "shards": f"`{shards_dir}`" if shards_dir else "?",
             "tokenizer": f"`{tokenizer_dir}`" if tokenizer_dir else "?",
             "written by": f"bertflow {package_version()}",

@@ -29,6 +29,7 @@ from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
+from pipelines.pretrain_card import steps_before
 from pipelines.stage_keys import code_change_note, stage_code, stage_dir, with_phase_init
 
 
@@ -137,17 +138,6 @@ def run_pretrain_stage(
         )
         log_line(f"pretrain: done, model at {model_dir}")
         return model_dir
-
-
-def steps_before(init_from: str | None) -> list[int]:
-    """The steps of each bertflow pretraining that `init_from`'s model continues, first phase first
-    ([]: random init, or a model bertflow did not pretrain)."""
-    if not init_from or Path(init_from).name != "model":
-        return []
-    marker = read_marker(Path(init_from).parent) or {}
-    if "max_steps" not in marker:
-        return []
-    return [*marker.get("steps_before", []), int(marker["max_steps"])]
 
 
 def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:

@@ -121,7 +121,9 @@ def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, dat
     assert {r["group"] for r in runs} == {first["wandb_group"]}
     marker = json.loads((main_dir / MARKER_NAME).read_text())
     assert (marker["steps_before"], marker["max_steps"]) == ([6], 8)
-    # the scorecard names both phases' steps; the report shows one row per phase
+    # the model card, the scorecard and the report name both phases' steps
+    model_card = (main_dir / "model" / "README.md").read_text()
+    assert "(6 + 8 steps, bertflow)" in model_card and f"continued from: `{phase_dir / 'model'}`" in model_card
     card = json.loads((Path(stages["finetune"]["out_dir"]) / "scorecard.json").read_text())
     assert card["rows"][0]["name"] == "pretrained (tiny, 6 + 8 steps)", card["rows"][0]
     report = (Path(stages["report"]["out_dir"]) / "report.md").read_text()
