@@ -43,7 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="configs/default.yaml",
         help="pipeline YAML (default: configs/default.yaml)",
     )
-    parser.add_argument("--only", choices=STAGES, help="run just this stage (its inputs must be complete)")
+    parser.add_argument(
+        "--only",
+        choices=STAGES,
+        help="run just this stage (its inputs must be complete); preprocess and pretrain include their phases",
+    )
     parser.add_argument(
         "--from", dest="from_stage", choices=STAGES, help="recompute this stage and every later one"
     )
