@@ -59,10 +59,10 @@ def bert_pipeline(
     with run.recorded():
         run.stage("verify", verify_task, cfg=cfg, wandb=run.wandb)
         run.stage("tokenizer", tokenizer_task, after=("verify",), cfg=cfg, wandb=run.wandb)
-        previous: tuple[str, ...] = ()  # each pretraining phase starts from the model of the one before
-        for index, phase in enumerate(
-            phase_names(cfg)
-        ):  # `phases:`, then the main one (most configs: only it)
+        # the pretraining phases (`phases:`, then the main one; most configs: only it), each
+        # starting from the model of the one before
+        previous: tuple[str, ...] = ()
+        for index, phase in enumerate(phase_names(cfg)):
             prep, pre = phase_stage("preprocess", phase), phase_stage("pretrain", phase)
             phase_cfg = cfg.phase_config(index)
             run.stage(prep, preprocess_task, upstream=("tokenizer",), cfg=phase_cfg, wandb=run.wandb)

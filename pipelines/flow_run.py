@@ -77,7 +77,8 @@ class FlowRun:
         if read_marker(out) is None:
             raise UserError(
                 f"stage {stage!r} has no complete output for this config ({out}).",
-                fix=f"run it first: `bertflow run CONFIG --only {base_stage(stage)}` or the whole flow without --only.",
+                fix=f"run it first: `bertflow run CONFIG --only {base_stage(stage)}` or the whole flow "
+                "without --only.",
             )
         self._code_note(stage, [out])
         return {"stage": stage, "out_dir": str(out), "status": "reused", "seconds": 0.0, "result": {}}

@@ -200,7 +200,8 @@ def phases_section(phases: list[tuple[str, CardFacts | None, Path]], links: Link
         "Pretraining phases, each starting from the model of the one before (held-out figures on "
         "each phase's own validation split and sequence length):",
         "",
-        "| phase | tokens per example | steps × sequences | tokens seen | held-out MLM accuracy | without context | output |",
+        "| phase | tokens per example | steps × sequences | tokens seen | held-out MLM accuracy "
+        "| without context | output |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for name, card, out_dir in phases:

@@ -232,9 +232,10 @@ def stage_dir(cfg: PipelineConfig, stage: str) -> Path:
 
 
 def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
-    """stage → `run_dir/<stage>/<key>/` (a phase's stage, pretrain@NAME: `run_dir/pretrain/<key>/`). Where no output has that key yet but one made by a
-    bertflow from before 2026-11-25 has (same config and corpus, the key computed as then), that
-    one: an upgrade must not cost a finished or half-done pretraining."""
+    """stage → `run_dir/<stage>/<key>/` (a phase's stage, pretrain@NAME: `run_dir/pretrain/<key>/`).
+    Where no output has that key yet but one made by a bertflow from before 2026-11-25 has (same
+    config and corpus, the key computed as then), that one: an upgrade must not cost a finished or
+    half-done pretraining."""
     root = run_root(cfg)
     dirs = {stage: root / base_stage(stage) / key for stage, key in stage_keys(cfg).items()}
     if all(d.exists() or not d.parent.is_dir() for d in dirs.values()):
