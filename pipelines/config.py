@@ -2,7 +2,8 @@
 
 Unknown keys and wrong types are errors that name the key (with the closest known key when one is
 near); any value can be overridden from the command line with `--set section.key=value` (YAML
-syntax for the value; a list setting also takes comma-separated values: `finetune.tasks=sst2,mrpc`).
+syntax for the value; a list setting also takes comma-separated values: `finetune.tasks=sst2,mrpc`;
+a pretraining phase's setting by the phase's name: `phases.seq32.pretrain.max_steps=100`).
 """
 
 from __future__ import annotations
