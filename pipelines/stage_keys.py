@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.atomic import read_marker
+from common.atomic import MARKER_NAME, read_marker
+from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
 from common.paths import PROJECT_ROOT
 from common.settings import Section
@@ -206,10 +207,18 @@ def base_stage(name: str) -> str:
 
 def with_phase_init(cfg: PipelineConfig) -> PipelineConfig:
     """`cfg` with `pretrain.init_from` the model of the phase before its main one (unchanged when it
-    has no phases): what the pretrain stage starts from."""
+    has no phases): what the pretrain stage starts from. A UserError naming that phase while it
+    has no model."""
     if not cfg.phases:
         return cfg
+    name = cfg.phases[-1].name
     previous = stage_dirs(cfg.phase_config(len(cfg.phases) - 1))["pretrain"] / "model"
+    if not (previous.parent / MARKER_NAME).is_file():
+        raise UserError(
+            f"this pretraining starts from the model of phase {name!r}, which has none yet ({previous}).",
+            fix=f"run that phase first: `bertflow pretrain CONFIG --phase {name}` (after `bertflow preprocess "
+            f"CONFIG --phase {name}`), or the whole flow: `bertflow run CONFIG`.",
+        )
     return cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"init_from": str(previous)})})
 
 

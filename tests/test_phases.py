@@ -81,7 +81,11 @@ def test_phase_keys_chain_and_match_a_config_of_their_own(tmp_path: Path) -> Non
     # a phase setting moves that phase's pretraining and everything after it, nothing before
     longer = stage_keys(load_config(_config(tmp_path, [SEQ32]), ["phases.seq32.pretrain.max_steps=7"]))
     assert {s for s in keys if keys[s] != longer[s]} == {"pretrain@seq32", "pretrain", "finetune", "report"}
-    # the main pretraining starts from the phase's model
+    # the main pretraining starts from the phase's model, once there is one
+    with pytest.raises(UserError, match=r"model of phase 'seq32', which has none yet .*--phase seq32"):
+        with_phase_init(cfg)
+    dirs["pretrain@seq32"].mkdir(parents=True)
+    (dirs["pretrain@seq32"] / MARKER_NAME).write_text("{}")
     assert with_phase_init(cfg).pretrain.init_from == str(dirs["pretrain@seq32"] / "model")
 
 
