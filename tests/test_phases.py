@@ -127,7 +127,8 @@ def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, dat
     assert (marker["steps_before"], marker["max_steps"]) == ([6], 8)
     # the model card, the scorecard and the report name both phases' steps
     model_card = (main_dir / "model" / "README.md").read_text()
-    assert "(6 + 8 steps, bertflow)" in model_card and f"continued from: `{phase_dir / 'model'}`" in model_card
+    assert "(6 + 8 steps, bertflow)" in model_card
+    assert f"continued from: `{phase_dir / 'model'}`" in model_card
     card = json.loads((Path(stages["finetune"]["out_dir"]) / "scorecard.json").read_text())
     assert card["rows"][0]["name"] == "pretrained (tiny, 6 + 8 steps)", card["rows"][0]
     report = (Path(stages["report"]["out_dir"]) / "report.md").read_text()
