@@ -19,6 +19,7 @@ from common.jsonfile import read_json_or_empty
 from common.tracking import Tracker
 from finetuning.chance import is_at_chance
 from finetuning.seed_noise import SeedNoise, difference_noise, verdict
+from model.model_card import steps_text
 
 METRIC_SHORT = {
     "accuracy": "acc",
@@ -517,7 +518,7 @@ def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
     preset = _preset(path)
     marker = read_json_or_empty(path.parent / "_COMPLETE.json") if path.name == "model" else {}
     if "max_steps" in marker and (path.parent / "run_spec.json").is_file():
-        steps = " + ".join(f"{n:,}" for n in [*marker.get("steps_before", []), marker["max_steps"]])
+        steps = steps_text([*marker.get("steps_before", []), marker["max_steps"]])
         return f"pretrained ({preset or 'custom shape'}, {steps} steps)"
     return f"{label} ({preset})" if preset else label
 

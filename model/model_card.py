@@ -117,6 +117,11 @@ def _quality(e: EvalFacts) -> list[str]:
     return ["## How good is it", "", *quality_lines(e)]
 
 
+def steps_text(steps: list[int]) -> str:
+    """The steps of a pretraining and of the phases it continued, first first: '3,000 + 8,500'."""
+    return " + ".join(f"{n:,}" for n in steps)
+
+
 def quality_lines(e: EvalFacts) -> list[str]:
     """The held-out figures next to the context-free baselines, and what they mean (markdown)."""
     m, b = e.metrics, e.baselines

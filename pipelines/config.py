@@ -103,16 +103,18 @@ class PipelineConfig(Section):
         stage keys and directories are the ones this config's flow uses for that phase."""
         if index == len(self.phases):
             return self
-        phase = self.phases[index]
         return self.model_copy(
             update={
                 "phases": self.phases[:index],
-                "preprocess": PreprocessConfig.model_validate(
-                    {**self.preprocess.model_dump(), **phase.preprocess}
-                ),
-                "pretrain": PretrainConfig.model_validate({**self.pretrain.model_dump(), **phase.pretrain}),
+                "preprocess": self.phase_section(index, "preprocess"),
+                "pretrain": self.phase_section(index, "pretrain"),
             }
         )
+
+    def phase_section(self, index: int, section: Literal["preprocess", "pretrain"]) -> Section:
+        """Phase `index`'s `preprocess` or `pretrain` section: this config's with the phase's changes."""
+        base = getattr(self, section)
+        return type(base).model_validate({**base.model_dump(), **getattr(self.phases[index], section)})
 
     def phase_index(self, name: str | None) -> int:
         """The index of the phase named `name` (None: the main one, after every phase)."""
@@ -259,9 +261,9 @@ def _check_phases(cfg: PipelineConfig, where: str) -> None:
                 f"{where}: phases[{index}].pretrain.init_from: a phase starts from the phase before it.",
                 fix="remove it; pretrain.init_from (the main section's) is where the first phase starts.",
             )
-        for section, base in (("preprocess", cfg.preprocess), ("pretrain", cfg.pretrain)):
+        for section in ("preprocess", "pretrain"):
             try:
-                type(base).model_validate({**base.model_dump(), **getattr(phase, section)})
+                cfg.phase_section(index, section)
             except ValidationError as exc:
                 message = validation_message(exc, section).replace(
                     f"{section}.", f"phases[{index}].{section}."

@@ -17,7 +17,7 @@ from common.jsonfile import read_json_or_empty
 from common.tracking import read_metrics
 from common.version import package_version
 from model.config import preset_of
-from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts
+from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts, steps_text
 
 
 def _data_facts(
@@ -134,7 +134,7 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
     title = f"BERT-{preset}" if preset else "BERT"
     corpus = f" on {data.corpus_files[0][0]}" if data and len(data.corpus_files) == 1 else ""
     init_from = spec.get("pretrain", {}).get("init_from")
-    steps = " + ".join(f"{n:,}" for n in [*steps_before(init_from), training.steps])
+    steps = steps_text([*steps_before(init_from), training.steps])
     return CardFacts(
         name=name or f"{title} pretrained{corpus} ({steps} steps, bertflow)",
         model_config=model_config,

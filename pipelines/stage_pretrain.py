@@ -30,7 +30,7 @@ from common.stage_output import check_own_output
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
 from pipelines.pretrain_card import steps_before
-from pipelines.stage_keys import code_change_note, stage_code, stage_dir, with_phase_init
+from pipelines.stage_keys import code_change_note, phase_stage, stage_code, stage_dir, with_phase_init
 
 
 def _device_caps() -> tuple[bool, bool]:
@@ -240,6 +240,6 @@ def main(args: argparse.Namespace) -> int:
     # SIGTERM (a scheduler's preemption, `kill PID`): the ranks save the step they reached and exit
     # before this command does (training/stop_request.py)
     with sigterm_as_interrupt():
-        stage = f"pretrain@{args.phase}" if args.phase else "pretrain"
+        stage = phase_stage("pretrain", args.phase or "")
         run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank, stage=stage)
     return 0
