@@ -117,3 +117,12 @@ def test_latest_links_follow_the_newest_flow_run(root: Path) -> None:
     assert not os.path.isabs(os.readlink(latest / "pretrain"))  # relative: the run dir can move
     update_latest(root, {"tokenizer": root / "tokenizer" / "t1"}, None)
     assert not (latest / "model").exists() and (latest / "tokenizer").is_dir()
+
+
+def test_latest_links_a_runs_phases_and_drops_those_it_does_not_have(root: Path) -> None:
+    dirs = {"pretrain@seq32": root / "pretrain" / "p1", "pretrain": root / "pretrain" / "p2"}
+    latest = update_latest(root, dirs, None)
+    assert (latest / "pretrain@seq32").resolve() == (root / "pretrain" / "p1").resolve()
+    assert (latest / "pretrain").resolve() == (root / "pretrain" / "p2").resolve()
+    update_latest(root, {"pretrain": root / "pretrain" / "p2"}, None)  # a config without the phase
+    assert not (latest / "pretrain@seq32").is_symlink() and (latest / "pretrain").is_dir()
