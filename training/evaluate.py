@@ -100,13 +100,20 @@ class MlmBaselines:
         return asdict(self)
 
 
+def target_counts(mlm_ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """How often each token id occurs among masked-LM targets `mlm_ids` (at least `vocab_size`
+    entries; ids past the vocabulary are counted too). The pretraining's MLM bias prior and the
+    unigram baseline both count with this."""
+    return np.bincount(mlm_ids.astype(np.int64, copy=False), minlength=vocab_size)
+
+
 def train_target_counts(shards_dir: str | Path, vocab_size: int) -> np.ndarray:
     """How often each token id is a masked-LM target in the train split of a shard directory (its
     `masked_lm_ids` column only, so a large corpus is not loaded)."""
     counts = np.zeros(vocab_size, np.int64)
     for path in shard_format.shard_paths(shards_dir, "train", verify=False):
         ids = pq.read_table(path, columns=["masked_lm_ids"]).column(0).combine_chunks().flatten()
-        found = np.bincount(ids.to_numpy().astype(np.int64), minlength=len(counts))
+        found = target_counts(ids.to_numpy(), len(counts))
         counts = np.pad(counts, (0, len(found) - len(counts))) + found  # ids past the vocabulary: kept
     return counts
 

@@ -43,7 +43,7 @@ from training import checkpoint, example_cache, preflight
 from training.config import PretrainConfig
 from training.data import BatchPlan, ExampleStore, PretrainLoader, eval_batches, mapped_split
 from training.ds_config import offloads_optimizer, precision_of
-from training.evaluate import PretrainEval, evaluate_pretraining
+from training.evaluate import PretrainEval, evaluate_pretraining, target_counts
 from training.flops import device_peak_tflops
 from training.optim import build_optimizer, build_scheduler
 from training.run_spec import RunSpec
@@ -231,7 +231,7 @@ def build_model(
                 f"0..{init_trained_length - 1} ({init_from} was trained at {init_trained_length} tokens)"
             )
     elif not resuming and p.mlm_bias_init == "unigram" and store is not None:
-        counts = np.bincount(store.mlm_ids, minlength=model_cfg.vocab_size)
+        counts = target_counts(store.mlm_ids, model_cfg.vocab_size)
         model.init_mlm_bias(torch.from_numpy(counts))
     return model
 
