@@ -79,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: the pretraining launcher's group is stopped, the flow records
     # its crash, the temporary API stops (Prefect's flow engine passes a SIGTERM it catches on here)
     with sigterm_as_interrupt():
+        summary: dict[str, Any] = {}
         try:
             start_temporary_server()
             summary = bert_pipeline(
@@ -89,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
                 force=args.force,
             )
         finally:
-            stop_prefect()
+            stop_prefect(summary.get("task_run_ids", ()))
     print()
     print(end_summary(summary))
     return 0

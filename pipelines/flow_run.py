@@ -64,6 +64,7 @@ class FlowRun:
         self.record_path: Path | None = None
         self.status = "running"
         self.unit_dirs: list[str] = []
+        self.task_run_ids: list[str] = []  # every task run of this flow run, stages and units
 
     def wanted(self, stage: str) -> bool:
         """Whether this flow run executes `stage` (a phase's stages go with their stage's name)."""
@@ -117,6 +118,7 @@ class FlowRun:
         state = task_fn.with_options(task_run_name=name, **options)(
             stage=name, out_dir=str(out), **inputs, **params, wait_for=wait_for, return_state=True
         )
+        self.task_run_ids.append(str(state.state_details.task_run_id))
         value = state.result()  # raises the stage's exception if it failed (after retries)
         status = "reused" if value.get("status") == "reused" else _cache_status(state)
         self.records.append(
@@ -157,6 +159,7 @@ class FlowRun:
         t0 = time.time()
         with UnitPool(self.cfg.finetune, len(jobs), data_root=self.cfg.data_root, wandb=self.wandb) as pool:
             futures = self._submit_bounded(task_fn, jobs, complete_before, pool, wait_for)
+        self.task_run_ids += [str(f.task_run_id) for f in futures]
         failed = [f for f in futures if not f.state.is_completed()]
         if failed:  # finished units stay complete on disk; the next run retries only the failed ones
             raise RuntimeError(

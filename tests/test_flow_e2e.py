@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 
@@ -88,7 +89,13 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     # the DeepSpeed log went through the Prefect task logger into the pretrain curves
     metrics = [json.loads(line) for line in (pretrain_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(m["step"] or 0 for m in metrics) == 8
-    # the Prefect graph: tokenizer -> preprocess -> pretrain -> units -> scorecard -> report
+    # the Prefect graph: tokenizer -> preprocess -> pretrain -> units -> scorecard -> report, every
+    # task run of it final in the API before it is read (as before `bertflow run` stops the server)
+    from pipelines.prefect_server import wait_for_task_run_records
+
+    assert len(first["task_run_ids"]) == 10  # six stages, four units
+    assert wait_for_task_run_records(first["task_run_ids"], timeout_s=30)
+    assert not wait_for_task_run_records([*first["task_run_ids"], str(uuid4())], timeout_s=0.5)
     graph = _upstream_graph(first["flow_run_id"])
     unit_runs = {name for name in graph if name.startswith("finetune-")}
     assert len(unit_runs) == 4 and f"finetune-rte-lr5e-05-s42-{pretrain_dir.name}/model" in unit_runs, graph
