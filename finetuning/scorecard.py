@@ -345,8 +345,8 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
     """Why the pretrained model does not count as better: behind on average, or ahead on few tasks."""
     advice = (
         "Pretrain on more tokens: a tiny BERT on 2 CPU cores needs about 25-30 minutes of pretraining "
-        "before it beats random init, and `bertflow run configs/cpu-hour.yaml` (an hour) ends about "
-        "+8 GLUE-style points ahead; docs/quality.md has the measurements."
+        "before it beats random init, and `bertflow run configs/cpu-hour.yaml` (under an hour of "
+        "pretraining) ends about +8 GLUE-style points ahead; docs/quality.md has the measurements."
     )
     avg = h["glue_average_delta"]
     if avg is None or avg <= 0 or not h["ahead_on"]:
