@@ -344,9 +344,10 @@ def _how_tested(tested: bool | None) -> str:
 def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
     """Why the pretrained model does not count as better: behind on average, or ahead on few tasks."""
     advice = (
-        "Pretrain on more tokens: a tiny BERT on 2 CPU cores needs about 25-30 minutes of pretraining "
-        "before it beats random init, and `bertflow run configs/cpu-hour.yaml` (under an hour of "
-        "pretraining) ends about +8 GLUE-style points ahead; docs/quality.md has the measurements."
+        "Pretrain on more tokens (a larger corpus, not more passes over a small one): on 2 CPU cores "
+        "the tiny BERT of `bertflow run configs/cpu-hour.yaml` passes random init after about 25-30 "
+        "minutes of pretraining and ends about +8 GLUE-style points ahead (under an hour of "
+        "pretraining); docs/quality.md has the measurements."
     )
     avg = h["glue_average_delta"]
     if avg is None or avg <= 0 or not h["ahead_on"]:
