@@ -73,7 +73,7 @@ def stop_prefect(task_run_ids: Sequence[str] = ()) -> None:
     A task run's states reach the API as events, which the server's task-run recorder writes to its
     database one by one after they arrive. Stopped in the middle of such a write, the server printed
     "Error flushing 1 events" with two tracebacks after a finished flow (2 of 16 cached reruns, two at
-    a time on one database), and the Prefect UI could show a task run that never finished."""
+    a time on one database; the recorder retries such an event while it shuts down)."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
