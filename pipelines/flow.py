@@ -92,7 +92,7 @@ def _summary(run: FlowRun, config_name: str) -> dict[str, Any]:
         "run_dir": str(run.root),
         "flow_run": run.run_name,
         "flow_run_id": str(runtime_flow_run.id) if runtime_flow_run.id else None,
-        "task_run_ids": run.task_run_ids,
+        "task_run_ids": run.task_run_ids(),
         "wandb_group": run.group,
         "stages": run.records,
         "record": str(run.record_path),

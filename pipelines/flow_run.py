@@ -64,7 +64,16 @@ class FlowRun:
         self.record_path: Path | None = None
         self.status = "running"
         self.unit_dirs: list[str] = []
-        self.task_run_ids: list[str] = []  # every task run of this flow run, stages and units
+
+    def task_run_ids(self) -> list[str]:
+        """The task runs this flow run has made so far: one per stage that ran, one per unit."""
+        ids: list[str] = []
+        for output in self.outputs.values():
+            if isinstance(output, State):
+                ids.append(str(output.state_details.task_run_id))
+            else:  # the fine-tuning units' futures
+                ids += [str(future.task_run_id) for future in output]
+        return ids
 
     def wanted(self, stage: str) -> bool:
         """Whether this flow run executes `stage` (a phase's stages go with their stage's name)."""
@@ -118,7 +127,6 @@ class FlowRun:
         state = task_fn.with_options(task_run_name=name, **options)(
             stage=name, out_dir=str(out), **inputs, **params, wait_for=wait_for, return_state=True
         )
-        self.task_run_ids.append(str(state.state_details.task_run_id))
         value = state.result()  # raises the stage's exception if it failed (after retries)
         status = "reused" if value.get("status") == "reused" else _cache_status(state)
         self.records.append(
@@ -159,7 +167,6 @@ class FlowRun:
         t0 = time.time()
         with UnitPool(self.cfg.finetune, len(jobs), data_root=self.cfg.data_root, wandb=self.wandb) as pool:
             futures = self._submit_bounded(task_fn, jobs, complete_before, pool, wait_for)
-        self.task_run_ids += [str(f.task_run_id) for f in futures]
         failed = [f for f in futures if not f.state.is_completed()]
         if failed:  # finished units stay complete on disk; the next run retries only the failed ones
             raise RuntimeError(

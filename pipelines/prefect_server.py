@@ -93,16 +93,17 @@ def wait_for_task_run_records(task_run_ids: Sequence[str], timeout_s: float) -> 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterId
 
-    pending = sorted({UUID(i) for i in task_run_ids})
+    pending = list({UUID(i) for i in task_run_ids})
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while pending:
-            batch = pending[:API_LIMIT]
-            runs = client.read_task_runs(task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=batch)))
-            final = {r.id for r in runs if r.state is not None and r.state.is_final()}
-            pending = [i for i in pending if i not in final]
-            if pending and time.monotonic() >= deadline:
-                return False
-            if pending and len(final) < len(batch):
+            wanted = TaskRunFilter(id=TaskRunFilterId(any_=pending[:API_LIMIT]))
+            final = {
+                r.id for r in client.read_task_runs(task_run_filter=wanted) if r.state and r.state.is_final()
+            }
+            if not final.issuperset(pending[:API_LIMIT]):  # the server has not recorded them yet
+                if time.monotonic() >= deadline:
+                    return False
                 time.sleep(0.1)
+            pending = [i for i in pending if i not in final]
     return True

@@ -22,7 +22,7 @@ from common.atomic import MARKER_NAME, progress_state
 from common.dir_lock import lock_file_of
 from common.errors import UserError
 from pipelines.flow_records import FLOW_RECORDS
-from pipelines.stage_keys import PHASE_MARK, STAGES
+from pipelines.stage_keys import STAGES
 
 LATEST = "latest"
 UNITS = ("finetune", "units")
@@ -171,11 +171,10 @@ def remove(path: Path) -> None:
 
 def update_latest(root: Path, dirs: dict[str, Path], record: Path | None) -> Path:
     """`run_dir/latest/`: a relative link per complete stage output of the newest flow run (a
-    phase's too, `pretrain@seq32`), plus `model`, `report.html` and `flow_run.json`; links of stages
-    without a complete output go, and so do those of phases the newest run does not have."""
+    phase's too, `pretrain@seq32`), plus `model`, `report.html` and `flow_run.json`; every other
+    link goes (stages without a complete output, phases the newest run does not have)."""
     latest = root / LATEST
     latest.mkdir(parents=True, exist_ok=True)
-    earlier_phases = [p.name for p in latest.iterdir() if p.is_symlink() and PHASE_MARK in p.name]
     links: dict[str, Path] = {s: d for s, d in dirs.items() if (d / MARKER_NAME).is_file()}
     if "pretrain" in links:
         links["model"] = links["pretrain"] / "model"
@@ -183,13 +182,11 @@ def update_latest(root: Path, dirs: dict[str, Path], record: Path | None) -> Pat
         links["report.html"] = links["report"] / "report.html"
     if record is not None:
         links["flow_run.json"] = record
-    for name in dict.fromkeys([*STAGES, *dirs, *earlier_phases, "model", "report.html", "flow_run.json"]):
-        link = latest / name
-        if name not in links:
-            if link.is_symlink():
-                link.unlink()
-            continue
+    for link in latest.iterdir():
+        if link.is_symlink() and link.name not in links:
+            link.unlink()
+    for name, target in links.items():
         tmp = latest / f".{name}.{os.getpid()}.{time.monotonic_ns()}"
-        os.symlink(os.path.relpath(links[name], latest), tmp)
-        os.replace(tmp, link)
+        os.symlink(os.path.relpath(target, latest), tmp)
+        os.replace(tmp, latest / name)
     return latest
