@@ -23,10 +23,18 @@ class Section(BaseModel):
     # places), never what it produces: out of the stage's key (pipelines/stage_keys.py), so changing
     # one reuses a finished output or resumes a killed one instead of starting again
     run_only: ClassVar[tuple[str, ...]] = ()
+    # settings added after outputs and checkpoints were made without them: left out of keys and
+    # resume checks while at their default, so those outputs are found and resumed after an upgrade
+    added_later: ClassVar[tuple[str, ...]] = ()
 
     def output_settings(self) -> dict[str, Any]:
         """This section as JSON without its run-only settings: what decides the stage's output."""
-        return self.model_dump(mode="json", exclude=set(self.run_only))
+        return self.model_dump(mode="json", exclude=set(self.run_only) | self.defaulted_additions())
+
+    def defaulted_additions(self) -> set[str]:
+        """The settings of `added_later` that hold their default (none of them was set)."""
+        fields = type(self).model_fields
+        return {name for name in self.added_later if getattr(self, name) == fields[name].default}
 
     @field_validator("*", mode="after")
     @classmethod

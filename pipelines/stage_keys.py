@@ -119,7 +119,9 @@ def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str,
 
     def settings(section: Section) -> dict[str, Any]:
         if earlier:
-            return section.model_dump(mode="json", exclude=set(RUN_ONLY_SINCE))
+            return section.model_dump(
+                mode="json", exclude=set(RUN_ONLY_SINCE) | section.defaulted_additions()
+            )
         return section.output_settings()
 
     tok = {

@@ -11,7 +11,7 @@ import pytest
 from common.errors import UserError
 from common.fingerprint import content_stamp
 from pipelines.config import load_config
-from pipelines.stage_keys import STAGES, stage_dir, stage_keys
+from pipelines.stage_keys import STAGES, stage_dir, stage_key_inputs, stage_keys
 from pipelines.stage_plan import plan_stages
 
 DOWNSTREAM = {
@@ -98,6 +98,19 @@ def test_outputs_made_before_run_only_settings_left_the_keys_are_found(tmp_path:
     # once an output has the current key, it is the one
     (tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]).mkdir()
     assert stage_dir(cfg, "pretrain") == tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]
+
+
+def test_a_setting_added_later_is_in_a_key_only_once_it_is_set() -> None:
+    """`Section.added_later` (pretrain.muon_lr, 2026-11-25): at its default it is in no key, so
+    outputs made before it existed are found after an upgrade; set, it moves the keys downstream."""
+    base = load_config(None)
+    assert "muon_lr" not in stage_key_inputs(base)["pretrain"]["config"]
+    assert "muon_lr" not in stage_key_inputs(base, earlier=True)["pretrain"]["config"]
+    changed = stage_keys(load_config(None, ["pretrain.muon_lr=0.02"]))
+    assert _changed(stage_keys(base), changed) == DOWNSTREAM["pretrain"]
+    assert stage_keys(load_config(None, ["pretrain.muon_lr=0.01"])) == stage_keys(
+        base
+    )  # the default, spelled out
 
 
 def test_corpus_content_is_part_of_the_key_and_its_mtime_is_not(tmp_path: Path) -> None:

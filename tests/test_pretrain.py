@@ -198,6 +198,27 @@ def test_kill_9_then_rerun_with_other_run_only_settings_reproduces_every_loss_ex
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_muon_trains_and_resumes_exactly_after_kill_9(ref_run, data, tmp_path):
+    """optimizer muon (ZeRO 0, DeepSpeed's MuonWithAuxAdam): its momentum is in the checkpoint, so
+    kill -9 after step 8 and a rerun give every loss and weight of the uninterrupted run."""
+    shards, tok = data
+    muon = ("pretrain.optimizer=muon", "pretrain.zero_stage=0", "pretrain.muon_lr=0.01")
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    run_pretrain_stage(config(*muon), shards, tok, ref, log_line=lambda _: None)
+    ref_losses = losses(ref)
+    assert ref_losses[12] < ref_losses[1] - 0.3
+    assert ref_losses[12] != losses(ref_run[0])[12]  # not the AdamW run's
+    proc = start_cli(shards, tok, out, settings(*muon), BERTFLOW_DEBUG_STEP_DELAY_S="0.3")
+    wait_for(out / "checkpoints" / "global_step8" / checkpoint.VERIFIED_NAME, proc)
+    kill_tree(proc)
+    lines: list[str] = []
+    run_pretrain_stage(config(*muon), shards, tok, out, log_line=lines.append)
+    assert any("resumed from" in ln and "global_step8" in ln for ln in lines)
+    assert losses(out) == ref_losses  # bit-exact
+    a, b = read_state_dict(ref / "model"), read_state_dict(out / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("stage,launcher", [(1, "deepspeed"), (3, "auto")])
 def test_zero_stages_reach_the_same_weights(ref_run, data, tmp_path, stage, launcher):
     ref_out, ref_model, _ = ref_run

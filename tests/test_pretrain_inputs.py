@@ -163,6 +163,19 @@ def test_resume_with_other_settings_names_each_key(data, tmp_path):
     )
 
 
+def test_resume_of_a_checkpoint_from_before_a_setting_existed(data, tmp_path):
+    """A checkpoint recorded before pretrain.muon_lr existed (`Section.added_later`) resumes while the
+    setting keeps its default, and is refused, naming it, once it is set."""
+    shards, tok = data
+    out = tmp_path / "out"
+    spec = _spec(config(), shards, tok, out)
+    recorded = spec.settings()
+    assert "muon_lr" not in recorded["pretrain"]  # what an older bertflow recorded, too
+    _checkpoint(out, {"model_config": spec.model, "settings": recorded})
+    _spec(config("pretrain.muon_lr=0.01"), shards, tok, out)
+    _fails(config("pretrain.muon_lr=0.02"), shards, tok, out, r"pretrain\.muon_lr: '\(unset\)' -> 0\.02")
+
+
 def test_resume_of_a_checkpoint_without_recorded_settings_uses_run_spec(data, tmp_path):
     """Checkpoints written before _VERIFIED.json held the settings: run_spec.json of that run decides."""
     shards, tok = data

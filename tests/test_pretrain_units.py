@@ -43,6 +43,63 @@ def test_bert_recipe_adamw_on_cpu():
     assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["lr"] == 1e-4
 
 
+def test_muon_takes_the_encoder_matrices_and_adamw_the_rest():
+    model = tiny_model()
+    opt = build_optimizer(model, "muon", 2e-3, 0.01, on_gpu=False, muon_lr=0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    *adam_groups, muon_group = opt.param_groups
+    assert muon_group["use_muon"] and muon_group["lr"] == 0.01 and muon_group["weight_decay"] == 0.0
+    # the six matrices of each of the two layers; embeddings (tied decoder), pooler and heads are AdamW's
+    assert sorted(names[id(p)] for p in muon_group["params"]) == sorted(
+        f"bert.encoder.layer.{i}.{m}.weight"
+        for i in range(2)
+        for m in ("attention.self.query", "attention.self.key", "attention.self.value",
+                  "attention.output.dense", "intermediate.dense", "output.dense")
+    )  # fmt: skip
+    assert not any(g["use_muon"] for g in adam_groups) and {g["lr"] for g in adam_groups} == {2e-3}
+    decayed = {names[id(p)] for g in adam_groups if g["weight_decay"] == 0.01 for p in g["params"]}
+    assert "bert.embeddings.word_embeddings.weight" in decayed and "cls.seq_relationship.weight" in decayed
+    assert not any(n.endswith("bias") or "LayerNorm" in n for n in decayed)
+    n_params = len({id(p) for p in model.parameters()})
+    assert sum(len(g["params"]) for g in opt.param_groups) == n_params
+    with pytest.raises(ValueError, match="muon_lr"):
+        build_optimizer(model, "muon", 2e-3, 0.01, on_gpu=False)
+
+
+def test_a_muon_step_moves_each_matrix_by_an_orthogonalized_update():
+    """The first update of a matrix is lr times the Newton-Schulz orthogonalization of its
+    gradient (times sqrt(rows / cols) for a tall one): its singular values gather near 1 (the quintic
+    iteration puts them in about 0.6-1.2, all but the few smallest of the gradient's), where the
+    gradient's own spread over a decade. AdamW's parameters take AdamW's first step. (Eager, as on
+    the CPU path.)"""
+    model = tiny_model()
+    opt = build_optimizer(model, "muon", 2e-3, 0.01, on_gpu=False, muon_lr=0.01)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.manual_seed(3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * torch.rand(p.shape[-1])  # columns on different scales
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    with torch.compiler.set_stance("force_eager"):
+        opt.step()
+    after = dict(model.named_parameters())
+
+    def middle_spread(matrix: torch.Tensor) -> float:  # 90th over 10th percentile singular value
+        singular = torch.linalg.svdvals(matrix)
+        return float(singular.quantile(0.9) / singular.quantile(0.1))
+
+    for name, scale in (("bert.encoder.layer.0.attention.self.query.weight", 1.0),
+                        ("bert.encoder.layer.1.intermediate.dense.weight", 2.0)):  # fmt: skip
+        update = (before[name] - after[name].detach()) / (0.01 * scale)
+        singular = torch.linalg.svdvals(update)
+        assert 0.55 < singular.quantile(0.1) and singular.max() < 1.3, (name, singular)
+        assert middle_spread(update) < 1.8
+        assert middle_spread(grads[name]) > 5
+    bias = "bert.encoder.layer.0.attention.self.query.bias"
+    step = before[bias] - after[bias].detach()
+    g = grads[bias]  # Adam's first step: lr m / (sqrt(v) + eps) with m = g, v = g^2
+    assert torch.allclose(step, 2e-3 * g / (g.abs() + 1e-6), atol=1e-8)
+
+
 def test_lamb_step_matches_the_formula():
     torch.manual_seed(1)
     w = torch.nn.Parameter(torch.randn(4, 3))
@@ -155,6 +212,23 @@ def test_ds_config_one_process_skips_zero_unless_asked_or_offloading(tmp_path):
     path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}))
     offload = build_ds_config(_pcfg(deepspeed_config=str(path)), world_size=1, on_gpu=True, bf16_ok=True)
     assert offload["zero_optimization"]["stage"] == 2
+
+
+def test_ds_config_muon_needs_zero_stage_0():
+    """DeepSpeed's ZeRO 1/2 clip Muon's orthogonalized update like a gradient: Muon is refused there,
+    naming the setting and the fix, before any process starts."""
+    muon = {"optimizer": "muon"}
+
+    def stage(world: int, **kw) -> int:
+        return build_ds_config(_pcfg(**muon, **kw), world, on_gpu=False, bf16_ok=False)["zero_optimization"][
+            "stage"
+        ]
+
+    assert stage(2, zero_stage=0) == 0 and stage(1) == 0  # one process: the template's ZeRO 2 drops to 0
+    for kw, origin in (({}, "infra/deepspeed/zero2.json"), ({"zero_stage": 1}, "pretrain.zero_stage")):
+        with pytest.raises(UserError, match=f"muon needs ZeRO stage 0; this run's is .*{origin}") as err:
+            build_ds_config(_pcfg(**muon, **kw), 2, on_gpu=False, bf16_ok=False)
+        assert "Fix: set pretrain.zero_stage: 0" in str(err.value)
 
 
 @pytest.mark.parametrize(

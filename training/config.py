@@ -27,6 +27,7 @@ class PretrainConfig(Section):
         "launcher",
         "stop_grace_s",
     )
+    added_later: ClassVar[tuple[str, ...]] = ("muon_lr",)
 
     deepspeed_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed JSON template")
     zero_stage: int | None = Field(None, ge=0, description="overrides the template's ZeRO stage")
@@ -34,8 +35,21 @@ class PretrainConfig(Section):
     micro_batch_size: int = Field(16, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
     max_steps: int = Field(200, ge=1)
-    optimizer: Literal["adamw", "lamb"] = "adamw"
-    lr: float = Field(1e-4, gt=0, le=1)
+    optimizer: Literal["adamw", "lamb", "muon"] = Field(
+        "adamw",
+        description="muon: Muon on the encoder's weight matrices at muon_lr, AdamW at lr on the rest; needs ZeRO "
+        "stage 0 (docs/quality.md, 'Muon')",
+    )
+    lr: float = Field(
+        1e-4, gt=0, le=1, description="AdamW/LAMB lr (with muon: of embeddings, heads, biases, norms)"
+    )
+    muon_lr: float = Field(
+        0.01,
+        gt=0,
+        le=1,
+        description="optimizer muon: lr of the encoder's weight matrices (momentum 0.95, no weight decay); "
+        "follows the same warmup and decay as lr",
+    )
     weight_decay: float = Field(0.01, ge=0, le=1)
     dropout: float | None = Field(
         None,

@@ -77,6 +77,14 @@ def build_ds_config(
         # gradient hooks (~13% of a base step on CPU, docs/benchmarks.md §3). A stage given
         # explicitly (pretrain.zero_stage) is kept as given.
         stage = 0
+    if cfg.optimizer == "muon" and stage != 0:
+        raise UserError(
+            f"pretrain.optimizer muon needs ZeRO stage 0; this run's is {stage} "
+            f"(from {'pretrain.zero_stage' if cfg.zero_stage is not None else src}). DeepSpeed's ZeRO 1 and 2 clip "
+            "Muon's orthogonalized update as if it were the gradient (every Muon step of the tiny model shrank "
+            "~40x), and its ZeRO 3 refuses Muon with reduce-scatter.",
+            fix="set pretrain.zero_stage: 0, or use optimizer adamw.",
+        )
     zero["stage"] = stage
     if stage == 0:
         for key in ("offload_optimizer", "offload_param"):

@@ -6,6 +6,11 @@ batches. Fine-tuning uses `adamw` and `build_scheduler` as they are (torch's Ada
 the optimizer state is offloaded to CPU); on CPU torch's fused AdamW kernel (5.7x faster than its
 default per-tensor loop on the 110M base parameters here: 0.095 vs 0.54 s a step) and the small
 `Lamb` below.
+
+Muon (Jordan et al. 2024; `optimizer: muon`) orthogonalizes the momentum of each of the encoder's
+weight matrices by Newton-Schulz before it is applied, and leaves the embeddings (with the MLM
+decoder tied to them), the heads, biases and LayerNorms to AdamW. DeepSpeed's `MuonWithAuxAdam` is
+the optimizer, so a DeepSpeed engine steps it as any other; it needs ZeRO stage 0 (training/ds_config.py).
 """
 
 from __future__ import annotations
@@ -82,6 +87,44 @@ def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW
         return torch.optim.AdamW(groups, lr=lr, betas=BETAS, eps=EPS)
 
 
+MUON_MOMENTUM = 0.95
+
+
+def is_muon_matrix(name: str, param: nn.Parameter) -> bool:
+    """Muon's share: the 2-D weights inside the encoder's layers (attention query, key, value and
+    output, the feed-forward pair). Embeddings, pooler and heads are not hidden matrices."""
+    return param.ndim == 2 and ".encoder.layer." in f".{name}"
+
+
+def muon(
+    model: nn.Module, muon_lr: float, lr: float, weight_decay: float, on_gpu: bool
+) -> torch.optim.Optimizer:
+    """DeepSpeed's MuonWithAuxAdam: Muon (momentum 0.95, Nesterov, no weight decay) at `muon_lr` on
+    the encoder's matrices, AdamW with the recipe's groups at `lr` on every other parameter. Each
+    parameter is tagged `use_muon`, which DeepSpeed's engine reads."""
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.use_muon = is_muon_matrix(names[id(p)], p)
+    groups = param_groups(model, weight_decay)
+    matrices = [p for g in groups for p in g["params"] if p.use_muon]
+    muon_group = dict(params=matrices, use_muon=True, lr=muon_lr, momentum=MUON_MOMENTUM, weight_decay=0.0)
+    adam_groups = [
+        dict(params=rest, use_muon=False, lr=lr, betas=BETAS, eps=EPS, weight_decay=g["weight_decay"])
+        for g in groups
+        if (rest := [p for p in g["params"] if not p.use_muon])
+    ]
+    if on_gpu:
+        from deepspeed.ops.adam import FusedAdam
+
+        aux, aux_kwargs = FusedAdam, {"adam_w_mode": True}
+    else:
+        aux, aux_kwargs = torch.optim.AdamW, {"fused": True}
+    # AdamW's groups first: the lr a run logs (the first group's) is `lr`, as with adamw
+    return MuonWithAuxAdam([*adam_groups, muon_group], adam_optimizer=aux, adam_optimizer_kwargs=aux_kwargs)
+
+
 def build_optimizer(
     model: nn.Module,
     name: str,
@@ -89,8 +132,14 @@ def build_optimizer(
     weight_decay: float,
     on_gpu: bool,
     offload: bool = False,
+    muon_lr: float | None = None,
 ) -> torch.optim.Optimizer:
-    """The pretraining optimizer: DeepSpeed's fused kernels on GPU, `adamw` / `Lamb` on CPU."""
+    """The pretraining optimizer: DeepSpeed's fused kernels on GPU, `adamw` / `Lamb` on CPU, and
+    `muon` (Muon at `muon_lr` on the encoder's matrices, AdamW at `lr` on the rest)."""
+    if name == "muon":
+        if muon_lr is None:
+            raise ValueError("optimizer muon needs muon_lr")
+        return muon(model, muon_lr, lr, weight_decay, on_gpu)
     if name == "adamw" and not (on_gpu or offload):
         return adamw(model, lr, weight_decay)
     groups = param_groups(model, weight_decay)

@@ -88,7 +88,8 @@ class RunSpec(BaseModel):
         same = self.model_dump(
             mode="json", include={"model", "ds_config", "masking", "shards_manifest_sha256"}
         )
-        same["pretrain"] = self.pretrain.model_dump(mode="json", exclude=set(NOT_IN_FINGERPRINT))
+        left_out = set(NOT_IN_FINGERPRINT) | self.pretrain.defaulted_additions()
+        same["pretrain"] = self.pretrain.model_dump(mode="json", exclude=left_out)
         return same
 
     def fingerprint(self) -> str:

@@ -249,7 +249,9 @@ def build_engine(spec: RunSpec, ranks: Ranks, resume: Resume | None, data: Train
         init_trained_length=spec.init_trained_length,
     )
     offload = offloads_optimizer(spec.ds_config)
-    optimizer = build_optimizer(model, p.optimizer, p.lr, p.weight_decay, on_gpu=spec.on_gpu, offload=offload)
+    optimizer = build_optimizer(
+        model, p.optimizer, p.lr, p.weight_decay, on_gpu=spec.on_gpu, offload=offload, muon_lr=p.muon_lr
+    )
     scheduler = build_scheduler(optimizer, p.warmup_steps, p.max_steps)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=spec.ds_config
@@ -260,6 +262,10 @@ def build_engine(spec: RunSpec, ranks: Ranks, resume: Resume | None, data: Train
         engine.enable_backward_allreduce = False
     if p.compile and spec.on_gpu and hasattr(engine, "compile"):
         engine.compile()
+    if not spec.on_gpu:
+        # the CPU path is eager: DeepSpeed's Muon Newton-Schulz is torch.compile'd, and compiling it
+        # takes ~30 s on CPU to save ~13 ms a step (docs/benchmarks.md)
+        torch.compiler.set_stance("force_eager")
     if resume is None:
         seed_everything(p.seed + 1000 * ranks.rank)  # per-rank dropout streams
         return engine
