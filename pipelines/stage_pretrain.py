@@ -65,9 +65,7 @@ def run_pretrain_stage(
     on_gpu, bf16_ok = _device_caps()
     p = cfg.pretrain
     check_nodes(cfg, node_rank)
-    world = p.num_processes * p.nnodes
-    if p.hostfile:
-        world = launch.hostfile_slots(Path(p.hostfile))
+    world = launch.world_size(p)
     if on_gpu and not p.hostfile:
         import torch
 
@@ -159,6 +157,22 @@ def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
             "pretrain.nnodes and pretrain.hostfile both describe the nodes.",
             fix="use one: a hostfile (DeepSpeed's launcher starts every node) or nnodes with --node-rank per node.",
         )
+
+
+def check_zero_stages(cfg: PipelineConfig) -> None:
+    """Each phase's ZeRO stage as its pretraining will resolve it, refused (Muon at ZeRO 1-3, a
+    stage that does not exist) before the flow's first stage runs instead of after preprocessing."""
+    from training.ds_config import resolve_zero_stage
+    from training.launch import world_size
+
+    for index in range(len(cfg.phases) + 1):
+        p = cfg.phase_config(index).pretrain
+        try:
+            resolve_zero_stage(p, world_size(p))
+        except UserError as err:
+            if index == len(cfg.phases):
+                raise
+            raise UserError(f"phase {cfg.phases[index].name}: {err}") from None
 
 
 def finish_model_dir(out_dir: Path, seconds: float | None = None) -> Path:

@@ -151,3 +151,30 @@ def test_a_missing_init_from_is_refused_before_any_stage(tmp_path: Path) -> None
     assert f"pretrain.init_from {tmp_path / 'phase1'} does not exist" in proc.stderr
     assert "phases: section" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()  # refused before the tokenizer stage wrote anything
+
+
+@pytest.mark.parametrize(
+    "setting,said",
+    [
+        ("pretrain.optimizer=muon", "pretrain.optimizer muon needs ZeRO stage 0; this run's is 2"),
+        ("phases.seq32.pretrain.optimizer=muon", "phase seq32: pretrain.optimizer muon needs ZeRO stage 0"),
+    ],
+)
+def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
+    tmp_path: Path, setting: str, said: str
+) -> None:
+    """The ZeRO stage of every phase is resolved up front (2 ranks, the template's ZeRO 2): a flow
+    does not tokenize and preprocess first and fail at pretraining."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/cpu-hour.yaml",
+         "--set", f"run_dir={tmp_path / 'runs'}", "--set", setting],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert said in proc.stderr and "Fix: set pretrain.zero_stage: 0" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()

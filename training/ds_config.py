@@ -56,18 +56,20 @@ def resolve_precision(requested: str, template: dict[str, Any], on_gpu: bool, bf
     return precision
 
 
-def build_ds_config(
-    cfg: PretrainConfig, world_size: int, on_gpu: bool, bf16_ok: bool, template_path: str | None = None
-) -> dict[str, Any]:
-    template = load_template(template_path or cfg.deepspeed_config)
-    ds = copy.deepcopy(template)
-    src = template_path or cfg.deepspeed_config
-    zero = ds.setdefault("zero_optimization", {})
+def resolve_zero_stage(
+    cfg: PretrainConfig, world_size: int, template: dict[str, Any] | None = None, src: str | None = None
+) -> int:
+    """The run's ZeRO stage: pretrain.zero_stage, else the template's (0 for one process that
+    offloads nothing). Refuses a stage that does not exist and Muon at any stage but 0, so the
+    flow can check it before any stage runs (pipelines/flow_command.py)."""
+    src = src or cfg.deepspeed_config
+    template = load_template(src) if template is None else template
+    zero = template.get("zero_optimization", {})
+    origin = "pretrain.zero_stage" if cfg.zero_stage is not None else src
     stage = cfg.zero_stage if cfg.zero_stage is not None else zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise UserError(
-            f"ZeRO stage {stage} does not exist (from {'--zero-stage' if cfg.zero_stage is not None else src}).",
-            fix="use a ZeRO stage of 0, 1, 2 or 3.",
+            f"ZeRO stage {stage} does not exist (from {origin}).", fix="use a ZeRO stage of 0, 1, 2 or 3."
         )
     offload_asked = any(
         zero.get(key, {}).get("device") in ("cpu", "nvme") for key in ("offload_optimizer", "offload_param")
@@ -79,12 +81,22 @@ def build_ds_config(
         stage = 0
     if cfg.optimizer == "muon" and stage != 0:
         raise UserError(
-            f"pretrain.optimizer muon needs ZeRO stage 0; this run's is {stage} "
-            f"(from {'pretrain.zero_stage' if cfg.zero_stage is not None else src}). DeepSpeed's ZeRO 1 and 2 clip "
-            "Muon's orthogonalized update as if it were the gradient (every Muon step of the tiny model shrank "
-            "~40x), and its ZeRO 3 refuses Muon with reduce-scatter.",
+            f"pretrain.optimizer muon needs ZeRO stage 0; this run's is {stage} (from {origin}). DeepSpeed's "
+            "ZeRO 1 and 2 clip Muon's orthogonalized update as if it were the gradient (every Muon step of the "
+            "tiny model shrank ~40x), and its ZeRO 3 refuses Muon with reduce-scatter.",
             fix="set pretrain.zero_stage: 0, or use optimizer adamw.",
         )
+    return stage
+
+
+def build_ds_config(
+    cfg: PretrainConfig, world_size: int, on_gpu: bool, bf16_ok: bool, template_path: str | None = None
+) -> dict[str, Any]:
+    template = load_template(template_path or cfg.deepspeed_config)
+    ds = copy.deepcopy(template)
+    src = template_path or cfg.deepspeed_config
+    zero = ds.setdefault("zero_optimization", {})
+    stage = resolve_zero_stage(cfg, world_size, template, src)
     zero["stage"] = stage
     if stage == 0:
         for key in ("offload_optimizer", "offload_param"):

@@ -23,11 +23,15 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.child_process import die_with_parent
 from common.errors import UserError
 from common.paths import PROJECT_ROOT, torch_extensions_dir
 from common.textfile import read_user_text
+
+if TYPE_CHECKING:
+    from training.config import PretrainConfig
 
 ERROR_LINE = re.compile(r"rank \S+: error: (.*)")
 
@@ -56,6 +60,13 @@ def hostfile_slots(path: Path) -> int:
     if total == 0:
         raise UserError(f"hostfile {path} lists no hosts.", fix="see infra/hostfile.example.")
     return total
+
+
+def world_size(pretrain: PretrainConfig) -> int:
+    """Ranks in the run: the hostfile's slots, else pretrain.num_processes x pretrain.nnodes."""
+    if pretrain.hostfile:
+        return hostfile_slots(Path(pretrain.hostfile))
+    return pretrain.num_processes * pretrain.nnodes
 
 
 def build_command(
