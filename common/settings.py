@@ -9,6 +9,7 @@ their own bounds (`Field(gt=0, le=1)`); seeds use `Seed`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -29,12 +30,14 @@ class Section(BaseModel):
 
     def output_settings(self) -> dict[str, Any]:
         """This section as JSON without its run-only settings: what decides the stage's output."""
-        return self.model_dump(mode="json", exclude=set(self.run_only) | self.defaulted_additions())
+        return self.settings_without(self.run_only)
 
-    def defaulted_additions(self) -> set[str]:
-        """The settings of `added_later` that hold their default (none of them was set)."""
+    def settings_without(self, left_out: Iterable[str]) -> dict[str, Any]:
+        """This section as JSON without `left_out`, nor the settings of `added_later` that hold
+        their default (so a key or record made before they existed still matches)."""
         fields = type(self).model_fields
-        return {name for name in self.added_later if getattr(self, name) == fields[name].default}
+        defaulted = {name for name in self.added_later if getattr(self, name) == fields[name].default}
+        return self.model_dump(mode="json", exclude=set(left_out) | defaulted)
 
     @field_validator("*", mode="after")
     @classmethod

@@ -119,9 +119,7 @@ def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str,
 
     def settings(section: Section) -> dict[str, Any]:
         if earlier:
-            return section.model_dump(
-                mode="json", exclude=set(RUN_ONLY_SINCE) | section.defaulted_additions()
-            )
+            return section.settings_without(RUN_ONLY_SINCE)
         return section.output_settings()
 
     tok = {

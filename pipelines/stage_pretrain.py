@@ -165,14 +165,12 @@ def check_zero_stages(cfg: PipelineConfig) -> None:
     from training.ds_config import resolve_zero_stage
     from training.launch import world_size
 
-    for index in range(len(cfg.phases) + 1):
+    for index, phase in enumerate([*(f"phase {ph.name}: " for ph in cfg.phases), ""]):
         p = cfg.phase_config(index).pretrain
         try:
             resolve_zero_stage(p, world_size(p))
         except UserError as err:
-            if index == len(cfg.phases):
-                raise
-            raise UserError(f"phase {cfg.phases[index].name}: {err}") from None
+            raise UserError(f"{phase}{err}") from None
 
 
 def finish_model_dir(out_dir: Path, seconds: float | None = None) -> Path:

@@ -137,16 +137,21 @@ def test_cli_prints_one_paragraph_and_exits_2(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_a_missing_init_from_is_refused_before_any_stage(tmp_path: Path) -> None:
-    proc = subprocess.run(
+def _run_cpu_hour(runs: Path, setting: str) -> subprocess.CompletedProcess[str]:
+    """`bertflow run configs/cpu-hour.yaml` into `runs` with one setting changed."""
+    return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "run", "configs/cpu-hour.yaml",
-         "--set", f"run_dir={tmp_path / 'runs'}", "--set", f"pretrain.init_from={tmp_path / 'phase1'}"],
+         "--set", f"run_dir={runs}", "--set", setting],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
         env={**__import__("os").environ, "PYTHONPATH": str(PROJECT_ROOT)},
         timeout=120,
     )  # fmt: skip
+
+
+def test_a_missing_init_from_is_refused_before_any_stage(tmp_path: Path) -> None:
+    proc = _run_cpu_hour(tmp_path / "runs", f"pretrain.init_from={tmp_path / 'phase1'}")
     assert proc.returncode == 2, proc.stderr
     assert f"pretrain.init_from {tmp_path / 'phase1'} does not exist" in proc.stderr
     assert "phases: section" in proc.stderr and "Traceback" not in proc.stderr
@@ -165,15 +170,7 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
 ) -> None:
     """The ZeRO stage of every phase is resolved up front (2 ranks, the template's ZeRO 2): a flow
     does not tokenize and preprocess first and fail at pretraining."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "run", "configs/cpu-hour.yaml",
-         "--set", f"run_dir={tmp_path / 'runs'}", "--set", setting],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(PROJECT_ROOT)},
-        timeout=120,
-    )  # fmt: skip
+    proc = _run_cpu_hour(tmp_path / "runs", setting)
     assert proc.returncode == 2, proc.stderr
     assert said in proc.stderr and "Fix: set pretrain.zero_stage: 0" in proc.stderr
     assert "Traceback" not in proc.stderr

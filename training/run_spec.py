@@ -88,8 +88,7 @@ class RunSpec(BaseModel):
         same = self.model_dump(
             mode="json", include={"model", "ds_config", "masking", "shards_manifest_sha256"}
         )
-        left_out = set(NOT_IN_FINGERPRINT) | self.pretrain.defaulted_additions()
-        same["pretrain"] = self.pretrain.model_dump(mode="json", exclude=left_out)
+        same["pretrain"] = self.pretrain.settings_without(NOT_IN_FINGERPRINT)
         return same
 
     def fingerprint(self) -> str:
