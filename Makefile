@@ -55,11 +55,17 @@ deploy: install
 	$(VENV)/bin/prefect work-pool inspect $(PREFECT_POOL) >/dev/null 2>&1 || $(VENV)/bin/prefect work-pool create $(PREFECT_POOL) --type process
 	BERTFLOW_PROJECT_DIR=$(CURDIR) $(VENV)/bin/prefect --no-prompt deploy --name default
 
+# Two pytest-xdist workers, one test file each at a time (module fixtures are built once), in the
+# order tests/conftest.py gives (the long files first): most tests wait on subprocesses and servers,
+# so two at once fill the 2 cores (TEST_WORKERS=0: serial).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: install install-browser
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

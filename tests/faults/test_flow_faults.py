@@ -19,7 +19,7 @@ import pytest
 
 from common.atomic import MARKER_NAME, sha256_file
 from common.paths import PROJECT_ROOT
-from tests.flow_support import tiny_config
+from tests.flow_support import fresh_prefect_home, tiny_config
 from training.checkpoint import VERIFIED_NAME
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONPATH": str(PROJECT_ROOT),
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_HOME": str(fresh_prefect_home(tmp_path / "prefect-home")),
         "COLUMNS": "200",
     }
 
