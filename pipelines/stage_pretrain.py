@@ -165,12 +165,13 @@ def check_zero_stages(cfg: PipelineConfig) -> None:
     from training.ds_config import resolve_zero_stage
     from training.launch import world_size
 
-    for index, phase in enumerate([*(f"phase {ph.name}: " for ph in cfg.phases), ""]):
+    prefixes = [f"phase {ph.name}: " for ph in cfg.phases] + [""]  # the phases in order, then the main run
+    for index, prefix in enumerate(prefixes):
         p = cfg.phase_config(index).pretrain
         try:
             resolve_zero_stage(p, world_size(p))
         except UserError as err:
-            raise UserError(f"{phase}{err}") from None
+            raise UserError(f"{prefix}{err}") from None
 
 
 def finish_model_dir(out_dir: Path, seconds: float | None = None) -> Path:

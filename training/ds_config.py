@@ -92,9 +92,9 @@ def resolve_zero_stage(
 def build_ds_config(
     cfg: PretrainConfig, world_size: int, on_gpu: bool, bf16_ok: bool, template_path: str | None = None
 ) -> dict[str, Any]:
-    template = load_template(template_path or cfg.deepspeed_config)
-    ds = copy.deepcopy(template)
     src = template_path or cfg.deepspeed_config
+    template = load_template(src)
+    ds = copy.deepcopy(template)
     zero = ds.setdefault("zero_optimization", {})
     stage = resolve_zero_stage(cfg, world_size, template, src)
     zero["stage"] = stage
