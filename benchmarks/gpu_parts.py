@@ -86,6 +86,9 @@ def part_ops(ctx: Context) -> dict[str, Any]:
 def _build_op(ctx: Context, name: str) -> dict[str, Any]:
     from deepspeed.accelerator import get_accelerator
 
+    from training.optim import prepare_fused_build
+
+    prepare_fused_build()  # the stage's own arch-list fix, as its optimizer applies it
     builder = get_accelerator().create_op_builder(name)
     if builder is None:
         return {"error": f"no {name} on DeepSpeed's {get_accelerator()._name} accelerator"}
@@ -209,9 +212,9 @@ def _plain_loop(ctx: Context, which: str, micro: int) -> dict[str, Any]:
     p = ctx.plan
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats(device)
     config, batches = base_batches(ctx, micro, p.hf_warmup + p.hf_steps, device)
+    if on_gpu:  # after the batches reach the GPU: before CUDA is initialized this call fails
+        torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(0)
     model = (hf_model(config) if which == "transformers" else BertForPreTraining(config)).to(device)
     model.train()

@@ -58,6 +58,9 @@ def new_summary(dry_run: bool, parts: list[str]) -> dict[str, Any]:
 def add_part(summary: dict[str, Any], name: str, outcome: dict[str, Any], result: dict[str, Any]) -> None:
     """Record one part: its outcome (status, seconds, error) and what it measured."""
     call = len(summary["calls"]) - 1
+    failed = failed_rows(result)
+    if outcome.get("status") == "ok" and failed:  # the process ended well, but what it measured did not
+        outcome = {**outcome, "status": "failed", "error": f"failed inside the part: {', '.join(failed)}"}
     summary["parts"][name] = {**outcome, "call": call}
     if result.get("env"):
         summary["calls"][call]["env"] = result["env"]
@@ -67,6 +70,13 @@ def add_part(summary: dict[str, Any], name: str, outcome: dict[str, Any], result
         summary["measurements"].append({**{k: None for k in MEASUREMENT_KEYS}, **row, "call": call})
     for key, probe in result.get("probes", {}).items():
         summary["probes"][key] = {**probe, "call": call}
+
+
+def failed_rows(result: dict[str, Any]) -> list[str]:
+    """The measurements and probes of one part's result that record a failure or an error."""
+    rows = [(m.get("name", "?"), m) for m in result.get("measurements", [])]
+    rows += list(result.get("probes", {}).items())
+    return [str(key) for key, row in rows if row.get("status") not in (None, "ok") or row.get("error")]
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -142,6 +142,20 @@ def test_merge_joins_calls_and_keeps_a_part_that_ran_earlier():
     assert "pretrain_large_seq512" in gpu_summary.render_markdown(merged)
 
 
+def test_a_part_whose_rows_failed_is_recorded_failed_though_its_process_ended_well():
+    # The first H200 run: base, fp16 and hf exited 0 with every row failed, and were listed "ok".
+    summary = gpu_summary.new_summary(False, ["env", "hf", "finetune"])
+    gpu_summary.add_part(summary, "hf", {"status": "ok", "seconds": 4.0}, {"measurements": [
+        {"name": "hf_plain_loop_base_seq128", "status": "failed", "error": "Invalid device argument"},
+        {"name": "ours_plain_loop_base_seq128", "status": "ok"}]})  # fmt: skip
+    gpu_summary.add_part(summary, "finetune", {"status": "ok", "seconds": 40.0},
+                         {"probes": {"finetune_unit": {"metrics": {"accuracy": 50.9}}}})  # fmt: skip
+    assert summary["parts"]["hf"]["status"] == "failed"
+    assert "hf_plain_loop_base_seq128" in summary["parts"]["hf"]["error"]
+    assert "ours_plain_loop" not in summary["parts"]["hf"]["error"]
+    assert summary["parts"]["finetune"]["status"] == "ok"
+
+
 def test_missing_carry_is_one_message_naming_the_prep_target(tmp_path, capsys):
     rc = gpu_check.main(["--dry-run", "--carry", str(tmp_path / "none"), "--out", str(tmp_path / "out"),
                          "--work", str(tmp_path / "work"), "--parts", "base,large"])  # fmt: skip

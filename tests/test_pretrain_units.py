@@ -393,3 +393,21 @@ def test_new_model_starts_at_the_unigram_prediction_and_pretrain_dropout_stays_o
     assert all(m.p == 0.1 for m in zero.modules() if isinstance(m, torch.nn.Dropout))
     resumed = build_model(mcfg, p, resuming=True, store=store)  # a checkpoint's bias replaces it anyway
     assert not resumed.cls.predictions.bias.any()
+
+
+def test_arch_list_with_hopper_suffix_is_rewritten_into_what_deepspeeds_jit_builder_parses(monkeypatch):
+    # The GPU check's H200 image sets TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed 0.19 failed to build
+    # FusedAdam on it, so no pretraining run started there.
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    from training.optim import deepspeed_arch_list, prepare_fused_build
+
+    builder = FusedAdamBuilder()
+    builder.jit_mode = True
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a 10.0f+PTX")
+    with pytest.raises(ValueError, match="0a"):
+        builder.compute_capability_args()
+    prepare_fused_build()
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0+PTX"
+    builder.compute_capability_args()  # parses now
+    assert deepspeed_arch_list("8.6+PTX") == "8.6+PTX" and deepspeed_arch_list("sm_90") == "sm_90"

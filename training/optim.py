@@ -15,10 +15,32 @@ the optimizer, so a DeepSpeed engine steps it as any other; it needs ZeRO stage 
 
 from __future__ import annotations
 
+import os
+import re
+
 import torch
 from torch import nn
 
 NO_DECAY_MARKERS = ("bias", "LayerNorm.weight", "LayerNorm.bias")
+# One entry of TORCH_CUDA_ARCH_LIST as torch reads it: "9.0", "9.0a", "10.0f", "8.6+PTX".
+_ARCH_ENTRY = re.compile(r"^(\d+)\.(\d+)[a-z]?(\+PTX)?$")
+
+
+def deepspeed_arch_list(value: str) -> str:
+    """TORCH_CUDA_ARCH_LIST in the form DeepSpeed's JIT builder parses. DeepSpeed 0.19 reads each
+    entry as numbers and fails on the arch-specific suffixes that torch accepts and CUDA images set
+    ("9.0a" on Hopper images: `invalid literal for int() with base 10: '0a'`, seen on the GPU
+    check's H200); its fused optimizers use no arch-specific instruction, so "9.0a" builds as "9.0".
+    Entries it cannot read at all are left for DeepSpeed to report."""
+    entries = [e for e in re.split(r"[;\s]+", value.strip()) if e]
+    return ";".join(f"{m[1]}.{m[2]}{m[3] or ''}" if (m := _ARCH_ENTRY.match(e)) else e for e in entries)
+
+
+def prepare_fused_build() -> None:
+    """Before a DeepSpeed fused op is built (JIT, on first use): its arch list, in this process."""
+    value = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if value:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(value)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -118,6 +140,7 @@ def muon(
     if on_gpu:
         from deepspeed.ops.adam import FusedAdam
 
+        prepare_fused_build()
         aux, aux_kwargs = FusedAdam, {"adam_w_mode": True}
     else:
         aux, aux_kwargs = torch.optim.AdamW, {"fused": True}
@@ -143,6 +166,7 @@ def build_optimizer(
     if name == "adamw" and not (on_gpu or offload):
         return adamw(model, lr, weight_decay)
     groups = param_groups(model, weight_decay)
+    prepare_fused_build()
     if name == "adamw":
         if offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
