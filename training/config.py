@@ -37,7 +37,8 @@ class PretrainConfig(Section):
     max_steps: int = Field(200, ge=1)
     optimizer: Literal["adamw", "lamb", "muon"] = Field(
         "adamw",
-        description="muon: Muon on the encoder's weight matrices at muon_lr, AdamW at lr on the rest; needs ZeRO "
+        description="lamb: DeepSpeed's FusedLamb on GPU and the same update on CPU (training/optim.py Lamb); "
+        "muon: Muon on the encoder's weight matrices at muon_lr, AdamW at lr on the rest; needs ZeRO "
         "stage 0 (docs/quality.md, 'Muon')",
     )
     lr: float = Field(
