@@ -25,7 +25,7 @@ each part, so a call cut short still returns what it finished):
   finetune  one fine-tuning unit (SST-2) on the GPU, from the last pretrained model of the call
 
 The device tool runs one command for at most 10 minutes on a machine that starts bare, so the check
-is two calls (each about 6-8 minutes of work plus the machine's start; ESTIMATE_S below), after
+is two calls (each about 6 minutes of work plus the machine's start; ESTIMATE_S below), after
 `make gpu-check-prep` here has filled `.gpu_carry/` (wheels, tokenizer, shards, SST-2 rows):
   1. run(command="bash benchmarks/gpu_check.sh --parts base,hf,ops,kernels", carry=[".gpu_carry"], timeout_s=600)
   2. run(command="bash benchmarks/gpu_check.sh --parts large,fp16,finetune", carry=[".gpu_carry"], timeout_s=600)
@@ -54,11 +54,12 @@ import gpu_summary  # noqa: E402
 from gpu_context import DRY_PLAN, GPU_PLAN, PARTIAL_ENV, Context, child_env, run_logged  # noqa: E402
 from gpu_parts import PARTS  # noqa: E402
 
-# Seconds each part is expected to take on an H100, a bare machine's JIT builds included. These are
-# estimates (nothing has run on a GPU yet); replace them with the seconds the first GPU run records
-# (summary `parts`). A part is skipped when less than this is left of the call's budget.
-ESTIMATE_S = {"env": 30, "base": 180, "hf": 60, "ops": 90, "kernels": 150, "large": 240, "fp16": 120,
-              "finetune": 60}  # fmt: skip
+# Seconds each part is expected to take on an H100/H200, a bare machine's JIT builds included: the
+# seconds the first GPU run recorded (H200, 2026-11-26, docs/gpu/2026-11-26-nvidia-h200.md) with some
+# margin; `large` has not run yet and is still a guess. A part is skipped when less than this is left
+# of the call's budget.
+ESTIMATE_S = {"env": 10, "base": 110, "hf": 45, "ops": 90, "kernels": 130, "large": 240, "fp16": 70,
+              "finetune": 45}  # fmt: skip
 CALLS = ("base,hf,ops,kernels", "large,fp16,finetune")  # the two device calls documented above
 
 
