@@ -82,7 +82,10 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     varlen = paths["varlen_attn@0.0"]  # on CPU: an error (flash has no CPU kernel) or no padded batch
     assert "error" in varlen or varlen["loss_rel_diff_vs_unpadded"] < 1e-5
     assert summary["probes"]["compile"]["compiled"]["median_step_ms"] > 0
-    assert summary["probes"]["finetune_unit"]["checkpoint"].endswith("pretrain_base_seq128_fp16/model")
+    finetune = summary["probes"]["finetune_unit"]
+    assert finetune["checkpoint"].endswith("pretrain_base_seq128_fp16/model")
+    assert finetune["again_in_same_process"]["train_examples_per_s"] > 0
+    assert finetune["again_in_same_process"]["metrics"] == finetune["metrics"]  # same unit, same seed
     assert summary["calls"][0]["env"]["matmul_tflops"] > 0
     md = (out / "gpu_check.md").read_text()
     assert "Dry run on CPU" in md and all(name in md for name in MEASUREMENTS)
