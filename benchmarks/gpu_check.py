@@ -22,14 +22,16 @@ each part, so a call cut short still returns what it finished):
   large     `bertflow pretrain`: BERT-large, seq 512, bf16, ZeRO-2, largest micro batch: samples/s
   fp16      `bertflow pretrain`: BERT-base, seq 128, fp16 with dynamic loss scaling, 300 steps: the
             loss-scale trajectory, non-finite losses
+  variants  `bertflow pretrain` for a few steps with LAMB, Muon (ZeRO 0), ZeRO-3 and ZeRO-Offload:
+            does each path run, and how fast
   finetune  one fine-tuning unit (SST-2) on the GPU, from the last pretrained model of the call,
             run twice in one process (the second with every per-shape cache warm)
 
 The device tool runs one command for at most 10 minutes on a machine that starts bare, so the check
 is two calls (each about 6 minutes of work plus the machine's start; ESTIMATE_S below), after
 `make gpu-check-prep` here has filled `.gpu_carry/` (wheels, tokenizer, shards, SST-2 rows):
-  1. run(command="bash benchmarks/gpu_check.sh --parts base,hf,ops,kernels", carry=[".gpu_carry"], timeout_s=600)
-  2. run(command="bash benchmarks/gpu_check.sh --parts large,fp16,finetune", carry=[".gpu_carry"], timeout_s=600)
+  1. run(command="bash benchmarks/gpu_check.sh --parts base,hf,ops,kernels,fp16", carry=[".gpu_carry"], timeout_s=600)
+  2. run(command="bash benchmarks/gpu_check.sh --parts large,variants,finetune", carry=[".gpu_carry"], timeout_s=600)
   3. here: python benchmarks/gpu_check.py --merge <files of 1>/gpu_check.json <files of 2>/gpu_check.json --out docs/gpu
 A part that would not finish inside the call's budget (`--budget-s`, 540 s) is skipped and says so;
 run it in a further call with `--parts NAME`.
@@ -60,8 +62,8 @@ from gpu_parts import PARTS  # noqa: E402
 # margin; `large` has not run yet and is still a guess. A part is skipped when less than this is left
 # of the call's budget.
 ESTIMATE_S = {"env": 10, "base": 110, "hf": 45, "ops": 90, "kernels": 130, "large": 240, "fp16": 70,
-              "finetune": 70}  # fmt: skip
-CALLS = ("base,hf,ops,kernels", "large,fp16,finetune")  # the two device calls documented above
+              "variants": 150, "finetune": 70}  # fmt: skip
+CALLS = ("base,hf,ops,kernels,fp16", "large,variants,finetune")  # the two device calls documented above
 
 
 def required_carry(parts: list[str]) -> list[str]:

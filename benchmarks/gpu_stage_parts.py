@@ -141,5 +141,32 @@ def part_fp16(ctx: Context) -> dict[str, Any]:
     return {"measurements": [row], "probes": {"fp16_loss_scale": probe}}
 
 
+# The stage's other GPU paths, none of which had run on a GPU by 2026-11-26: name -> (ZeRO stage, --set
+# overrides, what it exercises). The dry run runs LAMB's only: Muon and the ZeRO stages run on CPU in
+# tests/test_pretrain.py, and offload is refused on CPU (training/ds_config.py).
+VARIANTS: dict[str, tuple[int, tuple[str, ...], str]] = {
+    "pretrain_base_seq128_lamb": (2, ("pretrain.optimizer=lamb",), "LAMB: DeepSpeed's FusedLamb in the engine"),
+    "pretrain_base_seq128_muon": (0, ("pretrain.optimizer=muon", "pretrain.zero_stage=0"),
+                                  "Muon: MuonWithAuxAdam with FusedAdam as its AdamW, bf16 optimizer, ZeRO 0"),
+    "pretrain_base_seq128_zero3": (3, ("pretrain.zero_stage=3",), "ZeRO-3: parameters partitioned"),
+    "pretrain_base_seq128_offload": (2, ("pretrain.deepspeed_config=infra/deepspeed/zero2_offload.json",),
+                                     "ZeRO-Offload: the optimizer on CPU, DeepSpeedCPUAdam JIT-built"),
+}  # fmt: skip
+
+
+def part_variants(ctx: Context) -> dict[str, Any]:
+    """A short `bertflow pretrain` (the base preset, seq 128, micro batch `fp16_micro_batch`) for each
+    of VARIANTS (the plan's `variants`, else all): each says whether that path runs, and how fast."""
+    p = ctx.plan
+    rows = []
+    for name in p.variants or VARIANTS:
+        stage, sets, what = VARIANTS[name]
+        row = run_stage(
+            ctx, name, p.base_preset, 128, p.precision, p.fp16_micro_batch, p.variant_steps, *sets
+        )
+        rows.append({**row, "zero_stage": stage, "what": f"bertflow pretrain, {what}"})
+    return {"measurements": rows}
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)

@@ -27,7 +27,7 @@ from install_wheels import wanted  # noqa: E402
 FORBIDDEN = "wandb,apache_beam,prefect,blingfire"  # not on the GPU image
 MEASUREMENTS = {
     "pretrain_base_seq128", "hf_plain_loop_base_seq128", "ours_plain_loop_base_seq128",
-    "pretrain_large_seq512", "pretrain_base_seq128_fp16",
+    "pretrain_large_seq512", "pretrain_base_seq128_fp16", "pretrain_base_seq128_lamb",
 }  # fmt: skip
 PROBES = {"ops", "sdpa_kernels", "attention_paths", "compile", "micro_batch_tiny_seq128",
           "micro_batch_tiny_seq512", "fp16_loss_scale", "finetune_unit"}  # fmt: skip
@@ -83,7 +83,9 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     assert "error" in varlen or varlen["loss_rel_diff_vs_unpadded"] < 1e-5
     assert summary["probes"]["compile"]["compiled"]["median_step_ms"] > 0
     finetune = summary["probes"]["finetune_unit"]
-    assert finetune["checkpoint"].endswith("pretrain_base_seq128_fp16/model")
+    assert (
+        finetune["checkpoint"] == [m["model_dir"] for m in summary["measurements"] if m.get("model_dir")][-1]
+    )
     assert finetune["again_in_same_process"]["train_examples_per_s"] > 0
     assert finetune["again_in_same_process"]["metrics"] == finetune["metrics"]  # same unit, same seed
     assert summary["calls"][0]["env"]["matmul_tflops"] > 0
@@ -208,3 +210,21 @@ def test_the_documented_device_calls_cover_every_part_within_one_calls_budget():
         seen += call.split(",")
     assert sorted(seen) == sorted(p for p in gpu_check.ESTIMATE_S if p != "env")
     assert set(gpu_check.ESTIMATE_S) == set(gpu_check.PARTS)
+
+
+@pytest.mark.parametrize("name", ["pretrain_base_seq128_lamb", "pretrain_base_seq128_muon",
+                                  "pretrain_base_seq128_zero3", "pretrain_base_seq128_offload"])  # fmt: skip
+def test_each_gpu_variant_is_a_config_the_stage_accepts_for_one_gpu(name):
+    """The dry run launches only LAMB's variant; the others must not be refused on the GPU, where
+    a refused config would cost device time to find out."""
+    from gpu_stage_parts import VARIANTS
+
+    from pipelines.config import load_config
+    from training.ds_config import build_ds_config
+
+    stage, sets, _ = VARIANTS[name]
+    settings = ["model.preset=base", "pretrain.num_processes=1", "pretrain.zero_stage=2", "pretrain.precision=bf16"]  # fmt: skip
+    cfg = load_config(None, [*settings, *sets]).pretrain  # run_stage's order: the variant's settings last
+    ds = build_ds_config(cfg, world_size=1, on_gpu=True, bf16_ok=True)
+    assert ds["zero_optimization"]["stage"] == stage
+    assert ds["bf16"]["enabled"]
