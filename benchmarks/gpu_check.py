@@ -28,7 +28,7 @@ each part, so a call cut short still returns what it finished):
             run twice in one process (the second with every per-shape cache warm)
 
 The device tool runs one command for at most 10 minutes on a machine that starts bare, so the check
-is two calls (each about 6 minutes of work plus the machine's start; ESTIMATE_S below), after
+is two calls (each about 8 minutes of work plus the machine's start; ESTIMATE_S below), after
 `make gpu-check-prep` here has filled `.gpu_carry/` (wheels, tokenizer, shards, SST-2 rows):
   1. run(command="bash benchmarks/gpu_check.sh --parts base,hf,ops,kernels,fp16", carry=[".gpu_carry"], timeout_s=600)
   2. run(command="bash benchmarks/gpu_check.sh --parts large,variants,finetune", carry=[".gpu_carry"], timeout_s=600)
