@@ -27,7 +27,7 @@ class Plan:
     precision: str = "bf16"
     fp16_precision: str = "fp16"
     zero_stage: int = 2
-    candidates_128: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    candidates_128: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)  # 1,024 was still rising on the H200
     candidates_512: tuple[int, ...] = (8, 16, 32, 64, 128)
     probe_large: bool = True  # the dry run probes once (base), then takes candidates_512[0]
     probe_steps: int = 3
