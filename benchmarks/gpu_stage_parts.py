@@ -39,15 +39,26 @@ def window_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_stage(
-    ctx: Context, name: str, preset: str, seq: int, precision: str, micro: int, steps: int, *extra: str
+    ctx: Context,
+    name: str,
+    preset: str,
+    seq: int,
+    precision: str,
+    micro: int,
+    steps: int,
+    *extra: str,
+    zero_stage: int | None = None,
+    what: str = "bertflow pretrain (DeepSpeed, 1 process)",
 ) -> dict[str, Any]:
     """`bertflow pretrain` on one process, one metrics row per step; the figures over the steps
-    after `stage_warmup`. An out-of-memory failure is retried once at half the micro batch."""
+    after `stage_warmup`. An out-of-memory failure is retried once at half the micro batch.
+    `zero_stage`: the plan's unless given."""
     warmup = ctx.plan.stage_warmup
+    zero_stage = ctx.plan.zero_stage if zero_stage is None else zero_stage
     while True:
         out = ctx.work / name
         shutil.rmtree(out, ignore_errors=True)
-        sets = [f"model.preset={preset}", "pretrain.num_processes=1", f"pretrain.zero_stage={ctx.plan.zero_stage}",
+        sets = [f"model.preset={preset}", "pretrain.num_processes=1", f"pretrain.zero_stage={zero_stage}",
                 f"pretrain.micro_batch_size={micro}", f"pretrain.max_steps={warmup + steps}", "pretrain.log_every=1",
                 f"pretrain.checkpoint_every={warmup + steps}", f"pretrain.eval_every={10 * (warmup + steps)}",
                 "pretrain.eval_batches=2", f"pretrain.precision={precision}", "wandb.mode=disabled", *extra]  # fmt: skip
@@ -62,8 +73,8 @@ def run_stage(
             micro //= 2
             continue
         break
-    fields: dict[str, Any] = {"micro_batch": micro, "zero_stage": ctx.plan.zero_stage, "stage_wall_s": wall,
-                              "what": "bertflow pretrain (DeepSpeed, 1 process)", "run_dir": str(out),
+    fields: dict[str, Any] = {"micro_batch": micro, "zero_stage": zero_stage, "stage_wall_s": wall,
+                              "what": what, "run_dir": str(out),
                               "model_dir": str(out / "model") if rc == 0 else None}  # fmt: skip
     fields.update(window_figures(stage_rows(out, warmup)))
     if rc == 0:
@@ -146,9 +157,9 @@ def part_fp16(ctx: Context) -> dict[str, Any]:
 # tests/test_pretrain.py, and offload is refused on CPU (training/ds_config.py).
 VARIANTS: dict[str, tuple[int, tuple[str, ...], str]] = {
     "pretrain_base_seq128_lamb": (2, ("pretrain.optimizer=lamb",), "LAMB: DeepSpeed's FusedLamb in the engine"),
-    "pretrain_base_seq128_muon": (0, ("pretrain.optimizer=muon", "pretrain.zero_stage=0"),
+    "pretrain_base_seq128_muon": (0, ("pretrain.optimizer=muon",),
                                   "Muon: MuonWithAuxAdam with FusedAdam as its AdamW, bf16 optimizer, ZeRO 0"),
-    "pretrain_base_seq128_zero3": (3, ("pretrain.zero_stage=3",), "ZeRO-3: parameters partitioned"),
+    "pretrain_base_seq128_zero3": (3, (), "ZeRO-3: parameters partitioned"),
     "pretrain_base_seq128_offload": (2, ("pretrain.deepspeed_config=infra/deepspeed/zero2_offload.json",),
                                      "ZeRO-Offload: the optimizer on CPU, DeepSpeedCPUAdam JIT-built"),
 }  # fmt: skip
@@ -161,10 +172,8 @@ def part_variants(ctx: Context) -> dict[str, Any]:
     rows = []
     for name in p.variants or VARIANTS:
         stage, sets, what = VARIANTS[name]
-        row = run_stage(
-            ctx, name, p.base_preset, 128, p.precision, p.fp16_micro_batch, p.variant_steps, *sets
-        )
-        rows.append({**row, "zero_stage": stage, "what": f"bertflow pretrain, {what}"})
+        rows.append(run_stage(ctx, name, p.base_preset, 128, p.precision, p.fp16_micro_batch, p.variant_steps,
+                              *sets, zero_stage=stage, what=f"bertflow pretrain, {what}"))  # fmt: skip
     return {"measurements": rows}
 
 

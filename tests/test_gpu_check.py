@@ -223,7 +223,7 @@ def test_each_gpu_variant_is_a_config_the_stage_accepts_for_one_gpu(name):
     from training.ds_config import build_ds_config
 
     stage, sets, _ = VARIANTS[name]
-    settings = ["model.preset=base", "pretrain.num_processes=1", "pretrain.zero_stage=2", "pretrain.precision=bf16"]  # fmt: skip
+    settings = ["model.preset=base", "pretrain.num_processes=1", f"pretrain.zero_stage={stage}", "pretrain.precision=bf16"]  # fmt: skip
     cfg = load_config(None, [*settings, *sets]).pretrain  # run_stage's order: the variant's settings last
     ds = build_ds_config(cfg, world_size=1, on_gpu=True, bf16_ok=True)
     assert ds["zero_optimization"]["stage"] == stage

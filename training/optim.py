@@ -68,9 +68,8 @@ class Lamb(torch.optim.Optimizer):
       (1 when either norm is zero),       p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * ratio * u.
     This differs from the paper's Algorithm 2, which bias-corrects m and v before the trust ratio:
     there the ratio cancels the correction, here it stays as a factor on the step (0.32 at step 1,
-    0.15 at step 10, 0.31 at step 100, 0.80 at step 1,000), and the ratio is clamped. Before this,
-    the CPU path was Algorithm 2: its update differed from FusedLamb's by 75% of the update's norm
-    after three steps (the GPU check's ops part, H200, 2026-11-26).
+    0.15 at step 10, 0.31 at step 100, 0.80 at step 1,000), and the ratio is clamped. The GPU
+    check's `ops` part compares the two (docs/benchmarks.md §7).
     """
 
     def __init__(
@@ -153,7 +152,6 @@ def muon(
     if on_gpu:
         from deepspeed.ops.adam import FusedAdam
 
-        prepare_fused_build()
         aux, aux_kwargs = FusedAdam, {"adam_w_mode": True}
     else:
         aux, aux_kwargs = torch.optim.AdamW, {"fused": True}
@@ -172,6 +170,8 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """The pretraining optimizer: DeepSpeed's fused kernels on GPU, `adamw` / `Lamb` on CPU, and
     `muon` (Muon at `muon_lr` on the encoder's matrices, AdamW at `lr` on the rest)."""
+    if on_gpu or offload:  # DeepSpeed builds its fused and CPU-Adam ops (JIT) on first use
+        prepare_fused_build()
     if name == "muon":
         if muon_lr is None:
             raise ValueError("optimizer muon needs muon_lr")
@@ -179,7 +179,6 @@ def build_optimizer(
     if name == "adamw" and not (on_gpu or offload):
         return adamw(model, lr, weight_decay)
     groups = param_groups(model, weight_decay)
-    prepare_fused_build()
     if name == "adamw":
         if offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
