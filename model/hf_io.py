@@ -9,6 +9,7 @@ read by one function.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -97,6 +98,19 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         f"{directory}: no weights file ({' or '.join(WEIGHT_FILES)}) next to config.json.",
         fix="copy the weights file into the directory, or export the checkpoint again (bertflow export-hf).",
     )
+
+
+def saved_parameter_count(directory: Path) -> int | None:
+    """Elements in `directory/model.safetensors`, from its header (no tensor is read); None without
+    that file. `write_hf_dir` stores each parameter once (not the tied decoder) and no buffers, so
+    for our model directories this is the parameter count, without building the model."""
+    from safetensors import safe_open
+
+    path = Path(directory) / WEIGHT_FILES[0]
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as weights:
+        return sum(math.prod(weights.get_slice(key).get_shape()) for key in weights.keys())
 
 
 def normalize_keys(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:

@@ -17,6 +17,7 @@ from common.jsonfile import read_json_or_empty
 from common.tracking import read_metrics
 from common.version import package_version
 from model.config import preset_of
+from model.hf_io import saved_parameter_count
 from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts, steps_text
 
 
@@ -138,7 +139,7 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
     return CardFacts(
         name=name or f"{title} pretrained{corpus} ({steps} steps, bertflow)",
         model_config=model_config,
-        parameters=_parameters(model_config),
+        parameters=saved_parameter_count(out_dir / "model"),
         model_max_length=data.max_seq_length if data and data.max_seq_length else None,
         data=data,
         training=training,
@@ -152,15 +153,3 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
         },
     )
 
-
-def _parameters(model_config: dict[str, Any]) -> int | None:
-    """Parameter count of the pretraining model (tied embeddings once), built on the meta device."""
-    if not model_config:
-        return None
-    import torch
-
-    from model.config import BertConfig
-    from model.heads import BertForPreTraining, count_parameters
-
-    with torch.device("meta"):
-        return count_parameters(BertForPreTraining(BertConfig.from_hf_dict(model_config)))

@@ -77,3 +77,16 @@ def test_weights_get_the_same_mode_as_their_siblings(tmp_path: Path) -> None:
     write_hf_dir(BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64)), tmp_path)
     mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
     assert mode["model.safetensors"] == mode["config.json"], mode
+
+
+def test_the_saved_parameter_count_is_the_models_own(tmp_path: Path) -> None:
+    """The pretraining card counts parameters from the written file's header instead of building the
+    model: the same number (the tied decoder stored once), and None where no file was written."""
+    from model.config import BertConfig
+    from model.heads import BertForPreTraining, count_parameters
+    from model.hf_io import saved_parameter_count, write_hf_dir
+
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    write_hf_dir(model, tmp_path / "model")
+    assert saved_parameter_count(tmp_path / "model") == count_parameters(model)
+    assert saved_parameter_count(tmp_path / "elsewhere") is None
