@@ -93,7 +93,7 @@ def test_phase_keys_chain_and_match_a_config_of_their_own(tmp_path: Path) -> Non
 def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, data_dir: Path) -> None:
     from pipelines.flow import bert_pipeline
 
-    config = tiny_config(tmp_path, data_dir, finetune={"tasks": ["rte"], "seeds": [1]})
+    config = tiny_config(tmp_path, data_dir, finetune={"tasks": ["rte"], "seeds": [1], "baselines": []})
     raw = yaml.safe_load(config.read_text())
     config.write_text(yaml.safe_dump({**raw, "phases": [SEQ32]}, sort_keys=False))
     try:

@@ -1,8 +1,8 @@
 """End-to-end pretraining runs: real DeepSpeed engines on 2 gloo processes, real-text shards.
 
 One reference run (ZeRO-2, 12 steps) is shared by the tests; the others are compared with it:
-loss goes down, the export loads in transformers, kill -9 + rerun (under other run-only settings)
-reproduces every loss exactly, ZeRO-1 and ZeRO-3 reach the same weights.
+loss goes down, the export loads in transformers, kill -9 + rerun (Muon, under other run-only
+settings; two nodes) reproduces every loss exactly, ZeRO-1 and ZeRO-3 reach the same weights.
 """
 
 from __future__ import annotations
@@ -167,40 +167,14 @@ def test_rerun_after_completion_is_a_no_op(ref_run, data):
     assert (out / "metrics.jsonl").read_bytes() == before
 
 
-def test_kill_9_then_rerun_with_other_run_only_settings_reproduces_every_loss_exactly(
+def test_muon_kill_9_then_rerun_with_other_run_only_settings_reproduces_every_loss_exactly(
     ref_run, data, tmp_path
 ):
-    ref_out, ref_model, _ = ref_run
-    shards, tok = data
-    out = tmp_path / "run"
-    proc = start_cli(shards, tok, out, settings(), BERTFLOW_DEBUG_STEP_DELAY_S="0.3")
-    wait_for(out / "checkpoints" / "global_step8" / checkpoint.VERIFIED_NAME, proc)
-    kill_tree(proc)
-    assert not (out / "model").exists() and not (out / "_COMPLETE.json").exists()
-    # the rerun changes the run-only settings (PretrainConfig.run_only; out of the stage key, so
-    # the flow resumes this output under them): the weights are those of the uninterrupted run
-    run_only = [
-        "pretrain.log_every=2", "pretrain.eval_every=3", "pretrain.checkpoint_every=3",
-        "pretrain.keep_checkpoints=2", "pretrain.prefetch_batches=1", "pretrain.dist_timeout_s=300",
-        f"pretrain.master_port={free_port()}", "pretrain.peak_tflops=50", "pretrain.launcher=deepspeed",
-        f"pretrain.data_cache_dir={tmp_path / 'cache'}",
-    ]  # fmt: skip
-    lines: list[str] = []
-    run_pretrain_stage(config(*run_only), shards, tok, out, log_line=lines.append)
-    assert any("resumed from" in ln and "global_step8" in ln for ln in lines)
-    launches = [ln for ln in lines if ln.startswith("launch:")]
-    assert "deepspeed.launcher.runner" in launches[0]  # the reference ran under torchrun
-    ref_losses, resumed = losses(ref_out), losses(out)
-    assert set(range(1, 9)) | {10, 12} <= set(resumed)
-    assert all(resumed[step] == ref_losses[step] for step in resumed)  # bit-exact
-    assert (tmp_path / "cache").is_dir()
-    a, b = read_state_dict(ref_model), read_state_dict(out / "model")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_muon_trains_and_resumes_exactly_after_kill_9(ref_run, data, tmp_path):
-    """optimizer muon (ZeRO 0, DeepSpeed's MuonWithAuxAdam): its momentum is in the checkpoint, so
-    kill -9 after step 8 and a rerun give every loss and weight of the uninterrupted run."""
+    """optimizer muon (ZeRO 0, DeepSpeed's MuonWithAuxAdam) trains; kill -9 after checkpoint 8, and a
+    rerun under other run-only settings (PretrainConfig.run_only: out of the stage key, so the flow
+    resumes this output under them) gives every loss and weight of the uninterrupted run: Muon's
+    momentum is in the checkpoint. (ZeRO-2 AdamW runs resume bit-exact after kill -9 and SIGTERM in
+    the two-node tests below.)"""
     shards, tok = data
     muon = ("pretrain.optimizer=muon", "pretrain.zero_stage=0", "pretrain.muon_lr=0.01")
     ref, out = tmp_path / "ref", tmp_path / "run"
@@ -211,10 +185,22 @@ def test_muon_trains_and_resumes_exactly_after_kill_9(ref_run, data, tmp_path):
     proc = start_cli(shards, tok, out, settings(*muon), BERTFLOW_DEBUG_STEP_DELAY_S="0.3")
     wait_for(out / "checkpoints" / "global_step8" / checkpoint.VERIFIED_NAME, proc)
     kill_tree(proc)
+    assert not (out / "model").exists() and not (out / "_COMPLETE.json").exists()
+    run_only = [
+        "pretrain.log_every=2", "pretrain.eval_every=3", "pretrain.checkpoint_every=3",
+        "pretrain.keep_checkpoints=2", "pretrain.prefetch_batches=1", "pretrain.dist_timeout_s=300",
+        f"pretrain.master_port={free_port()}", "pretrain.peak_tflops=50", "pretrain.launcher=deepspeed",
+        f"pretrain.data_cache_dir={tmp_path / 'cache'}",
+    ]  # fmt: skip
     lines: list[str] = []
-    run_pretrain_stage(config(*muon), shards, tok, out, log_line=lines.append)
+    run_pretrain_stage(config(*muon, *run_only), shards, tok, out, log_line=lines.append)
     assert any("resumed from" in ln and "global_step8" in ln for ln in lines)
-    assert losses(out) == ref_losses  # bit-exact
+    launches = [ln for ln in lines if ln.startswith("launch:")]
+    assert "deepspeed.launcher.runner" in launches[0]  # the killed run ran under torchrun
+    resumed = losses(out)
+    assert set(range(1, 9)) | {10, 12} <= set(resumed)
+    assert all(resumed[step] == ref_losses[step] for step in resumed)  # bit-exact
+    assert (tmp_path / "cache").is_dir()
     a, b = read_state_dict(ref / "model"), read_state_dict(out / "model")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
