@@ -321,20 +321,21 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir):
 
 @pytest.mark.slow
 def test_pretrained_beats_random_init_on_sst2(tmp_path, minilm_dir):
-    """all-MiniLM-L6-v2 fine-tuned briefly on SST-2 (80 steps) is clearly above chance; random init
-    of the same shape with the same budget is not. (Seen: 78.0 vs 51.5 on the first 200 dev rows.)"""
+    """all-MiniLM-L6-v2 fine-tuned briefly on SST-2 (40 steps) is clearly above chance; random init
+    of the same shape with the same budget is not. (Seen: 77.0 vs 49.5 on the first 200 dev rows;
+    at lr 1e-4, 66.0 after 40 steps and 78.5 after 80.)"""
     cfg = FinetuneConfig(
         tasks=["sst2"],
         max_train_examples=640,
         max_eval_examples=200,
-        epochs=2.0,
+        epochs=1.0,
         max_seq_length=64,
         batch_size=16,
     )
-    units = [FinetuneUnit("sst2", 1e-4, 42)]
+    units = [FinetuneUnit("sst2", 2e-4, 42)]
     jobs = plan(cfg, [str(minilm_dir), f"random:{minilm_dir}"], tmp_path, units=units)
     pre, rnd = (run_finetune_unit(cfg, job, wandb=WandbTarget(mode="disabled")) for job in jobs)
-    assert pre["train_steps"] == rnd["train_steps"] == 80
+    assert pre["train_steps"] == rnd["train_steps"] == 40
     assert pre["metrics"]["accuracy"] >= 72.0, pre["metrics"]
     assert rnd["metrics"]["accuracy"] <= 62.0, rnd["metrics"]
     # the chance level recorded with each result: the first 640 training labels' majority on the
