@@ -152,4 +152,3 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
             "written by": f"bertflow {package_version()}",
         },
     )
-
