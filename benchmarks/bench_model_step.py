@@ -29,7 +29,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from model import BertConfig, BertForPreTraining  # noqa: E402
+from model.config import BertConfig  # noqa: E402
+from model.heads import BertForPreTraining  # noqa: E402
 from model.hf_io import write_hf_dir  # noqa: E402
 
 SEQ = 128

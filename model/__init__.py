@@ -1,22 +1,4 @@
-"""BERT in plain PyTorch, with module names that match Hugging Face checkpoint keys."""
+"""BERT in plain PyTorch, with module names that match Hugging Face checkpoint keys.
 
-from model.bert import BertModel
-from model.config import PRESETS, BertConfig
-from model.heads import (
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-    PreTrainingOutput,
-)
-
-__all__ = [
-    "PRESETS",
-    "BertConfig",
-    "BertModel",
-    "BertForPreTraining",
-    "BertForQuestionAnswering",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "PreTrainingOutput",
-]
+Import from the submodules (`model.config`, `model.heads`, ...): this package imports nothing, so
+reading a config (`model.config`) does not import torch."""

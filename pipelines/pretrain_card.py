@@ -17,7 +17,6 @@ from common.jsonfile import read_json_or_empty
 from common.tracking import read_metrics
 from common.version import package_version
 from model.config import preset_of
-from model.hf_io import saved_parameter_count
 from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts, steps_text
 
 
@@ -121,6 +120,10 @@ def steps_before(init_from: str | None) -> list[int]:
 def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | None = None) -> CardFacts:
     """The model card facts of the pretraining output directory `out_dir` (its model is
     `out_dir/model`)."""
+    # imported here: `bertflow pretrain` and `bertflow run` import this module before they check the
+    # config, and model.hf_io imports torch (2 s)
+    from model.hf_io import saved_parameter_count
+
     out_dir = Path(out_dir)
     spec = read_json_or_empty(out_dir / "run_spec.json")
     model_config = read_json_or_empty(out_dir / "model" / "config.json")

@@ -123,13 +123,20 @@ def test_checksums_catch_a_corrupt_file(tmp_path: Path) -> None:
 
 
 def test_cli_prints_one_paragraph_and_exits_2(tmp_path: Path) -> None:
+    """...before it imports any heavy package: with torch, DeepSpeed, Prefect, Beam and W&B made
+    unimportable (tests/forbid_imports), a config mistake is still the one clear message."""
     path = _write(tmp_path, "finetune:\n  epoch: 3\n")
+    forbid = str(PROJECT_ROOT / "tests" / "forbid_imports")
     proc = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "run", str(path)],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        env={
+            **__import__("os").environ,
+            "PYTHONPATH": f"{forbid}:{PROJECT_ROOT}",
+            "BERTFLOW_FORBID_IMPORTS": "torch,deepspeed,prefect,apache_beam,wandb",
+        },
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr

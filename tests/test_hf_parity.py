@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from common.atomic import sha256_file
-from model import BertConfig, BertForPreTraining
+from model.config import BertConfig
+from model.heads import BertForPreTraining
 from model.hf_io import load_checkpoint, load_pretraining_model, write_hf_dir
 from pipelines.cli import main as cli
 

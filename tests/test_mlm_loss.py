@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import BertConfig, BertForPreTraining
+from model.config import BertConfig
+from model.heads import BertForPreTraining
 from model.mlm_loss import linear_cross_entropy
 from training.evaluate import PretrainEval
 

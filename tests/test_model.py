@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model import BertConfig, BertForPreTraining, BertForSequenceClassification
-from model.heads import count_parameters
+from model.config import BertConfig
+from model.heads import BertForPreTraining, BertForSequenceClassification, count_parameters
 
 
 def _count(preset: str) -> int:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model import BertConfig, BertForPreTraining
+from model.config import BertConfig
+from model.heads import BertForPreTraining
 from model.hf_io import load_checkpoint, write_hf_dir
 from pipelines.cli import main as cli
 
