@@ -169,14 +169,16 @@ def _plan_from_args(
 
 
 def main(args: argparse.Namespace) -> int:
+    from pipelines.config import load_config
+
+    cfg_all = load_config(args.config, args.set)  # a config mistake is said before torch loads
+    cfg = apply_flags(cfg_all.finetune, args)
+
     from common.tracking import Tracker
     from finetuning import fanout
     from finetuning.scorecard import build_scorecard
     from finetuning.units import find_unit
-    from pipelines.config import load_config
 
-    cfg_all = load_config(args.config, args.set)
-    cfg = apply_flags(cfg_all.finetune, args)
     jobs, output = _plan_from_args(cfg_all, cfg, args)
     selected = [j for j in jobs if j.unit == find_unit(cfg, args.unit)] if args.unit else jobs
     group = args.group or output.resolve().name
