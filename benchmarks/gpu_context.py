@@ -38,6 +38,7 @@ class Plan:
     fp16_steps: int = 300
     fp16_micro_batch: int = 128
     variant_steps: int = 10
+    variant_micro_batch: int = 128  # fp16's: each variant's samples/s compares with that run's
     variants: tuple[str, ...] = ()  # of gpu_stage_parts.VARIANTS; () = all
     hf_warmup: int = 5
     hf_steps: int = 30
@@ -56,8 +57,8 @@ GPU_PLAN = Plan()
 DRY_PLAN = Plan(
     dry_run=True, base_preset="tiny", large_preset="tiny", precision="fp32", fp16_precision="fp32",
     candidates_128=(2, 4), candidates_512=(2,), probe_large=False, probe_steps=1, stage_warmup=1, stage_steps=2,
-    large_steps=1, fp16_steps=3, fp16_micro_batch=4, variant_steps=1, variants=("pretrain_base_seq128_lamb",),
-    hf_warmup=1, hf_steps=1, kernel_batch=4, kernel_warmup=1,
+    large_steps=1, fp16_steps=3, fp16_micro_batch=4, variant_steps=1, variant_micro_batch=2,
+    variants=("pretrain_base_seq128_lamb",), hf_warmup=1, hf_steps=1, kernel_batch=4, kernel_warmup=1,
     kernel_steps=2, compile_warmup=1, compile_backend="eager", matmul_n=256, finetune_train_examples=32,
     finetune_batch=8, finetune_eval_examples=32,
 )  # fmt: skip

@@ -166,13 +166,13 @@ VARIANTS: dict[str, tuple[int, tuple[str, ...], str]] = {
 
 
 def part_variants(ctx: Context) -> dict[str, Any]:
-    """A short `bertflow pretrain` (the base preset, seq 128, micro batch `fp16_micro_batch`) for each
+    """A short `bertflow pretrain` (the base preset, seq 128, micro batch `variant_micro_batch`) for each
     of VARIANTS (the plan's `variants`, else all): each says whether that path runs, and how fast."""
     p = ctx.plan
     rows = []
     for name in p.variants or VARIANTS:
         stage, sets, what = VARIANTS[name]
-        rows.append(run_stage(ctx, name, p.base_preset, 128, p.precision, p.fp16_micro_batch, p.variant_steps,
+        rows.append(run_stage(ctx, name, p.base_preset, 128, p.precision, p.variant_micro_batch, p.variant_steps,
                               *sets, zero_stage=stage, what=f"bertflow pretrain, {what}"))  # fmt: skip
     return {"measurements": rows}
 

@@ -73,6 +73,7 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
         assert row["tokens_per_s"] > 0 and row["samples_per_s"] > 0 and row["tflops"] > 0
         assert row["mfu_spec"] == pytest.approx(row["tflops"] / 1.0)
     assert rows["pretrain_large_seq512"]["seq"] == 512 and rows["pretrain_base_seq128"]["micro_batch"] == 4
+    assert rows["pretrain_base_seq128_lamb"]["micro_batch"] == 2  # the plan's variant_micro_batch
     assert set(summary["probes"]) == PROBES
     assert summary["probes"]["micro_batch_tiny_seq128"]["chosen"] == 4
     fp16 = summary["probes"]["fp16_loss_scale"]
