@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,19 +123,22 @@ def test_checksums_catch_a_corrupt_file(tmp_path: Path) -> None:
         verify_data(load_config(None, overrides))
 
 
-def test_cli_prints_one_paragraph_and_exits_2(tmp_path: Path) -> None:
-    """...before it imports any heavy package: with torch, DeepSpeed, Prefect, Beam and W&B made
-    unimportable (tests/forbid_imports), a config mistake is still the one clear message."""
+@pytest.mark.parametrize("command", ["run", "tokenizer", "pretrain", "finetune", "report"])
+def test_cli_prints_one_paragraph_and_exits_2(tmp_path: Path, command: str) -> None:
+    """A config mistake is one paragraph and exit 2, said before any heavy package loads: torch,
+    DeepSpeed, Prefect, Beam and W&B are made unimportable here (tests/forbid_imports). `bertflow
+    preprocess` is not listed: it imports Beam, which it always needs, before it reads the config."""
     path = _write(tmp_path, "finetune:\n  epoch: 3\n")
-    forbid = str(PROJECT_ROOT / "tests" / "forbid_imports")
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "run", str(path)],
+        [sys.executable, "-m", "pipelines.cli", command, str(path)],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
         env={
-            **__import__("os").environ,
-            "PYTHONPATH": f"{forbid}:{PROJECT_ROOT}",
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(PROJECT_ROOT / "tests" / "forbid_imports"), str(PROJECT_ROOT)]
+            ),
             "BERTFLOW_FORBID_IMPORTS": "torch,deepspeed,prefect,apache_beam,wandb",
         },
         timeout=120,
@@ -152,7 +156,7 @@ def _run_cpu_hour(runs: Path, setting: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         timeout=120,
     )  # fmt: skip
 
