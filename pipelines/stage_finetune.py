@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from common.atomic import read_marker, write_marker
 from common.errors import UserError
 from finetuning.config import FinetuneConfig
-from pipelines.config import PipelineConfig
+from pipelines.config import PipelineConfig, load_config
 from pipelines.stage_keys import code_change_note, run_root, stage_code, stage_dir
 
 if TYPE_CHECKING:
@@ -169,8 +169,6 @@ def _plan_from_args(
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipelines.config import load_config
-
     cfg_all = load_config(args.config, args.set)  # a config mistake is said before torch loads
     cfg = apply_flags(cfg_all.finetune, args)
 

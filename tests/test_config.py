@@ -13,6 +13,7 @@ from common.errors import UserError
 from common.paths import PROJECT_ROOT
 from pipelines.config import load_config
 from pipelines.verify_data import check_data_paths, verify_data
+from tests.forbid_imports import env_forbidding
 
 CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.yaml"))
 
@@ -134,13 +135,7 @@ def test_cli_prints_one_paragraph_and_exits_2(tmp_path: Path, command: str) -> N
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                [str(PROJECT_ROOT / "tests" / "forbid_imports"), str(PROJECT_ROOT)]
-            ),
-            "BERTFLOW_FORBID_IMPORTS": "torch,deepspeed,prefect,apache_beam,wandb",
-        },
+        env=env_forbidding(["torch", "deepspeed", "prefect", "apache_beam", "wandb"]),
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr

@@ -5,7 +5,6 @@ W&B disabled without wandb)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 from common.paths import PROJECT_ROOT, torch_extensions_dir
 from common.tracking import Tracker, WandbTarget, read_metrics
+from tests.forbid_imports import env_forbidding
 
 BENCH = PROJECT_ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -24,7 +24,7 @@ import gpu_summary  # noqa: E402
 from gpu_kernels import reference_varlen_attn, use_varlen_attention  # noqa: E402
 from install_wheels import wanted  # noqa: E402
 
-FORBIDDEN = "wandb,apache_beam,prefect,blingfire"  # not on the GPU image
+FORBIDDEN = ("wandb", "apache_beam", "prefect", "blingfire")  # not on the GPU image
 MEASUREMENTS = {
     "pretrain_base_seq128", "hf_plain_loop_base_seq128", "ours_plain_loop_base_seq128",
     "pretrain_large_seq512", "pretrain_base_seq128_fp16", "pretrain_base_seq128_lamb",
@@ -52,9 +52,7 @@ def carry(tmp_path_factory, minilm_dir, data_dir) -> Path:
 @pytest.mark.slow
 def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT / "tests" / "forbid_imports"), str(PROJECT_ROOT)])
-    env["BERTFLOW_FORBID_IMPORTS"] = FORBIDDEN
+    env = env_forbidding(FORBIDDEN)
     env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
     cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--dry-run", "--carry", str(carry), "--out", str(out),
            "--work", str(work), "--peak-tflops", "1"]  # fmt: skip
