@@ -26,13 +26,17 @@ each part, so a call cut short still returns what it finished):
             does each path run, and how fast
   finetune  one fine-tuning unit (SST-2) on the GPU, from the last pretrained model of the call,
             run twice in one process (the second with every per-shape cache warm)
+  quality   does pretraining pay on the GPU: the default's tiny model pretrained with the one-hour CPU
+            recipe for 3,000 steps of 256, then `bertflow finetune configs/default.yaml` (five GLUE
+            tasks, three seeds, against random init): the held-out MLM curve and the scorecard's headline
 
 The device tool runs one command for at most 10 minutes on a machine that starts bare, so the check
-is two calls (each about 8 minutes of work plus the machine's start; ESTIMATE_S below), after
-`make gpu-check-prep` here has filled `.gpu_carry/` (wheels, tokenizer, shards, SST-2 rows):
+is three calls (each at most about 8 minutes of work plus the machine's start; ESTIMATE_S below),
+after `make gpu-check-prep` here has filled `.gpu_carry/` (wheels, tokenizer, shards, GLUE files):
   1. run(command="bash benchmarks/gpu_check.sh --parts base,hf,ops,kernels,fp16", carry=[".gpu_carry"], timeout_s=600)
   2. run(command="bash benchmarks/gpu_check.sh --parts large,variants,finetune", carry=[".gpu_carry"], timeout_s=600)
-  3. here: python benchmarks/gpu_check.py --merge <files of 1>/gpu_check.json <files of 2>/gpu_check.json --out docs/gpu
+  3. run(command="bash benchmarks/gpu_check.sh --parts quality", carry=[".gpu_carry"], timeout_s=600)
+  4. here: python benchmarks/gpu_check.py --merge <files of 1>/gpu_check.json <files of 2>/gpu_check.json ... --out docs/gpu
 A part that would not finish inside the call's budget (`--budget-s`, 540 s) is skipped and says so;
 run it in a further call with `--parts NAME`.
 """
@@ -54,16 +58,17 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 import gpu_summary  # noqa: E402
+from gpu_check_prep import GLUE_TASKS  # noqa: E402
 from gpu_context import DRY_PLAN, GPU_PLAN, PARTIAL_ENV, Context, child_env, run_logged  # noqa: E402
 from gpu_parts import PARTS  # noqa: E402
 
 # Seconds each part is expected to take on an H100/H200, a bare machine's JIT builds included: the
-# seconds the first GPU run recorded (H200, 2026-11-26, docs/gpu/2026-11-26-nvidia-h200.md) with some
-# margin; `large` has not run yet and is still a guess. A part is skipped when less than this is left
-# of the call's budget.
-ESTIMATE_S = {"env": 10, "base": 110, "hf": 45, "ops": 90, "kernels": 130, "large": 240, "fp16": 70,
-              "variants": 150, "finetune": 70}  # fmt: skip
-CALLS = ("base,hf,ops,kernels,fp16", "large,variants,finetune")  # the two device calls documented above
+# seconds the GPU runs recorded (docs/gpu/: H200 and H100, 2026-11-26) with some margin (`quality` ran
+# out of its 355 s with one unit of 30 left). A part is skipped when less than this is left of the
+# call's budget.
+ESTIMATE_S = {"env": 10, "base": 110, "hf": 45, "ops": 90, "kernels": 130, "large": 150, "fp16": 70,
+              "variants": 270, "finetune": 70, "quality": 420}  # fmt: skip
+CALLS = ("base,hf,ops,kernels,fp16", "large,variants,finetune", "quality")  # the device calls above
 
 
 def required_carry(parts: list[str]) -> list[str]:
@@ -72,6 +77,8 @@ def required_carry(parts: list[str]) -> list[str]:
         need.append("shards-512/manifest.json")
     if "finetune" in parts:
         need.append("data/glue/SST-2/dev.tsv")
+    if "quality" in parts:
+        need += [f"data/glue/{task}/{split}.tsv" for task in GLUE_TASKS for split in ("train", "dev")]
     return need
 
 

@@ -1,6 +1,6 @@
 """Fill `.gpu_carry/` with everything the GPU check needs on a bare GPU machine that reaches no registry.
 
-    make gpu-check-prep          # = .venv/bin/python benchmarks/gpu_check_prep.py [--wiki-files 10]
+    make gpu-check-prep          # = .venv/bin/python benchmarks/gpu_check_prep.py [--wiki-files 30]
 
 Contents (git-ignored; the device tool carries it with `carry=[".gpu_carry"]`, 64 MiB at most with
 the rest of the working tree):
@@ -10,7 +10,8 @@ the rest of the working tree):
   tokenizer/    the tokenizer stage loading the bert-base-uncased vocabulary (30,522 tokens)
   shards-128/   the preprocess stage (Beam) on the first N files of the 2015 Wikipedia dump, seq 128
   shards-512/   the same files at seq 512 (80 predictions per sequence), for BERT-large
-  data/glue/SST-2/   the first rows of SST-2 train and the dev set, for one fine-tuning unit
+  data/glue/    train and dev sets of the default's five GLUE tasks (SST-2, CoLA, MRPC, RTE, STS-B;
+                7.6 MB), for the `finetune` and `quality` parts
   carry.json    what is in it and how big
 The corpus is read through the project's data root (`BERTFLOW_DATA`, default ../shared/data).
 """
@@ -44,7 +45,7 @@ WHEEL_PACKAGES = (
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")  # fmt: skip
 CARRY_LIMIT_MIB = 60  # the device tool carries 64 MiB with the working tree (~1 MiB)
-SST2_TRAIN_ROWS = 4000
+GLUE_TASKS = ("SST-2", "CoLA", "MRPC", "RTE", "STS-B")  # configs/default.yaml's finetune tasks
 
 
 def build_wheels(out: Path) -> list[str]:
@@ -80,13 +81,13 @@ def build_shards(out: Path, tokenizer: Path, files: list[str], seq: int) -> dict
     return run_preprocess_stage(cfg, tokenizer, out)
 
 
-def copy_sst2(out: Path, train_rows: int) -> None:
-    src = data_root() / "glue" / "SST-2"
-    out.mkdir(parents=True, exist_ok=True)
-    with open(src / "train.tsv", encoding="utf-8") as fh:
-        head = [line for _, line in zip(range(train_rows + 1), fh)]  # header + rows
-    (out / "train.tsv").write_text("".join(head), encoding="utf-8")
-    shutil.copyfile(src / "dev.tsv", out / "dev.tsv")
+def copy_glue(out: Path) -> None:
+    """GLUE_TASKS' train.tsv and dev.tsv, whole: a unit draws its examples from the whole file, as it
+    does from the data root here."""
+    for task in GLUE_TASKS:
+        (out / task).mkdir(parents=True, exist_ok=True)
+        for split in ("train.tsv", "dev.tsv"):
+            shutil.copyfile(data_root() / "glue" / task / split, out / task / split)
 
 
 def size_mib(path: Path) -> float:
@@ -96,7 +97,7 @@ def size_mib(path: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu_carry")
-    ap.add_argument("--wiki-files", type=int, default=10, help="files of wiki/enwiki-2015/AA to preprocess")
+    ap.add_argument("--wiki-files", type=int, default=30, help="files of wiki/enwiki-2015/AA to preprocess")
     ap.add_argument("--no-wheels", action="store_true", help="skip the wheels (a CPU dry run needs none)")
     args = ap.parse_args(argv)
     out: Path = args.out
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             "examples": stats.get("examples"),
             "examples_per_split": stats.get("examples_per_split"),
         }
-    copy_sst2(out / "data" / "glue" / "SST-2", SST2_TRAIN_ROWS)
+    copy_glue(out / "data" / "glue")
     info["size_mib"] = {p.name: round(size_mib(p), 2) for p in sorted(out.iterdir()) if p.is_dir()}
     info["total_mib"] = round(size_mib(out), 2)
     (out / "carry.json").write_text(json.dumps(info, indent=2))

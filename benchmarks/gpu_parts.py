@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_context import Context, device_name, guarded, measurement, save_partial
-from gpu_stage_parts import part_base, part_fp16, part_large, part_variants
+from gpu_stage_parts import part_base, part_fp16, part_large, part_quality, part_variants
 
 
 def _command_output(cmd: list[str]) -> str | None:
@@ -296,4 +296,5 @@ PARTS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "fp16": part_fp16,
     "variants": part_variants,
     "finetune": part_finetune,
+    "quality": part_quality,
 }

@@ -1,6 +1,7 @@
 """The GPU check's stage runs: `bertflow pretrain` in a subprocess, as a user runs it, one metrics
 row per step, the figures over the steps after warm-up. `base` and `large` first probe the largest
-micro batch that fits (gpu_batch_probe.py, its own process); `fp16` logs the loss-scale trajectory."""
+micro batch that fits (gpu_batch_probe.py, its own process); `fp16` logs the loss-scale trajectory;
+`quality` pretrains the default's model and fine-tunes it as `make run` does, against random init."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_context import HERE, Context, child_env, measurement, run_logged
+from gpu_context import HERE, ROOT, Context, child_env, measurement, run_logged
 
 
 def stage_rows(run_dir: Path, warmup: int) -> list[dict[str, Any]]:
@@ -179,3 +180,53 @@ def part_variants(ctx: Context) -> dict[str, Any]:
 
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
+
+
+# configs/cpu-hour.yaml's main-phase recipe for the tiny model (docs/quality.md), dynamic masks because
+# the carried shards are seen many times over
+QUALITY_RECIPE = ("pretrain.lr=2e-3", "pretrain.dropout=0.0", "pretrain.dynamic_masking=true")
+
+
+def part_quality(ctx: Context) -> dict[str, Any]:
+    """Does pretraining pay when a GPU does it? The default's model (`quality_preset`) pretrained on
+    the carried Wikipedia shards with QUALITY_RECIPE for `quality_steps` steps of
+    `quality_micro_batch`, then fine-tuned as `make run` fine-tunes it (`bertflow finetune
+    configs/default.yaml`: five GLUE tasks, three seeds, against random init of the same shape) on
+    the carried GLUE files. Records the held-out MLM curve and the scorecard's headline."""
+    p = ctx.plan
+    steps = p.quality_steps
+    sets = (*QUALITY_RECIPE, f"pretrain.warmup_steps={p.quality_warmup}", f"pretrain.log_every={max(1, steps // 80)}",
+            f"pretrain.eval_every={max(1, steps // 4)}", "pretrain.eval_batches=8")  # fmt: skip
+    row = run_stage(ctx, f"pretrain_{p.quality_preset}_seq128_quality", p.quality_preset, 128, p.precision,
+                    p.quality_micro_batch, steps - p.stage_warmup, *sets,
+                    what="bertflow pretrain, the one-hour CPU recipe (lr 2e-3, dropout 0, dynamic masks)")  # fmt: skip
+    from common.tracking import read_metrics
+
+    probe: dict[str, Any] = {"pretrain_steps": steps, "micro_batch": row["micro_batch"],
+                             "pretrain_wall_s": row["stage_wall_s"],
+                             "held_out_mlm_acc": [[r["step"], r["val_mlm_acc"]] for r in read_metrics(row["run_dir"])
+                                                  if "val_mlm_acc" in r]}  # fmt: skip
+    if row["status"] == "ok":
+        probe.update(finetune_scorecard(ctx, row["model_dir"]))
+    else:
+        probe["error"] = row.get("error")
+    return {"measurements": [row], "probes": {"quality": probe}}
+
+
+def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:
+    """`bertflow finetune configs/default.yaml` on `model_dir` and its random-init baseline: the
+    GLUE-style averages and the scorecard's headline, or the error."""
+    out = ctx.work / "quality-finetune"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pipelines.cli", "finetune", str(ROOT / "configs" / "default.yaml"),
+           "--checkpoint", model_dir, "--output", str(out), "--set", "wandb.mode=disabled",
+           "--set", f"data_root={ctx.carry / 'data'}", *ctx.plan.quality_finetune]  # fmt: skip
+    t0 = time.time()
+    rc, tail = run_logged(cmd, timeout=max(10.0, ctx.seconds_left() - 5), env=child_env())
+    found = {"finetune_wall_s": time.time() - t0}
+    card_file = out / "scorecard.json"
+    if rc != 0 or not card_file.is_file():
+        return {**found, "error": f"exit code {rc}: {tail[-1500:]}"}
+    card = json.loads(card_file.read_text())
+    return {**found, "glue_average": {r["checkpoint"]: r["glue_average"] for r in card["rows"]},
+            "headline": card["headline"]}  # fmt: skip

@@ -28,16 +28,17 @@ FORBIDDEN = ("wandb", "apache_beam", "prefect", "blingfire")  # not on the GPU i
 MEASUREMENTS = {
     "pretrain_base_seq128", "hf_plain_loop_base_seq128", "ours_plain_loop_base_seq128",
     "pretrain_large_seq512", "pretrain_base_seq128_fp16", "pretrain_base_seq128_lamb",
+    "pretrain_tiny_seq128_quality",
 }  # fmt: skip
 PROBES = {"ops", "sdpa_kernels", "attention_paths", "compile", "micro_batch_tiny_seq128",
-          "micro_batch_tiny_seq512", "fp16_loss_scale", "finetune_unit"}  # fmt: skip
+          "micro_batch_tiny_seq512", "fp16_loss_scale", "finetune_unit", "quality"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def carry(tmp_path_factory, minilm_dir, data_dir) -> Path:
     """What `make gpu-check-prep` writes, from the fast shard fixtures (the prep's Beam runs are the
     preprocess stage's own tests' business)."""
-    from gpu_check_prep import copy_sst2
+    from gpu_check_prep import copy_glue
 
     from tests.shard_fixtures import make_shards, make_tokenizer_dir
 
@@ -45,7 +46,7 @@ def carry(tmp_path_factory, minilm_dir, data_dir) -> Path:
     tok = make_tokenizer_dir(minilm_dir, root / "tokenizer")
     for seq in (128, 512):
         make_shards(root / f"shards-{seq}", tok, data_dir, num_docs=160, max_seq_length=seq)
-    copy_sst2(root / "data" / "glue" / "SST-2", 64)
+    copy_glue(root / "data" / "glue")
     return root
 
 
@@ -82,9 +83,13 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     assert "error" in varlen or varlen["loss_rel_diff_vs_unpadded"] < 1e-5
     assert summary["probes"]["compile"]["compiled"]["median_step_ms"] > 0
     finetune = summary["probes"]["finetune_unit"]
-    assert (
-        finetune["checkpoint"] == [m["model_dir"] for m in summary["measurements"] if m.get("model_dir")][-1]
-    )
+    models = [m["model_dir"] for m in summary["measurements"] if m.get("model_dir")]
+    assert finetune["checkpoint"] == models[-2]  # the last before `quality`, which runs after it
+    quality = summary["probes"]["quality"]
+    assert "error" not in quality, quality.get("error")
+    assert [step for step, _ in quality["held_out_mlm_acc"]] == [1, 2, 3]  # eval_every = max(1, 3 // 4)
+    assert len(quality["glue_average"]) == 2  # the pretrained model and its random-init baseline
+    assert quality["headline"]["glue_average_delta"] is not None
     assert finetune["again_in_same_process"]["train_examples_per_s"] > 0
     assert finetune["again_in_same_process"]["metrics"] == finetune["metrics"]  # same unit, same seed
     assert summary["calls"][0]["env"]["matmul_tflops"] > 0
@@ -162,9 +167,10 @@ def test_a_part_whose_rows_failed_is_recorded_failed_though_its_process_ended_we
 
 def test_missing_carry_is_one_message_naming_the_prep_target(tmp_path, capsys):
     rc = gpu_check.main(["--dry-run", "--carry", str(tmp_path / "none"), "--out", str(tmp_path / "out"),
-                         "--work", str(tmp_path / "work"), "--parts", "base,large"])  # fmt: skip
+                         "--work", str(tmp_path / "work"), "--parts", "base,large,quality"])  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 2 and "shards-512/manifest.json" in err and "make gpu-check-prep" in err
+    assert "data/glue/STS-B/train.tsv" in err  # quality fine-tunes on the five GLUE tasks
     assert not (tmp_path / "out").exists()
 
 
