@@ -137,6 +137,7 @@ PRETRAIN_METRICS: dict[str, tuple[str, str, float]] = {
     "mfu": ("model FLOP utilisation of the accelerators' peak", "%", 100.0),
     "memory_mb": ("peak memory of rank 0 (GPU allocated, or process RSS on CPU)", "MiB", 1.0),
     "data_wait_fraction": ("share of step time spent waiting for batches", "%", 100.0),
+    "loader_busy_fraction": ("share of step time the loader thread spent collating", "%", 100.0),
     "step_time_s": ("time per optimizer step", "s", 1.0),
     "consumed_samples": ("sequences trained on so far", "sequences", 1.0),
 }

@@ -102,6 +102,23 @@ def test_dynamic_masking_follows_the_preprocessing_rules(store, minilm_dir):
     assert 0.7 < (chosen_tokens == spec.mask_id).float().mean().item() < 0.9
 
 
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_an_examples_dynamic_mask_does_not_depend_on_its_batch(store, minilm_dir, whole_word):
+    """Masks are drawn per (seed, epoch, example index): the same example masked in another batch,
+    at another row, gets the same mask, so a change of world size or batch size keeps the masks."""
+    vocab = (minilm_dir / "vocab.txt").read_text().splitlines()
+    spec = MaskingSpec.from_vocab(vocab, SPECIAL_TOKENS, 0.15, 20, whole_word=whole_word)
+    wide = collate(store, np.arange(16), spec, epoch=2, seed=5)
+    narrow = collate(store, np.array([11, 3]), spec, epoch=2, seed=5)
+    for row, i in enumerate([11, 3]):
+        n, k = int(narrow["attention_mask"][row].sum()), int((narrow["masked_lm_labels"][row] != -100).sum())
+        assert torch.equal(narrow["input_ids"][row, :n], wide["input_ids"][i, :n])
+        assert torch.equal(narrow["masked_lm_positions"][row, :k], wide["masked_lm_positions"][i, :k])
+        assert int((wide["masked_lm_labels"][i] != -100).sum()) == k
+    other_seed = collate(store, np.arange(16), spec, epoch=2, seed=6)
+    assert not torch.equal(other_seed["masked_lm_positions"], wide["masked_lm_positions"])
+
+
 def _store_of(sequences: list[list[int]]) -> ExampleStore:
     offsets = np.cumsum([0] + [len(s) for s in sequences]).astype(np.int64)
     return ExampleStore(

@@ -60,9 +60,10 @@ def test_zero2_two_processes_lowers_the_loss(ref_run):
         for k, v in r.items()
     }
     for key in ("mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "grad_norm", "loss_scale", "samples_per_s",
-                "tokens_per_s", "tflops", "memory_mb", "data_wait_fraction"):  # fmt: skip
+                "tokens_per_s", "tflops", "memory_mb", "data_wait_fraction", "loader_busy_fraction"):  # fmt: skip
         assert (12, key) in rows, key
     assert 0.0 <= rows[(12, "data_wait_fraction")] < 1.0
+    assert 0.0 < rows[(12, "loader_busy_fraction")] < 1.0  # the thread collated this window's batches
     assert rows[(12, "tokens_per_s")] > 0 and rows[(12, "tflops")] > 0
     assert (6, "val_mlm_acc") in rows and (12, "val_nsp_acc") in rows
     assert rows[(12, "val_mlm_loss")] < rows[(6, "val_mlm_loss")]  # held-out MLM improves too

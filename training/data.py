@@ -20,7 +20,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ import torch
 
 from common.errors import UserError
 from preprocessing import shard_format
-from preprocessing.masking import MaskingSpec, mask_sequence
+from preprocessing.masking import MaskingSpec, mask_batch, mask_sequence
 
 IGNORE_INDEX = -100
 
@@ -153,67 +153,107 @@ def collate(
     epoch: int = 0,
     seed: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """Pad to the longest sequence of this batch; masked_lm slots padded with label -100."""
-    seqs, segs, positions, labels = [], [], [], []
-    for i in indices:
-        i = int(i)
-        ids = store.input_ids[store.offsets[i] : store.offsets[i + 1]]
-        seg = store.segment_ids[store.offsets[i] : store.offsets[i + 1]]
-        pos = store.mlm_positions[store.mlm_offsets[i] : store.mlm_offsets[i + 1]]
-        lab = store.mlm_ids[store.mlm_offsets[i] : store.mlm_offsets[i + 1]]
-        if masking is not None:
-            ids, pos, lab = remask(ids, pos, lab, masking, random.Random(f"{seed}:{epoch}:{i}"))
-        seqs.append(ids)
-        segs.append(seg)
-        positions.append(pos)
-        labels.append(lab)
-    b = len(indices)
-    s = max(len(x) for x in seqs)
-    p = max(1, max(len(x) for x in positions))
-    input_ids = np.zeros((b, s), np.int64)
-    segment_ids = np.zeros((b, s), np.int64)
-    attention = np.zeros((b, s), np.int64)
-    mlm_pos = np.zeros((b, p), np.int64)
-    mlm_lab = np.full((b, p), IGNORE_INDEX, np.int64)
-    for r in range(b):
-        n, k = len(seqs[r]), len(positions[r])
-        input_ids[r, :n] = seqs[r]
-        segment_ids[r, :n] = segs[r]
-        attention[r, :n] = 1
-        mlm_pos[r, :k] = positions[r]
-        mlm_lab[r, :k] = labels[r]
+    """Pad to the longest sequence of this batch; masked_lm slots padded with label -100. With
+    `masking`, each example is masked afresh (`remask`). Whole-array numpy: the loader thread runs
+    this beside the training loop, and every millisecond it holds the GIL is one the loop waits."""
+    idx = np.asarray(indices, dtype=np.int64)
+    input_ids, lengths = _padded(store.input_ids, store.offsets, idx, 0)
+    segment_ids, _ = _padded(store.segment_ids, store.offsets, idx, 0)
+    mlm_pos, _ = _padded(store.mlm_positions, store.mlm_offsets, idx, 0)
+    mlm_lab, _ = _padded(store.mlm_ids, store.mlm_offsets, idx, IGNORE_INDEX)
+    if masking is not None:
+        input_ids, mlm_pos, mlm_lab = remask(input_ids, lengths, mlm_pos, mlm_lab, masking, idx, epoch, seed)
+    attention = np.arange(input_ids.shape[1])[None, :] < lengths[:, None]
     return {
         "input_ids": torch.from_numpy(input_ids),
         "token_type_ids": torch.from_numpy(segment_ids),
-        "attention_mask": torch.from_numpy(attention),
+        "attention_mask": torch.from_numpy(attention.astype(np.int64)),
         "masked_lm_positions": torch.from_numpy(mlm_pos),
         "masked_lm_labels": torch.from_numpy(mlm_lab),
-        "next_sentence_labels": torch.from_numpy(
-            store.nsp_labels[np.asarray(indices, dtype=np.int64)].astype(np.int64)
-        ),
+        "next_sentence_labels": torch.from_numpy(store.nsp_labels[idx].astype(np.int64)),
     }
 
 
+def _padded(
+    flat: np.ndarray, offsets: np.ndarray, idx: np.ndarray, fill: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows `idx` of a flat array with offsets as an int64 matrix padded with `fill` to the longest
+    row (width at least 1), and the rows' lengths."""
+    starts, lengths = offsets[idx], offsets[idx + 1] - offsets[idx]
+    cols = np.arange(max(1, int(lengths.max()) if len(idx) else 1))
+    inside = cols[None, :] < lengths[:, None]
+    where = np.where(inside, starts[:, None] + cols[None, :], 0)
+    values = flat[where] if flat.size else np.zeros(where.shape, flat.dtype)
+    return np.where(inside, values, fill).astype(np.int64), lengths
+
+
 def remask(
-    ids: np.ndarray, pos: np.ndarray, lab: np.ndarray, spec: MaskingSpec, rng: random.Random
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    pos: np.ndarray,
+    lab: np.ndarray,
+    spec: MaskingSpec,
+    idx: np.ndarray,
+    epoch: int,
+    seed: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Restore the original tokens, then draw a fresh mask by the preprocessing rules
-    (`preprocessing.masking.mask_sequence`: specials never chosen, never a random replacement)."""
-    original = ids.astype(np.int64, copy=True)
-    original[pos] = lab
-    masked, positions, labels, _ = mask_sequence(original.tolist(), spec, rng)
-    return (
-        np.asarray(masked, np.int32),
-        np.asarray(positions, np.int32),
-        np.asarray(labels, np.int32),
-    )
+    """Restore the batch's original tokens, then draw a fresh mask by the preprocessing rules
+    (`preprocessing.masking`: specials never chosen, never a random replacement). Every draw is a
+    function of (seed, epoch, example index, position), so an example's mask does not depend on
+    the batch, rank or world size it is read in."""
+    original = ids.copy()
+    real = lab != IGNORE_INDEX
+    original[np.nonzero(real)[0], pos[real]] = lab[real]
+    if spec.whole_word_mask:  # word grouping is sequential: one example at a time, in Python
+        return _remask_rows(original, lengths, spec, idx, epoch, seed)
+    return mask_batch(original, lengths, spec, position_draws(seed, epoch, idx))
+
+
+def _remask_rows(
+    original: np.ndarray, lengths: np.ndarray, spec: MaskingSpec, idx: np.ndarray, epoch: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    picked = [
+        mask_sequence(original[r, :n].tolist(), spec, random.Random(f"{seed}:{epoch}:{i}"))
+        for r, (n, i) in enumerate(zip(lengths.tolist(), idx.tolist()))
+    ]
+    width = max(1, max((len(p[1]) for p in picked), default=1))
+    masked = original.copy()
+    positions = np.zeros((len(picked), width), np.int64)
+    labels = np.full((len(picked), width), IGNORE_INDEX, np.int64)
+    for r, (ids, pos, lab, _) in enumerate(picked):
+        masked[r, : len(ids)], positions[r, : len(pos)], labels[r, : len(lab)] = ids, pos, lab
+    return masked, positions, labels
+
+
+_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(_MIX[0])
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX[1])
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX[2])
+    return x ^ (x >> np.uint64(31))
+
+
+def position_draws(seed: int, epoch: int, idx: np.ndarray) -> Callable[[int, np.ndarray], np.ndarray]:
+    """`mask_batch`'s `draw`: the uniform in [0, 1) of (stream, position) in row r is a hash of
+    (seed, epoch, idx[r], stream, position)."""
+    key = np.array([(seed & 0xFFFFFFFF) << 32 | (epoch & 0xFFFFFFFF)], np.uint64)  # an array: wraps silently
+    per_example = _splitmix64(np.asarray(idx, np.uint64) ^ _splitmix64(key))[:, None]
+
+    def draw(stream: int, positions: np.ndarray) -> np.ndarray:
+        cell = _splitmix64(np.uint64(stream) << np.uint64(32) | positions.astype(np.uint64))
+        return (_splitmix64(per_example ^ cell) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+    return draw
 
 
 class PretrainLoader:
     """Yields, for each step from `start_step`, the list of this rank's `grad_accum` micro batches.
 
     A background thread collates up to `prefetch` steps ahead; `data_wait_seconds` accumulates
-    the time the consumer spent blocked waiting for it.
+    the time the consumer spent blocked waiting for it, `collate_seconds` the time the thread spent
+    collating (holding the GIL for most of it: time the training loop's Python cannot run).
     """
 
     def __init__(
@@ -230,6 +270,7 @@ class PretrainLoader:
         self.pin_memory = pin_memory  # GPU: page-locked batches make the host→device copy async
         self.step = start_step
         self.data_wait_seconds = 0.0
+        self.collate_seconds = 0.0
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, args=(start_step,), daemon=True)
@@ -258,7 +299,9 @@ class PretrainLoader:
                 epoch = step // self.plan.steps_per_epoch
                 if epoch != perm_epoch:
                     perm_epoch, perm = epoch, self.plan.permutation(epoch)
+                t0 = time.perf_counter()
                 item = (step, self.batches_for_step(step, perm))
+                self.collate_seconds += time.perf_counter() - t0
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)

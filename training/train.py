@@ -347,8 +347,8 @@ def check_finite(mean_loss: float, step: int, last_tag: Path | None) -> None:
 
 
 class ThroughputWindow:
-    """Samples, real tokens and FLOPs since the last logged row, over the wall time and the time
-    the loop waited for data."""
+    """Samples, real tokens and FLOPs since the last logged row, over the wall time; the time the
+    loop waited for data and the time the loader thread spent collating, as shares of it."""
 
     def __init__(self, loader: PretrainLoader) -> None:
         self.loader = loader
@@ -356,6 +356,7 @@ class ThroughputWindow:
 
     def reset(self, now: float) -> None:
         self.start, self.wait_start, self.steps = now, self.loader.data_wait_seconds, 0
+        self.collate_start = self.loader.collate_seconds
         self.samples = self.tokens = self.flops = 0.0
 
     def add(self, stats: StepStats) -> None:
@@ -371,6 +372,7 @@ class ThroughputWindow:
             "tokens_per_s": self.tokens / elapsed,
             "tflops": self.flops / elapsed / 1e12,
             "data_wait_fraction": (self.loader.data_wait_seconds - self.wait_start) / elapsed,
+            "loader_busy_fraction": (self.loader.collate_seconds - self.collate_start) / elapsed,
             "step_time_s": elapsed / max(1, self.steps),
         }
 
@@ -385,7 +387,7 @@ def metrics_row(
     row["loss_scale"] = float(getattr(engine.optimizer, "cur_scale", 1.0) or 1.0)
     row.update({k: window[k] for k in ("samples_per_s", "tokens_per_s", "tflops")})
     row["memory_mb"] = memory_mb(device)
-    row.update({k: window[k] for k in ("data_wait_fraction", "step_time_s")})
+    row.update({k: window[k] for k in ("data_wait_fraction", "loader_busy_fraction", "step_time_s")})
     return row
 
 
@@ -481,7 +483,7 @@ def log_row(tracker: Tracker | None, row: dict[str, float], step: int, max_steps
         print(
             f"step {step}/{max_steps} loss {row['loss']:.4f} mlm_acc {row['mlm_acc']:.3f} "
             f"lr {row['lr']:.2e} {row['tokens_per_s']:.0f} tok/s "
-            f"data_wait {row['data_wait_fraction']:.1%} "
+            f"data_wait {row['data_wait_fraction']:.1%} loader {row['loader_busy_fraction']:.0%} "
             f"ETA {duration_text((max_steps - step) * row['step_time_s'])}",  # at the recent step time
             flush=True,
         )
