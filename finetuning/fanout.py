@@ -151,7 +151,7 @@ class UnitPool:
 
         self.cfg, self.data_root, self.wandb = cfg, data_root, wandb or WandbTarget()
         n_gpus = torch.cuda.device_count()
-        self.workers = max(1, min(cfg.concurrency, max(n_jobs, 1), n_gpus or cfg.concurrency))
+        self.workers = worker_count(cfg, n_jobs)
         ctx = mp.get_context("spawn")
         devices = None
         if n_gpus:
@@ -181,6 +181,13 @@ class UnitPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def worker_count(cfg: FinetuneConfig, n_jobs: int) -> int:
+    """`cfg.concurrency` workers, no more than there are jobs, and one per GPU at most."""
+    import torch
+
+    return max(1, min(cfg.concurrency, max(n_jobs, 1), torch.cuda.device_count() or cfg.concurrency))
 
 
 def outcome(job: Job, future: Future) -> dict[str, Any]:

@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
     complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
     print(
         f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete, "
-        f"{min(cfg.concurrency, len(selected))} worker(s) -> {output}",
+        f"{fanout.worker_count(cfg, len(selected))} worker(s) -> {output}",
         flush=True,
     )
     if note := code_change_note("finetune", sorted(complete)):

@@ -20,7 +20,7 @@ from common.version import source_digests
 from finetuning.batching import collate, train_batches
 from finetuning.checkpoints import checkpoint_label, with_baselines
 from finetuning.config import UNIT_CODE, FinetuneConfig
-from finetuning.fanout import plan, unit_key
+from finetuning.fanout import plan, unit_key, worker_count
 from finetuning.scorecard import build_scorecard
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
 
@@ -57,6 +57,18 @@ def test_units_one_per_task_lr_seed():
         checkpoint_label("/a/run7/model") == "run7/model"
         and checkpoint_label("random:/a/ckpt") == "random:ckpt"
     )
+
+
+def test_workers_are_the_concurrency_but_one_per_gpu(monkeypatch):
+    """What `bertflow finetune` says it runs on and what the pool starts: on the H100 the command
+    printed 2 worker(s) while the pool, one per GPU, ran 1."""
+    cfg = FinetuneConfig(concurrency=2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert (worker_count(cfg, 30), worker_count(cfg, 1), worker_count(cfg, 0)) == (2, 1, 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert worker_count(cfg, 30) == 1
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert worker_count(cfg, 30) == 2
 
 
 def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
