@@ -155,7 +155,7 @@ def collate(
 ) -> dict[str, torch.Tensor]:
     """Pad to the longest sequence of this batch; masked_lm slots padded with label -100. With
     `masking`, each example is masked afresh (`remask`). Whole-array numpy: the loader thread runs
-    this beside the training loop, and every millisecond it holds the GIL is one the loop waits."""
+    this beside the training loop, and while it holds the GIL the loop's Python cannot run."""
     idx = np.asarray(indices, dtype=np.int64)
     input_ids, lengths = _padded(store.input_ids, store.offsets, idx, 0)
     segment_ids, _ = _padded(store.segment_ids, store.offsets, idx, 0)
