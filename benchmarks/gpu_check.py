@@ -27,8 +27,9 @@ each part, so a call cut short still returns what it finished):
   finetune  one fine-tuning unit (SST-2) on the GPU, from the last pretrained model of the call,
             run twice in one process (the second with every per-shape cache warm)
   quality   does pretraining pay on the GPU: the default's tiny model pretrained with the one-hour CPU
-            recipe for 3,000 steps of 256, then `bertflow finetune configs/default.yaml` (five GLUE
-            tasks, three seeds, against random init): the held-out MLM curve and the scorecard's headline
+            recipe's two phases (1,000 steps of 512 x 32 tokens, then 2,500 of 256 x 128), then
+            `bertflow finetune configs/default.yaml` (five GLUE tasks, three seeds, against random
+            init): the held-out MLM curves and the scorecard's headline
 
 The device tool runs one command for at most 10 minutes on a machine that starts bare, so the check
 is three calls (each at most about 8 minutes of work plus the machine's start; ESTIMATE_S below),
@@ -63,9 +64,9 @@ from gpu_context import DRY_PLAN, GPU_PLAN, PARTIAL_ENV, Context, child_env, run
 from gpu_parts import PARTS  # noqa: E402
 
 # Seconds each part is expected to take on an H100/H200, a bare machine's JIT builds included: the
-# seconds the GPU runs recorded (docs/gpu/: H200 and H100, 2026-11-26) with some margin (`quality` ran
-# out of its 355 s with one unit of 30 left). A part is skipped when less than this is left of the
-# call's budget.
+# seconds the GPU runs recorded (docs/gpu/: H200 and H100, 2026-11-26) with some margin. `quality` is a
+# guess: its one-phase form ran out of 355 s with one unit of 30 left; the two phases add one stage
+# start. A part is skipped when less than this is left of the call's budget.
 ESTIMATE_S = {"env": 10, "base": 110, "hf": 45, "ops": 90, "kernels": 130, "large": 150, "fp16": 70,
               "variants": 270, "finetune": 70, "quality": 420}  # fmt: skip
 CALLS = ("base,hf,ops,kernels,fp16", "large,variants,finetune", "quality")  # the device calls above
@@ -78,6 +79,7 @@ def required_carry(parts: list[str]) -> list[str]:
     if "finetune" in parts:
         need.append("data/glue/SST-2/dev.tsv")
     if "quality" in parts:
+        need.append("shards-32/manifest.json")
         need += [f"data/glue/{task}/{split}.tsv" for task in GLUE_TASKS for split in ("train", "dev")]
     return need
 

@@ -10,6 +10,7 @@ the rest of the working tree):
   tokenizer/    the tokenizer stage loading the bert-base-uncased vocabulary (30,522 tokens)
   shards-128/   the preprocess stage (Beam) on the first N files of the 2015 Wikipedia dump, seq 128
   shards-512/   the same files at seq 512 (80 predictions per sequence), for BERT-large
+  shards-32/    the same files at seq 32 (5 predictions), for `quality`'s short-sequence phase
   data/glue/    train and dev sets of the default's five GLUE tasks (SST-2, CoLA, MRPC, RTE, STS-B;
                 7.6 MB), for the `finetune` and `quality` parts
   carry.json    what is in it and how big
@@ -45,6 +46,7 @@ WHEEL_PACKAGES = (
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")  # fmt: skip
 CARRY_LIMIT_MIB = 60  # the device tool carries 64 MiB with the working tree (~1 MiB)
+PREDICTIONS = {32: 5, 128: 20, 512: 80}  # per sequence: configs/cpu-hour.yaml's at 32 and 128, BERT's at 512
 GLUE_TASKS = ("SST-2", "CoLA", "MRPC", "RTE", "STS-B")  # configs/default.yaml's finetune tasks
 
 
@@ -76,7 +78,7 @@ def build_shards(out: Path, tokenizer: Path, files: list[str], seq: int) -> dict
     from pipelines.stage_preprocess import run_preprocess_stage
     from preprocessing.config import PreprocessConfig
 
-    cfg = PreprocessConfig(input=files, max_seq_length=seq, max_predictions_per_seq=20 if seq <= 128 else 80,
+    cfg = PreprocessConfig(input=files, max_seq_length=seq, max_predictions_per_seq=PREDICTIONS[seq],
                            dupe_factor=1, num_shards=2, workers=2)  # fmt: skip
     return run_preprocess_stage(cfg, tokenizer, out)
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_wheels:
         info["wheels"] = build_wheels(out / "wheels")
     tokenizer = build_tokenizer(out / "tokenizer")
-    for seq in (128, 512):
+    for seq in (128, 512, 32):
         stats = build_shards(out / f"shards-{seq}", tokenizer, files, seq)
         info[f"shards-{seq}"] = {
             "examples": stats.get("examples"),

@@ -182,35 +182,49 @@ def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
-# configs/cpu-hour.yaml's main-phase recipe for the tiny model (docs/quality.md), dynamic masks because
-# the carried shards are seen many times over
+# configs/cpu-hour.yaml's recipe for the tiny model (docs/quality.md), dynamic masks because the
+# carried shards are read several times over; warm-up 10 % of each phase's steps
 QUALITY_RECIPE = ("pretrain.lr=2e-3", "pretrain.dropout=0.0", "pretrain.dynamic_masking=true")
 
 
 def part_quality(ctx: Context) -> dict[str, Any]:
-    """Does pretraining pay when a GPU does it? The default's model (`quality_preset`) pretrained on
-    the carried Wikipedia shards with QUALITY_RECIPE for `quality_steps` steps of
-    `quality_micro_batch`, then fine-tuned as `make run` fine-tunes it (`bertflow finetune
-    configs/default.yaml`: five GLUE tasks, three seeds, against random init of the same shape) on
-    the carried GLUE files. Records the held-out MLM curve and the scorecard's headline."""
+    """Does pretraining pay when a GPU does it? The default's model (`quality_preset`) pretrained
+    with the one-hour CPU recipe on the carried Wikipedia shards, in its two phases: 32-token
+    examples first (`quality_seq32_steps` of `quality_seq32_micro_batch`), then 128-token ones from
+    that model (`quality_steps` of `quality_micro_batch`); then fine-tuned as `make run` fine-tunes
+    it (`bertflow finetune configs/default.yaml`: five GLUE tasks, three seeds, against random init
+    of the same shape) on the carried GLUE files. Records each phase's held-out MLM curve and the
+    scorecard's headline."""
     p = ctx.plan
-    steps = p.quality_steps
-    sets = (*QUALITY_RECIPE, f"pretrain.warmup_steps={p.quality_warmup}", f"pretrain.log_every={max(1, steps // 80)}",
-            f"pretrain.eval_every={max(1, steps // 4)}", "pretrain.eval_batches=8")  # fmt: skip
-    row = run_stage(ctx, f"pretrain_{p.quality_preset}_seq128_quality", p.quality_preset, 128, p.precision,
-                    p.quality_micro_batch, steps - p.stage_warmup, *sets,
-                    what="bertflow pretrain, the one-hour CPU recipe (lr 2e-3, dropout 0, dynamic masks)")  # fmt: skip
+    short = quality_phase(ctx, 32, p.quality_seq32_micro_batch, p.quality_seq32_steps)
+    rows, probe = [short["row"]], {"seq32": short["probe"]}
+    if short["row"]["status"] == "ok":
+        main = quality_phase(ctx, 128, p.quality_micro_batch, p.quality_steps,
+                             f"pretrain.init_from={short['row']['model_dir']}")  # fmt: skip
+        rows.append(main["row"])
+        probe["seq128"] = main["probe"]
+    last = rows[-1]
+    if len(rows) == 2 and last["status"] == "ok":
+        probe.update(finetune_scorecard(ctx, last["model_dir"]))
+    else:
+        probe["error"] = last.get("error")
+    return {"measurements": rows, "probes": {"quality": probe}}
+
+
+def quality_phase(ctx: Context, seq: int, micro: int, steps: int, *extra: str) -> dict[str, Any]:
+    """One pretraining phase of `part_quality`: its measurement row and its held-out MLM curve."""
+    p = ctx.plan
+    sets = (*QUALITY_RECIPE, f"pretrain.warmup_steps={max(1, steps // 10)}", f"pretrain.log_every={max(1, steps // 80)}",
+            f"pretrain.eval_every={max(1, steps // 4)}", "pretrain.eval_batches=8", *extra)  # fmt: skip
+    row = run_stage(ctx, f"pretrain_{p.quality_preset}_seq{seq}_quality", p.quality_preset, seq, p.precision, micro,
+                    steps - p.stage_warmup, *sets,
+                    what=f"bertflow pretrain, the one-hour CPU recipe's {seq}-token phase")  # fmt: skip
     from common.tracking import read_metrics
 
-    probe: dict[str, Any] = {"pretrain_steps": steps, "micro_batch": row["micro_batch"],
-                             "pretrain_wall_s": row["stage_wall_s"],
-                             "held_out_mlm_acc": [[r["step"], r["val_mlm_acc"]] for r in read_metrics(row["run_dir"])
-                                                  if "val_mlm_acc" in r]}  # fmt: skip
-    if row["status"] == "ok":
-        probe.update(finetune_scorecard(ctx, row["model_dir"]))
-    else:
-        probe["error"] = row.get("error")
-    return {"measurements": [row], "probes": {"quality": probe}}
+    curve = [[r["step"], r["val_mlm_acc"]] for r in read_metrics(row["run_dir"]) if "val_mlm_acc" in r]
+    probe = {"steps": steps, "micro_batch": row["micro_batch"], "wall_s": row["stage_wall_s"],
+             "tokens": steps * row["micro_batch"] * seq, "held_out_mlm_acc": curve}  # fmt: skip
+    return {"row": row, "probe": probe}
 
 
 def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ FORBIDDEN = ("wandb", "apache_beam", "prefect", "blingfire")  # not on the GPU i
 MEASUREMENTS = {
     "pretrain_base_seq128", "hf_plain_loop_base_seq128", "ours_plain_loop_base_seq128",
     "pretrain_large_seq512", "pretrain_base_seq128_fp16", "pretrain_base_seq128_lamb",
-    "pretrain_tiny_seq128_quality",
+    "pretrain_tiny_seq32_quality", "pretrain_tiny_seq128_quality",
 }  # fmt: skip
 PROBES = {"ops", "sdpa_kernels", "attention_paths", "compile", "micro_batch_tiny_seq128",
           "micro_batch_tiny_seq512", "fp16_loss_scale", "finetune_unit", "quality"}  # fmt: skip
@@ -44,7 +44,7 @@ def carry(tmp_path_factory, minilm_dir, data_dir) -> Path:
 
     root = tmp_path_factory.mktemp("gpu-carry")
     tok = make_tokenizer_dir(minilm_dir, root / "tokenizer")
-    for seq in (128, 512):
+    for seq in (128, 512, 32):
         make_shards(root / f"shards-{seq}", tok, data_dir, num_docs=160, max_seq_length=seq)
     copy_glue(root / "data" / "glue")
     return root
@@ -84,10 +84,12 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     assert summary["probes"]["compile"]["compiled"]["median_step_ms"] > 0
     finetune = summary["probes"]["finetune_unit"]
     models = [m["model_dir"] for m in summary["measurements"] if m.get("model_dir")]
-    assert finetune["checkpoint"] == models[-2]  # the last before `quality`, which runs after it
+    assert finetune["checkpoint"] == models[-3]  # the last before `quality`'s two, which run after it
     quality = summary["probes"]["quality"]
     assert "error" not in quality, quality.get("error")
-    assert [step for step, _ in quality["held_out_mlm_acc"]] == [1, 2, 3]  # eval_every = max(1, 3 // 4)
+    assert [step for step, _ in quality["seq32"]["held_out_mlm_acc"]] == [1, 2]  # eval_every = max(1, 2 // 4)
+    assert [step for step, _ in quality["seq128"]["held_out_mlm_acc"]] == [1, 2, 3]
+    assert quality["seq32"]["tokens"] == 2 * 4 * 32
     assert len(quality["glue_average"]) == 2  # the pretrained model and its random-init baseline
     assert quality["headline"]["glue_average_delta"] is not None
     assert finetune["again_in_same_process"]["train_examples_per_s"] > 0
