@@ -229,7 +229,8 @@ def quality_phase(ctx: Context, seq: int, micro: int, steps: int, *extra: str) -
 
 def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:
     """`bertflow finetune configs/default.yaml` on `model_dir` and its random-init baseline: the
-    GLUE-style averages and the scorecard's headline, or the error."""
+    GLUE-style averages and the scorecard's headline. When the command fails or runs out of the
+    part's time, the scorecard of the units it finished, beside the error."""
     out = ctx.work / "quality-finetune"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "pipelines.cli", "finetune", str(ROOT / "configs" / "default.yaml"),
@@ -237,10 +238,32 @@ def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:
            "--set", f"data_root={ctx.carry / 'data'}", *ctx.plan.quality_finetune]  # fmt: skip
     t0 = time.time()
     rc, tail = run_logged(cmd, timeout=max(10.0, ctx.seconds_left() - 5), env=child_env())
-    found = {"finetune_wall_s": time.time() - t0}
-    card_file = out / "scorecard.json"
-    if rc != 0 or not card_file.is_file():
-        return {**found, "error": f"exit code {rc}: {tail[-1500:]}"}
-    card = json.loads(card_file.read_text())
+    found: dict[str, Any] = {"finetune_wall_s": time.time() - t0}
+    if rc == 0 and (out / "scorecard.json").is_file():
+        card = json.loads((out / "scorecard.json").read_text())
+    else:
+        found["error"] = f"exit code {rc}: {tail[-1500:]}"
+        card = finished_units_scorecard(out)
+        if card is None:
+            return found
+        found["units_finished"] = card["units_finished"]
     return {**found, "glue_average": {r["checkpoint"]: r["glue_average"] for r in card["rows"]},
             "headline": card["headline"]}  # fmt: skip
+
+
+def finished_units_scorecard(out: Path) -> dict[str, Any] | None:
+    """The scorecard (written to `out`) of the units under `out/units/` that finished, with
+    `units_finished`; None when none did."""
+    from common.atomic import read_marker
+    from finetuning.scorecard import build_scorecard
+    from finetuning.units import RESULT_FILE
+
+    done = [
+        d
+        for d in sorted((out / "units").glob("*"))
+        if read_marker(d) is not None and (d / RESULT_FILE).is_file()
+    ]
+    if not done:
+        return None
+    card = build_scorecard([json.loads((d / RESULT_FILE).read_text()) for d in done], out)
+    return {**card, "units_finished": len(done)}

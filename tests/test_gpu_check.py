@@ -206,6 +206,34 @@ def test_tracker_disabled_logs_metrics_without_importing_wandb(tmp_path, monkeyp
     assert not (tmp_path / "wandb_files").exists()
 
 
+def test_a_cut_short_fine_tuning_still_gives_the_scorecard_of_its_finished_units(tmp_path):
+    """The first GPU quality run lost its scorecard when the call's time ended one unit of 30
+    before the end; the part now scores the units that finished (marker and result on disk)."""
+    from gpu_stage_parts import finished_units_scorecard
+
+    from common.atomic import write_marker
+
+    assert finished_units_scorecard(tmp_path) is None
+    for label, kind, accuracy in (
+        ("ours", "pretrained", 80.0),
+        ("random:ours", "random", 70.0),
+        ("x", "random", 0),
+    ):
+        unit = tmp_path / "units" / f"sst2-lr0.001-s1__{label.replace(':', '_')}"
+        unit.mkdir(parents=True)
+        result = {"unit": "sst2-lr0.001-s1", "task": "sst2", "metric_names": ["accuracy"],
+                  "metrics": {"accuracy": accuracy}, "score": accuracy, "lr": 1e-3, "seed": 1,
+                  "checkpoint": "/m/" + label, "checkpoint_label": label, "checkpoint_kind": kind, "glue": True,
+                  "n_train": 10, "n_eval": 5, "epochs": 1.0, "max_seq_length": 64, "train_examples_per_s": 1.0}  # fmt: skip
+        (unit / "result.json").write_text(json.dumps(result))
+        if label != "x":  # the unit the time ran out on: no marker
+            write_marker(unit)
+    card = finished_units_scorecard(tmp_path)
+    assert card["units_finished"] == 2 and [r["checkpoint"] for r in card["rows"]] == ["ours", "random:ours"]
+    assert card["headline"]["glue_average_delta"] == pytest.approx(10.0)
+    assert (tmp_path / "scorecard.md").is_file()
+
+
 def test_the_documented_device_calls_cover_every_part_within_one_calls_budget():
     """Each documented call must fit the 10-minute device call (budget 540 s by the part estimates),
     and together they run every part once."""
