@@ -52,7 +52,9 @@ class Plan:
     finetune_batch: int = 32
     finetune_eval_examples: int | None = None  # the whole SST-2 dev set
     quality_preset: str = "tiny"  # configs/default.yaml's model
-    quality_seq32_steps: int = 1000  # x 512 x 32 = 16 M tokens (the one-hour recipe's first phase: 12 M)
+    quality_seq32_steps: int = (
+        1000  # x 512 x 32 = 16 M tokens (the one-hour recipe's first phase: 12 M); 0: none
+    )
     quality_seq32_micro_batch: int = 512
     quality_steps: int = 2500  # x 256 x 128 = 82 M tokens (its main phase: 70 M)
     quality_micro_batch: int = 256
@@ -66,8 +68,7 @@ DRY_PLAN = Plan(
     large_steps=1, fp16_steps=3, fp16_micro_batch=4, variant_steps=1, variant_micro_batch=2,
     variants=("pretrain_base_seq128_lamb",), hf_warmup=1, hf_steps=1, kernel_batch=4, kernel_warmup=1,
     kernel_steps=2, compile_warmup=1, compile_backend="eager", matmul_n=256, finetune_train_examples=32,
-    finetune_batch=8, finetune_eval_examples=32, quality_seq32_steps=2, quality_seq32_micro_batch=4, quality_steps=3,
-    quality_micro_batch=4,
+    finetune_batch=8, finetune_eval_examples=32, quality_seq32_steps=0, quality_steps=3, quality_micro_batch=4,
     quality_finetune=("--tasks", "sst2", "--seed", "1", "--max-train-examples", "16", "--max-eval-examples", "16",
                       "--workers", "1"),
 )  # fmt: skip

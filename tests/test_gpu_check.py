@@ -28,7 +28,7 @@ FORBIDDEN = ("wandb", "apache_beam", "prefect", "blingfire")  # not on the GPU i
 MEASUREMENTS = {
     "pretrain_base_seq128", "hf_plain_loop_base_seq128", "ours_plain_loop_base_seq128",
     "pretrain_large_seq512", "pretrain_base_seq128_fp16", "pretrain_base_seq128_lamb",
-    "pretrain_tiny_seq32_quality", "pretrain_tiny_seq128_quality",
+    "pretrain_tiny_seq128_quality",
 }  # fmt: skip
 PROBES = {"ops", "sdpa_kernels", "attention_paths", "compile", "micro_batch_tiny_seq128",
           "micro_batch_tiny_seq512", "fp16_loss_scale", "finetune_unit", "quality"}  # fmt: skip
@@ -84,12 +84,15 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     assert summary["probes"]["compile"]["compiled"]["median_step_ms"] > 0
     finetune = summary["probes"]["finetune_unit"]
     models = [m["model_dir"] for m in summary["measurements"] if m.get("model_dir")]
-    assert finetune["checkpoint"] == models[-3]  # the last before `quality`'s two, which run after it
+    assert finetune["checkpoint"] == models[-2]  # the last before `quality`, which runs after it
     quality = summary["probes"]["quality"]
     assert "error" not in quality, quality.get("error")
-    assert [step for step, _ in quality["seq32"]["held_out_mlm_acc"]] == [1, 2]  # eval_every = max(1, 2 // 4)
-    assert [step for step, _ in quality["seq128"]["held_out_mlm_acc"]] == [1, 2, 3]
-    assert quality["seq32"]["tokens"] == 2 * 4 * 32
+    assert [step for step, _ in quality["seq128"]["held_out_mlm_acc"]] == [
+        1,
+        2,
+        3,
+    ]  # eval_every max(1, 3 // 4)
+    assert quality["seq128"]["tokens"] == 3 * 4 * 128
     assert len(quality["glue_average"]) == 2  # the pretrained model and its random-init baseline
     assert quality["headline"]["glue_average_delta"] is not None
     assert finetune["again_in_same_process"]["train_examples_per_s"] > 0
@@ -204,6 +207,37 @@ def test_tracker_disabled_logs_metrics_without_importing_wandb(tmp_path, monkeyp
     tracker.finish()
     assert read_metrics(tmp_path) == [{"step": 3, "loss": 1.5}]
     assert not (tmp_path / "wandb_files").exists()
+
+
+def test_the_quality_parts_second_phase_starts_from_the_first_and_is_what_gets_fine_tuned(
+    tmp_path, monkeypatch
+):
+    """The GPU plan's two phases, which the dry run leaves out for the suite's time: the 128-token
+    phase starts from the 32-token phase's model, and the fine-tuning gets the second model. The
+    stage runs are recorded instead of launched (`bertflow pretrain --set pretrain.init_from` itself
+    is test_phases.py's)."""
+    import gpu_stage_parts
+    from gpu_context import GPU_PLAN, Context
+
+    launched, tuned = [], []
+
+    def fake_stage(ctx, name, preset, seq, precision, micro, steps, *sets, **kw):
+        launched.append((name, seq, micro, steps, [s for s in sets if "init_from" in s]))
+        return {"status": "ok", "micro_batch": micro, "stage_wall_s": 1.0, "run_dir": str(tmp_path / name),
+                "model_dir": str(tmp_path / name / "model")}  # fmt: skip
+
+    monkeypatch.setattr(gpu_stage_parts, "run_stage", fake_stage)
+    monkeypatch.setattr(gpu_stage_parts, "finetune_scorecard", lambda ctx, model: tuned.append(model) or {})
+    ctx = Context(GPU_PLAN, tmp_path, tmp_path, {}, deadline=0.0)
+    result = gpu_stage_parts.part_quality(ctx)
+    warm = GPU_PLAN.stage_warmup
+    assert launched == [
+        ("pretrain_tiny_seq32_quality", 32, 512, 1000 - warm, []),
+        ("pretrain_tiny_seq128_quality", 128, 256, 2500 - warm,
+         [f"pretrain.init_from={tmp_path / 'pretrain_tiny_seq32_quality' / 'model'}"]),
+    ]  # fmt: skip
+    assert tuned == [str(tmp_path / "pretrain_tiny_seq128_quality" / "model")]
+    assert result["probes"]["quality"]["seq32"]["tokens"] == 1000 * 512 * 32
 
 
 def test_a_cut_short_fine_tuning_still_gives_the_scorecard_of_its_finished_units(tmp_path):
