@@ -52,9 +52,8 @@ class Plan:
     finetune_batch: int = 32
     finetune_eval_examples: int | None = None  # the whole SST-2 dev set
     quality_preset: str = "tiny"  # configs/default.yaml's model
-    quality_seq32_steps: int = (
-        1000  # x 512 x 32 = 16 M tokens (the one-hour recipe's first phase: 12 M); 0: none
-    )
+    # x 512 x 32 = 16 M tokens (the one-hour recipe's first phase: 12 M); 0: no short phase
+    quality_seq32_steps: int = 1000
     quality_seq32_micro_batch: int = 512
     quality_steps: int = 2500  # x 256 x 128 = 82 M tokens (its main phase: 70 M)
     quality_micro_batch: int = 256

@@ -256,16 +256,11 @@ def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:
 def finished_units_scorecard(out: Path) -> dict[str, Any] | None:
     """The scorecard (written to `out`) of the units under `out/units/` that finished, with
     `units_finished`; None when none did."""
-    from common.atomic import read_marker
     from finetuning.scorecard import build_scorecard
-    from finetuning.units import RESULT_FILE
+    from finetuning.units import finished_result
 
-    done = [
-        d
-        for d in sorted((out / "units").glob("*"))
-        if read_marker(d) is not None and (d / RESULT_FILE).is_file()
-    ]
+    done = [r for r in (finished_result(d) for d in sorted((out / "units").glob("*"))) if r is not None]
     if not done:
         return None
-    card = build_scorecard([json.loads((d / RESULT_FILE).read_text()) for d in done], out)
+    card = build_scorecard(done, out)
     return {**card, "units_finished": len(done)}

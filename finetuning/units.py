@@ -165,10 +165,17 @@ def unit_score(metrics: dict[str, float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(values) / len(values)
 
 
+def finished_result(out_dir: Path) -> dict[str, Any] | None:
+    """The stored result of a unit directory that finished (marker and result written), else None."""
+    if read_marker(out_dir) is None or not (out_dir / RESULT_FILE).is_file():
+        return None
+    return json.loads((out_dir / RESULT_FILE).read_text())
+
+
 def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:
     out_dir, unit, checkpoint, label = job.out_dir, job.unit, job.checkpoint, job.label
-    if read_marker(out_dir) is not None and (out_dir / RESULT_FILE).is_file():  # finished meanwhile
-        return json.loads((out_dir / RESULT_FILE).read_text())
+    if (done := finished_result(out_dir)) is not None:  # finished meanwhile
+        return done
     # An interrupted earlier attempt: its partial curve and W&B files are stale.
     if out_dir.is_dir():
         remove_temp_files(out_dir)

@@ -13,7 +13,6 @@ kept).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -126,13 +125,9 @@ def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list
 
 
 def finished_results(jobs: list[Job]) -> list[dict]:
-    from finetuning.units import RESULT_FILE
+    from finetuning.units import finished_result
 
-    return [
-        json.loads((j.out_dir / RESULT_FILE).read_text())
-        for j in jobs
-        if read_marker(j.out_dir) is not None and (j.out_dir / RESULT_FILE).is_file()
-    ]
+    return [r for r in (finished_result(j.out_dir) for j in jobs) if r is not None]
 
 
 def _plan_from_args(
