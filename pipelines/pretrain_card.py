@@ -81,15 +81,15 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
     last = next((r for r in reversed(rows) if "val_mlm_acc" in r), None)
     if last is None:
         return None
-    from training.data import load_split
+    from training.data import eval_step_batches, load_split
     from training.evaluate import MlmBaselines, beats_unigram, mlm_baselines, train_target_counts
 
     p = spec.get("pretrain", {})
     world = int(spec.get("world_size", 1))
     micro = int(p.get("micro_batch_size", 1))
     store = load_split(shards_dir, "validation", verify=False)
-    per_rank_batches = min(int(p.get("eval_batches", 1)), (len(store) // world) // micro)
-    n = per_rank_batches * micro * world
+    steps, accumulation = int(p.get("eval_batches", 1)), int(p.get("gradient_accumulation_steps", 1))
+    n = eval_step_batches(len(store), micro, world, steps, accumulation) * micro * world
     vocab_size = int(spec.get("model", {}).get("vocab_size", 0))
     baselines = (
         mlm_baselines(store, train_target_counts(shards_dir, vocab_size), n)

@@ -58,12 +58,19 @@ def run_pretrain_stage(
     stage (pretrain@NAME for a phase), which names the W&B run."""
     from pipelines.launcher_log import LauncherLog, jit_build_notice
     from training import launch, preflight
+    from training.ranks import resolve_ranks, split_text, visible_gpus
 
     out_dir = Path(out_dir)
     cfg = with_phase_init(cfg)  # a phase after the first starts from the one before's model
     check_own_output(out_dir, "pretrain", {"shards": shards_dir, "tokenizer": tokenizer_dir})
     on_gpu, bf16_ok = _device_caps()
-    p = cfg.pretrain
+    asked = cfg.pretrain
+    p = resolve_ranks(asked, visible_gpus() if on_gpu else 0)
+    cfg = cfg.model_copy(update={"pretrain": p})
+    if asked.num_processes == "auto" or asked.global_batch_size is not None:
+        log_line(
+            f"pretrain: {split_text(p)} (num_processes {asked.num_processes}, global_batch_size {asked.global_batch_size})"
+        )
     check_nodes(cfg, node_rank)
     world = launch.world_size(p)
     if on_gpu and not p.hostfile:
@@ -160,15 +167,19 @@ def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
 
 
 def check_zero_stages(cfg: PipelineConfig) -> None:
-    """Each phase's ZeRO stage as its pretraining will resolve it, refused (Muon at ZeRO 1-3, a
-    stage that does not exist) before the flow's first stage runs instead of after preprocessing."""
+    """Each phase's ranks, batch split and ZeRO stage as its pretraining will resolve them, refused
+    (a global batch the ranks cannot share, Muon at ZeRO 1-3, a stage that does not exist) before
+    the flow's first stage runs instead of after preprocessing. Counts the GPUs (imports torch) only
+    for `num_processes: auto`."""
     from training.ds_config import resolve_zero_stage
     from training.launch import world_size
+    from training.ranks import resolve_ranks, visible_gpus
 
     prefixes = [f"phase {ph.name}: " for ph in cfg.phases] + [""]  # the phases in order, then the main run
     for index, prefix in enumerate(prefixes):
         p = cfg.phase_config(index).pretrain
         try:
+            p = resolve_ranks(p, visible_gpus() if p.num_processes == "auto" else 0)
             resolve_zero_stage(p, world_size(p))
         except UserError as err:
             raise UserError(f"{prefix}{err}") from None
@@ -208,8 +219,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--num-processes",
-        type=int,
-        help="ranks on this node: GPUs, or CPU processes (= pretrain.num_processes)",
+        help="ranks on this node: GPUs, or CPU processes; auto: one per GPU (= pretrain.num_processes)",
     )
     parser.add_argument("--max-steps", type=int, help="optimizer steps to train (= pretrain.max_steps)")
     parser.add_argument(

@@ -105,6 +105,7 @@ def test_a_setting_added_later_is_in_a_key_only_once_it_is_set() -> None:
     outputs made before it existed are found after an upgrade; set, it moves the keys downstream."""
     base = load_config(None)
     assert "muon_lr" not in stage_key_inputs(base)["pretrain"]["config"]
+    assert "global_batch_size" not in stage_key_inputs(base)["pretrain"]["config"]  # 2026-11-26
     assert "muon_lr" not in stage_key_inputs(base, earlier=True)["pretrain"]["config"]
     changed = stage_keys(load_config(None, ["pretrain.muon_lr=0.02"]))
     assert _changed(stage_keys(base), changed) == DOWNSTREAM["pretrain"]

@@ -167,10 +167,31 @@ def test_dynamic_masking_never_emits_a_special_token():
 
 def test_eval_batches_equal_count_per_rank_and_disjoint(shards):
     val = load_split(shards, "validation")
-    a = eval_batches(val, 4, 2, 0, max_batches=100)
-    b = eval_batches(val, 4, 2, 1, max_batches=100)
+    a = eval_batches(val, 4, 2, 0, max_steps=100)
+    b = eval_batches(val, 4, 2, 1, max_steps=100)
     assert len(a) == len(b) > 0
     assert not torch.equal(a[0]["input_ids"][0], b[0]["input_ids"][0])
+
+
+@pytest.mark.parametrize("n_examples", [1000, 60, 16, 15])
+def test_every_split_of_a_step_evaluates_the_same_held_out_examples(n_examples: int) -> None:
+    """2 ranks x micro 8, 1 rank x micro 8 x 2 accumulation steps and 4 ranks x micro 4: the same
+    first examples of the split, also where the split is too small for `max_steps` steps (60, 16)
+    or for one (15)."""
+    from training.data import eval_step_batches
+
+    def examples(world: int, micro: int, accumulation: int) -> list[int]:
+        count = eval_step_batches(n_examples, micro, world, 4, accumulation)
+        return sorted(
+            b * micro * world + i * world + r
+            for r in range(world)
+            for b in range(count)
+            for i in range(micro)
+        )
+
+    expected = examples(2, 8, 1)
+    assert examples(1, 8, 2) == examples(4, 4, 1) == expected
+    assert expected == list(range(min(64, n_examples // 16 * 16)))
 
 
 def test_corrupt_shard_is_named(tmp_path, shards):

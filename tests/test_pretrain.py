@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from common.errors import UserError
+from common.tracking import read_metrics
 from model.hf_io import load_pretraining_model, read_state_dict
 from pipelines.stage_pretrain import run_pretrain_stage
 from tests.pretrain_runs import config, kill_tree, losses, settings, start_cli, wait_for
@@ -225,19 +226,31 @@ def test_zero_stages_reach_the_same_weights(ref_run, data, tmp_path, stage, laun
 def test_one_process_with_accumulation_equals_two_processes(data, tmp_path):
     """The single-process path (ZeRO-0, no gradient all-reduce) with 2 accumulation steps sees the
     same global batches as 2 ZeRO-0 processes (which must all-reduce) and reaches the same weights
-    (dropout off so the ranks' dropout streams do not differ)."""
+    (dropout off so the ranks' dropout streams do not differ). The one process gets its 2
+    accumulation steps from `global_batch_size` (training/ranks.py), as a config written for 2
+    ranks does on a machine with one GPU."""
     no_dropout = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0", "pretrain.max_steps=4",
                   "pretrain.checkpoint_every=4", "pretrain.eval_every=4"]  # fmt: skip
     one, two = tmp_path / "one", tmp_path / "two"
     lines: list[str] = []
-    run_pretrain_stage(config(*no_dropout, "pretrain.num_processes=1", "pretrain.gradient_accumulation_steps=2",
+    run_pretrain_stage(config(*no_dropout, "pretrain.num_processes=1", "pretrain.global_batch_size=16",
                               "pretrain.zero_stage=null"), *data, one, log_line=lines.append)  # fmt: skip
-    assert any("ZeRO 0" in ln and "world 1" in ln for ln in lines)  # the 1-process default
+    assert "pretrain: 1 rank(s) x micro batch 8 x 2 accumulation step(s) = 16 examples a step" in "\n".join(
+        lines
+    )
+    assert any(
+        "ZeRO 0" in ln and "world 1" in ln and "global batch 16" in ln for ln in lines
+    )  # the 1-process default
     run_pretrain_stage(config(*no_dropout, "pretrain.zero_stage=0"), *data, two, log_line=lambda _: None)
     a, b = read_state_dict(one / "model"), read_state_dict(two / "model")
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5), (k, (a[k] - b[k]).abs().max())
     assert max(abs(losses(one)[s] - losses(two)[s]) for s in losses(two)) < 1e-4
+    # and the same held-out examples: eval_batches counts global batches, not one rank's micro batches
+    held_out = [[r for r in read_metrics(run) if "val_mlm_acc" in r] for run in (one, two)]
+    assert len(held_out[0]) == len(held_out[1]) == 1
+    for key in ("val_mlm_acc", "val_mlm_loss", "val_nsp_acc", "val_nsp_loss"):
+        assert held_out[0][0][key] == pytest.approx(held_out[1][0][key], rel=1e-4, abs=1e-5), key
 
 
 # the reference's 2 ranks on one node get 1 thread each (launch.child_env); so must the 2 nodes here,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from common.settings import Section, Seed
 
@@ -27,13 +27,21 @@ class PretrainConfig(Section):
         "launcher",
         "stop_grace_s",
     )
-    added_later: ClassVar[tuple[str, ...]] = ("muon_lr",)
+    added_later: ClassVar[tuple[str, ...]] = ("muon_lr", "global_batch_size")
 
     deepspeed_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed JSON template")
     zero_stage: int | None = Field(None, ge=0, description="overrides the template's ZeRO stage")
-    num_processes: int = Field(2, ge=1)
+    num_processes: int | Literal["auto"] = Field(
+        2, description="ranks on this node; auto: one per visible GPU, or 2 on a machine without one"
+    )
     micro_batch_size: int = Field(16, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
+    global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="examples per optimizer step whatever the ranks: the accumulation steps and the micro "
+        "batch (at most micro_batch_size) follow from the world size (training/launch.py resolve_ranks)",
+    )
     max_steps: int = Field(200, ge=1)
     optimizer: Literal["adamw", "lamb", "muon"] = Field(
         "adamw",
@@ -77,7 +85,12 @@ class PretrainConfig(Section):
     init_from: str | None = Field(
         None, description="start from this model dir (with phases: the first phase does), fresh optimizer"
     )
-    eval_batches: int = Field(20, ge=1, description="validation micro batches per rank per evaluation")
+    eval_batches: int = Field(
+        20,
+        ge=1,
+        description="held-out examples per evaluation, in global batches (micro batch x accumulation x ranks; "
+        "at most the validation split)",
+    )
     launcher: Literal["auto", "deepspeed", "torchrun"] = Field(
         "auto", description="auto: DeepSpeed's launcher with a hostfile, torchrun (lighter start) on one node"
     )
@@ -111,3 +124,15 @@ class PretrainConfig(Section):
         None, gt=0, le=1e6, description="MFU denominator override (dense TFLOP/s)"
     )
     prefetch_batches: int = Field(4, ge=1)
+
+    @field_validator("num_processes", mode="before")
+    @classmethod
+    def _ranks_or_auto(cls, value: Any) -> Any:
+        """One message for both forms (the union's own error lists each member's)."""
+        if value == "auto":
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        raise ValueError("must be a number of ranks (1 or more) or auto")

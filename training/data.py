@@ -331,14 +331,24 @@ class PretrainLoader:
 
 
 def eval_batches(
-    store: ExampleStore, batch_size: int, world_size: int, rank: int, max_batches: int
+    store: ExampleStore, batch_size: int, world_size: int, rank: int, max_steps: int, accumulation: int = 1
 ) -> list[dict[str, torch.Tensor]]:
-    """Validation batches for this rank: the same count on every rank (ZeRO-3 needs all ranks in
-    every forward), examples in file order, disjoint across ranks."""
-    per_rank = len(store) // world_size
-    n = min(max_batches, per_rank // batch_size)
+    """Validation batches for this rank: `max_steps` steps' worth (`eval_step_batches`), the same
+    count on every rank (ZeRO-3 needs all ranks in every forward), examples in file order, disjoint
+    across ranks."""
     out = []
-    for b in range(n):
+    for b in range(eval_step_batches(len(store), batch_size, world_size, max_steps, accumulation)):
         idx = np.arange(b * batch_size, (b + 1) * batch_size) * world_size + rank
         out.append(collate(store, idx))
     return out
+
+
+def eval_step_batches(
+    n_examples: int, batch_size: int, world_size: int, max_steps: int, accumulation: int = 1
+) -> int:
+    """Validation micro batches per rank: `max_steps` training steps' worth (`accumulation` micro
+    batches of every rank each), fewer where the `n_examples` of the split cannot fill that many
+    whole steps. Together the ranks read the split's first steps x batch x accumulation x world
+    examples, so every split of a step into ranks and accumulation evaluates the same ones."""
+    steps = min(max_steps, n_examples // (batch_size * accumulation * world_size))
+    return steps * accumulation

@@ -408,7 +408,14 @@ def run_steps(
         data.store, data.plan, start_step, data.masking, p.prefetch_batches, pin_memory=spec.on_gpu
     )
     val_batches = (
-        eval_batches(data.val_store, p.micro_batch_size, ranks.world, ranks.rank, p.eval_batches)
+        eval_batches(
+            data.val_store,
+            p.micro_batch_size,
+            ranks.world,
+            ranks.rank,
+            p.eval_batches,
+            p.gradient_accumulation_steps,
+        )
         if data.val_store
         else []
     )

@@ -1,0 +1,107 @@
+"""`num_processes: auto` and `global_batch_size`: one config, the same recipe on any machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from common.paths import PROJECT_ROOT
+from pipelines.config import load_config
+from training.launch import world_size
+from training.ranks import CPU_RANKS, resolve_ranks
+
+SHIPPED = sorted((PROJECT_ROOT / "configs").glob("*.yaml"))
+
+
+def pretrain(*settings: str):
+    return load_config(None, [f"pretrain.{s}" for s in settings]).pretrain
+
+
+def split(p) -> tuple[int, int, int]:
+    return world_size(p), p.micro_batch_size, p.gradient_accumulation_steps
+
+
+@pytest.mark.parametrize("gpus,ranks", [(0, CPU_RANKS), (1, 1), (8, 8)])
+def test_auto_is_one_rank_per_gpu_or_the_cpu_ranks(gpus: int, ranks: int) -> None:
+    assert resolve_ranks(pretrain("num_processes=auto"), gpus).num_processes == ranks
+    assert resolve_ranks(pretrain("num_processes=3"), gpus).num_processes == 3  # a number is kept as given
+
+
+@pytest.mark.parametrize(
+    "ranks,global_batch,micro,expected",
+    [
+        (2, 64, 32, (2, 32, 1)),  # the CPU default, as before
+        (1, 64, 32, (1, 32, 2)),  # the same recipe on one GPU
+        (8, 64, 32, (8, 8, 1)),  # smaller micro batches rather than fewer examples
+        (1, 48, 32, (1, 24, 2)),  # the fewest steps whose micro batch divides the share
+        (1, 2048, 64, (1, 64, 32)),  # bert-base-gpu.yaml on one GPU
+        (8, 2048, 64, (8, 64, 4)),  # ... and on eight, its layout before global_batch_size
+        (3, 21, 2, (3, 1, 7)),  # 7 is prime: micro batch 1
+    ],
+)
+def test_the_global_batch_is_split_exactly_with_micro_batches_no_larger_than_asked(
+    ranks: int, global_batch: int, micro: int, expected: tuple[int, int, int]
+) -> None:
+    p = resolve_ranks(
+        pretrain(f"num_processes={ranks}", f"global_batch_size={global_batch}", f"micro_batch_size={micro}"),
+        0,
+    )
+    assert split(p) == expected
+    assert expected[0] * expected[1] * expected[2] == global_batch and expected[1] <= micro
+
+
+def test_a_split_that_does_not_exist_is_refused_naming_the_settings() -> None:
+    with pytest.raises(UserError) as exc:
+        resolve_ranks(pretrain("num_processes=auto", "global_batch_size=64"), 3)
+    said = str(exc.value)
+    assert "pretrain.global_batch_size 64 cannot be shared evenly by 3 ranks" in said
+    assert "pretrain.num_processes 3 (auto)" in said and "fix:" in said.lower()
+    with pytest.raises(UserError, match="both set the batch split"):
+        resolve_ranks(pretrain("global_batch_size=64", "gradient_accumulation_steps=2"), 0)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_each_shipped_config_trains_the_same_batches_on_cpu_and_on_1_2_or_8_gpus(path: Path) -> None:
+    cfg = load_config(path)
+    for index in range(len(cfg.phases) + 1):
+        asked = cfg.phase_config(index).pretrain
+        steps = set()
+        for gpus in (0, 1, 2, 8):
+            ranks, micro, accumulation = split(resolve_ranks(asked, gpus))
+            assert micro <= asked.micro_batch_size
+            steps.add(ranks * micro * accumulation)
+        assert steps == {asked.global_batch_size}, (path.name, index, steps)
+
+
+@pytest.mark.parametrize("path", ["default.yaml", "cpu-hour.yaml"])
+def test_the_cpu_configs_keep_their_two_ranks_of_full_micro_batches(path: str) -> None:
+    cfg = load_config(PROJECT_ROOT / "configs" / path)
+    for index in range(len(cfg.phases) + 1):
+        asked = cfg.phase_config(index).pretrain
+        assert split(resolve_ranks(asked, 0)) == (2, asked.micro_batch_size, 1)
+
+
+def test_the_flow_refuses_a_global_batch_the_ranks_cannot_share_before_any_stage(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--set", f"run_dir={runs}",
+         "--set", "pretrain.num_processes=2", "--set", "pretrain.global_batch_size=63"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "pretrain.global_batch_size 63 cannot be shared evenly by 2 ranks" in proc.stderr
+    assert "Traceback" not in proc.stderr and not runs.exists()  # refused before the tokenizer wrote anything
+
+
+@pytest.mark.parametrize("value", ["x", "0", "true", "-2"])
+def test_num_processes_is_a_number_of_ranks_or_auto_in_one_message(value: str) -> None:
+    with pytest.raises(UserError) as exc:
+        load_config(None, [f"pretrain.num_processes={value}"])
+    assert str(exc.value).count("pretrain.num_processes") == 1
+    assert "must be a number of ranks (1 or more) or auto" in str(exc.value)
