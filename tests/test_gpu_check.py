@@ -213,8 +213,8 @@ def test_the_quality_parts_second_phase_starts_from_the_first_and_is_what_gets_f
     tmp_path, monkeypatch
 ):
     """The GPU plan's two phases, which the dry run leaves out for the suite's time: the 128-token
-    phase starts from the 32-token phase's model, and the fine-tuning gets the second model. The
-    stage runs are recorded instead of launched (`bertflow pretrain --set pretrain.init_from` itself
+    phase starts from the 32-token phase's model, and the fine-tuning gets the second model; both
+    run at ZeRO 0. The stage runs are recorded instead of launched (`bertflow pretrain --set pretrain.init_from` itself
     is test_phases.py's)."""
     import gpu_stage_parts
     from gpu_context import GPU_PLAN, Context
@@ -223,6 +223,7 @@ def test_the_quality_parts_second_phase_starts_from_the_first_and_is_what_gets_f
 
     def fake_stage(ctx, name, preset, seq, precision, micro, steps, *sets, **kw):
         launched.append((name, seq, micro, steps, [s for s in sets if "init_from" in s]))
+        assert kw["zero_stage"] == 0  # as `make run` resolves it on one GPU, not the plan's ZeRO 2
         return {"status": "ok", "micro_batch": micro, "stage_wall_s": 1.0, "run_dir": str(tmp_path / name),
                 "model_dir": str(tmp_path / name / "model")}  # fmt: skip
 
