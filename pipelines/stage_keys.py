@@ -242,19 +242,56 @@ def stage_dir(cfg: PipelineConfig, stage: str) -> Path:
 
 def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
     """stage → `run_dir/<stage>/<key>/` (a phase's stage, pretrain@NAME: `run_dir/pretrain/<key>/`).
-    Where no output has that key yet but one made by a bertflow from before 2026-11-25 has (same
-    config and corpus, the key computed as then), that one: an upgrade must not cost a finished or
-    half-done pretraining."""
+    Where no output has that key yet but one made by an earlier bertflow has (same config and
+    corpus, the key computed as then: before 2026-11-25, or the shipped configs' ranks and batch
+    split as they spelled them out before 2026-11-26), that one: an upgrade must not cost a
+    finished or half-done pretraining."""
     root = run_root(cfg)
     dirs = {stage: root / base_stage(stage) / key for stage, key in stage_keys(cfg).items()}
     if all(d.exists() or not d.parent.is_dir() for d in dirs.values()):
         return dirs  # nothing an earlier output could be: no second round of corpus stamps
-    earlier = stage_keys(cfg, earlier=True)
+    earlier = [stage_keys(cfg, earlier=True)]
+    earlier += [
+        stage_keys(config, earlier=when) for config in explicit_layouts(cfg) for when in (False, True)
+    ]
     for stage, current in dirs.items():
-        before = root / base_stage(stage) / earlier[stage]
-        if before.is_dir() and not current.exists():
-            dirs[stage] = before
+        found = [d for keys in earlier if (d := root / base_stage(stage) / keys[stage]).is_dir()]
+        if found and not current.exists():
+            dirs[stage] = found[0]
     return dirs
+
+
+# GPUs under which `training/ranks.py` gives the ranks and batch split that the shipped configs
+# spelled out before `num_processes: auto` and `global_batch_size` (2026-11-26): 2 CPU ranks
+# (default.yaml, cpu-hour.yaml) and 8 GPUs (bert-base-gpu.yaml, bert-large-gpu.yaml)
+LAYOUTS_BEFORE_AUTO = (0, 8)
+
+
+def explicit_layouts(cfg: PipelineConfig) -> list[PipelineConfig]:
+    """When a pretraining phase of `cfg` says `num_processes: auto` or a `global_batch_size`: `cfg`
+    with every phase's ranks and batch split written out, for each of `LAYOUTS_BEFORE_AUTO`."""
+    sections = [cfg.phase_section(i, "pretrain") for i in range(len(cfg.phases))] + [cfg.pretrain]
+    if not any(p.num_processes == "auto" or p.global_batch_size is not None for p in sections):
+        return []
+    from training.ranks import resolve_ranks
+
+    def explicit(pretrain: Section, gpus: int) -> dict[str, Any]:
+        p = resolve_ranks(pretrain, gpus)
+        layout = ("num_processes", "micro_batch_size", "gradient_accumulation_steps")
+        return {**{name: getattr(p, name) for name in layout}, "global_batch_size": None}
+
+    configs = []
+    for gpus in LAYOUTS_BEFORE_AUTO:
+        try:
+            phases = [
+                ph.model_copy(update={"pretrain": {**ph.pretrain, **explicit(sections[i], gpus)}})
+                for i, ph in enumerate(cfg.phases)
+            ]
+            main = cfg.pretrain.model_copy(update=explicit(cfg.pretrain, gpus))
+        except UserError:
+            continue  # a global batch these ranks cannot share: no such earlier output
+        configs.append(cfg.model_copy(update={"pretrain": main, "phases": phases}))
+    return configs
 
 
 def is_complete(directory: str | os.PathLike) -> bool:

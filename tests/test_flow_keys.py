@@ -10,8 +10,9 @@ import pytest
 
 from common.errors import UserError
 from common.fingerprint import content_stamp
+from common.paths import PROJECT_ROOT
 from pipelines.config import load_config
-from pipelines.stage_keys import STAGES, stage_dir, stage_key_inputs, stage_keys
+from pipelines.stage_keys import STAGES, base_stage, stage_dir, stage_dirs, stage_key_inputs, stage_keys
 from pipelines.stage_plan import plan_stages
 
 DOWNSTREAM = {
@@ -166,3 +167,28 @@ def test_stage_selection() -> None:
         plan_stages("pretraining", None, None)
     with pytest.raises(UserError, match="exclude"):
         plan_stages("report", "report", None)
+
+
+@pytest.mark.parametrize(
+    "path,spelled_out",
+    [
+        ("default.yaml", ["pretrain.num_processes=2"]),
+        ("cpu-hour.yaml", ["pretrain.num_processes=2", "phases.seq32.pretrain.global_batch_size=null"]),
+        ("bert-base-gpu.yaml", ["pretrain.num_processes=8", "pretrain.gradient_accumulation_steps=4"]),
+    ],
+)
+def test_outputs_of_the_shipped_configs_from_before_num_processes_auto_are_found(
+    tmp_path: Path, path: str, spelled_out: list[str]
+) -> None:
+    """The shipped configs spelled out ranks, micro batch and accumulation before 2026-11-26 (2 CPU
+    ranks; 8 GPUs for the GPU configs); their pretraining (every phase) is found after the upgrade."""
+    shipped = PROJECT_ROOT / "configs" / path
+    now = load_config(shipped, [f"run_dir={tmp_path}"])
+    before = load_config(shipped, [f"run_dir={tmp_path}", "pretrain.global_batch_size=null", *spelled_out])
+    stages = [s for s in stage_keys(now) if base_stage(s) == "pretrain"]
+    old, new = stage_keys(before), stage_keys(now)
+    assert all(old[s] != new[s] for s in stages)  # the keys did change
+    for s in stages:
+        (tmp_path / "pretrain" / old[s]).mkdir(parents=True)
+    dirs = stage_dirs(now)
+    assert {s: dirs[s] for s in stages} == {s: tmp_path / "pretrain" / old[s] for s in stages}

@@ -176,6 +176,26 @@ def test_resume_of_a_checkpoint_from_before_a_setting_existed(data, tmp_path):
     _fails(config("pretrain.muon_lr=0.02"), shards, tok, out, r"pretrain\.muon_lr: '\(unset\)' -> 0\.02")
 
 
+def test_a_run_made_with_its_batch_split_spelled_out_is_the_run_global_batch_size_resolves_to(data, tmp_path):
+    """Before 2026-11-26 the shipped configs gave ranks, micro batch and accumulation; now they give
+    a global batch (`training/ranks.py`). The same split is the same run: its finished output and
+    checkpoints are reused and resumed, and another split of the same global batch is refused."""
+    from training.ranks import resolve_ranks
+
+    shards, tok = data
+    spelled_out = _spec(config(), shards, tok, tmp_path / "a")  # 2 ranks x micro 8 x 1
+    for gpus, same in ((0, True), (1, False)):
+        cfg = config("pretrain.num_processes=auto", "pretrain.global_batch_size=16")
+        resolved = cfg.model_copy(update={"pretrain": resolve_ranks(cfg.pretrain, gpus)})
+        world = resolved.pretrain.num_processes
+        spec = preflight.build_spec(
+            resolved, shards, tok, tmp_path / "b", False, False, world, cfg.wandb.target(group=None)
+        )
+        assert (spec.fingerprint() == spelled_out.fingerprint()) is same, spec.differences(
+            spelled_out.settings()
+        )
+
+
 def test_resume_of_a_checkpoint_without_recorded_settings_uses_run_spec(data, tmp_path):
     """Checkpoints written before _VERIFIED.json held the settings: run_spec.json of that run decides."""
     shards, tok = data

@@ -26,13 +26,15 @@ from training.config import PretrainConfig
 # other ones); the DeepSpeed template's path and the ZeRO stage override, because the resolved
 # `ds_config` (in the fingerprint) holds what they decide; the process layout, because the world
 # size and the global batch are in it too (and a resume on another world size is refused by
-# preflight with its own message).
+# preflight with its own message); `global_batch_size`, which only chooses the micro batch and
+# accumulation steps that are in it (so a run made before the setting existed is the same run).
 NOT_IN_FINGERPRINT = (
     *PretrainConfig.run_only,
     "eval_batches",
     "hostfile",
     "nnodes",
     "num_processes",
+    "global_batch_size",
     "deepspeed_config",
     "zero_stage",
 )
