@@ -62,13 +62,13 @@ def main(args: argparse.Namespace) -> int:
     from common.paths import check_output_dir
     from pipelines.config import load_config
     from pipelines.stage_plan import plan_stages
-    from pipelines.stage_pretrain import check_zero_stages
+    from pipelines.stage_pretrain import check_pretrain_layouts
     from pipelines.verify_data import check_data_paths
 
     cfg = load_config(args.config, args.overrides)  # fails fast, before Prefect starts
     plan_stages(args.only, args.from_stage, args.force)
     check_data_paths(cfg)
-    check_zero_stages(cfg)
+    check_pretrain_layouts(cfg)
     if cfg.pretrain.init_from:  # its model is part of the pretrain stage's key
         from training.preflight import check_init_from
 

@@ -73,14 +73,6 @@ def run_pretrain_stage(
         )
     check_nodes(cfg, node_rank)
     world = launch.world_size(p)
-    if on_gpu and not p.hostfile:
-        import torch
-
-        if p.num_processes > torch.cuda.device_count():
-            raise UserError(
-                f"pretrain.num_processes {p.num_processes} > {torch.cuda.device_count()} visible GPUs.",
-                fix="lower --num-processes or use a hostfile for several nodes.",
-            )
     wandb = wandb or cfg.wandb.target(group=f"{cfg.name}-pretrain")
     spec = preflight.build_spec(
         cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world, wandb, stage
@@ -166,20 +158,19 @@ def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
         )
 
 
-def check_zero_stages(cfg: PipelineConfig) -> None:
-    """Each phase's ranks, batch split and ZeRO stage as its pretraining will resolve them, refused
-    (a global batch the ranks cannot share, Muon at ZeRO 1-3, a stage that does not exist) before
-    the flow's first stage runs instead of after preprocessing. Counts the GPUs (imports torch) only
-    for `num_processes: auto`."""
+def check_pretrain_layouts(cfg: PipelineConfig) -> None:
+    """Each phase's ranks, batch split and ZeRO stage as its pretraining will resolve them on this
+    machine, refused (more ranks than GPUs, a global batch the ranks cannot share, Muon at ZeRO 1-3,
+    a stage that does not exist) before the flow's first stage runs instead of after preprocessing."""
     from training.ds_config import resolve_zero_stage
     from training.launch import world_size
     from training.ranks import resolve_ranks, visible_gpus
 
+    gpus = visible_gpus()
     prefixes = [f"phase {ph.name}: " for ph in cfg.phases] + [""]  # the phases in order, then the main run
     for index, prefix in enumerate(prefixes):
-        p = cfg.phase_config(index).pretrain
         try:
-            p = resolve_ranks(p, visible_gpus() if p.num_processes == "auto" else 0)
+            p = resolve_ranks(cfg.phase_config(index).pretrain, gpus)
             resolve_zero_stage(p, world_size(p))
         except UserError as err:
             raise UserError(f"{prefix}{err}") from None

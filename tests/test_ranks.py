@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
 from pipelines.config import load_config
+from tests.forbid_imports import env_forbidding
 from training.launch import world_size
 from training.ranks import CPU_RANKS, resolve_ranks
 
@@ -29,7 +29,20 @@ def split(p) -> tuple[int, int, int]:
 @pytest.mark.parametrize("gpus,ranks", [(0, CPU_RANKS), (1, 1), (8, 8)])
 def test_auto_is_one_rank_per_gpu_or_the_cpu_ranks(gpus: int, ranks: int) -> None:
     assert resolve_ranks(pretrain("num_processes=auto"), gpus).num_processes == ranks
-    assert resolve_ranks(pretrain("num_processes=3"), gpus).num_processes == 3  # a number is kept as given
+    if gpus != 1:
+        assert (
+            resolve_ranks(pretrain("num_processes=2"), gpus).num_processes == 2
+        )  # a number is kept as given
+
+
+def test_more_ranks_than_gpus_is_refused_unless_a_hostfile_places_them() -> None:
+    with pytest.raises(UserError) as exc:
+        resolve_ranks(pretrain("num_processes=2"), 1)
+    assert "pretrain.num_processes 2 > 1 visible GPUs" in str(exc.value) and "auto" in str(exc.value)
+    assert (
+        resolve_ranks(pretrain("num_processes=16", "hostfile=infra/hostfile.example"), 8).num_processes == 16
+    )
+    assert resolve_ranks(pretrain("num_processes=16"), 0).num_processes == 16  # CPU ranks: as many as asked
 
 
 @pytest.mark.parametrize(
@@ -87,12 +100,15 @@ def test_the_cpu_configs_keep_their_two_ranks_of_full_micro_batches(path: str) -
 
 
 def test_the_flow_refuses_a_global_batch_the_ranks_cannot_share_before_any_stage(tmp_path: Path) -> None:
+    """Said before the tokenizer stage, and on a machine without a GPU device node without importing
+    torch (`visible_gpus`)."""
     runs = tmp_path / "runs"
+    no_gpu = not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/kfd").exists()
     proc = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--set", f"run_dir={runs}",
-         "--set", "pretrain.num_processes=2", "--set", "pretrain.global_batch_size=63"],
-        capture_output=True, text=True, cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-        timeout=120,
+         "--set", "pretrain.global_batch_size=63"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120,
+        env=env_forbidding(["torch"] if no_gpu else []),
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "pretrain.global_batch_size 63 cannot be shared evenly by 2 ranks" in proc.stderr

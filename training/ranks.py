@@ -10,6 +10,8 @@ Every split of the same global batch trains on the same examples in the same ord
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from common.errors import UserError
 from training.config import PretrainConfig
 from training.launch import world_size
@@ -18,7 +20,10 @@ CPU_RANKS = 2  # `auto` without a GPU: the CPU configs' two data-parallel ranks
 
 
 def visible_gpus() -> int:
-    """GPUs this process may use (CUDA_VISIBLE_DEVICES applies); 0 without CUDA."""
+    """GPUs this process may use (CUDA_VISIBLE_DEVICES applies); 0 without CUDA, and 0 without
+    importing torch where the machine has no GPU device node (NVIDIA's, or ROCm's /dev/kfd)."""
+    if not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/kfd").exists():
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -27,11 +32,18 @@ def visible_gpus() -> int:
 def resolve_ranks(pretrain: PretrainConfig, gpus: int) -> PretrainConfig:
     """`pretrain` with concrete ranks and batch split: `num_processes: auto` becomes `gpus` (or
     `CPU_RANKS` when 0); with `global_batch_size`, the fewest accumulation steps whose micro batch
-    is at most `micro_batch_size` and splits each rank's share exactly. Refuses a global batch the
-    ranks cannot share evenly, and a global batch given together with accumulation steps."""
+    is at most `micro_batch_size` and splits each rank's share exactly. Refuses more ranks than
+    `gpus` on one node, a global batch the ranks cannot share evenly, and a global batch given
+    together with accumulation steps."""
     p = pretrain
     if p.num_processes == "auto":
         p = p.model_copy(update={"num_processes": gpus or CPU_RANKS})
+    elif gpus and p.num_processes > gpus and not p.hostfile:
+        raise UserError(
+            f"pretrain.num_processes {p.num_processes} > {gpus} visible GPUs.",
+            fix="set pretrain.num_processes: auto (one rank per GPU), lower --num-processes, or use a hostfile "
+            "for several nodes.",
+        )
     if p.global_batch_size is None:
         return p
     if p.gradient_accumulation_steps != 1:
