@@ -29,19 +29,16 @@ def split(p) -> tuple[int, int, int]:
 @pytest.mark.parametrize("gpus,ranks", [(0, CPU_RANKS), (1, 1), (8, 8)])
 def test_auto_is_one_rank_per_gpu_or_the_cpu_ranks(gpus: int, ranks: int) -> None:
     assert resolve_ranks(pretrain("num_processes=auto"), gpus).num_processes == ranks
-    if gpus != 1:
-        assert (
-            resolve_ranks(pretrain("num_processes=2"), gpus).num_processes == 2
-        )  # a number is kept as given
+    if gpus != 1:  # a number is kept as given (on one GPU, 2 is refused: the next test)
+        assert resolve_ranks(pretrain("num_processes=2"), gpus).num_processes == 2
 
 
 def test_more_ranks_than_gpus_is_refused_unless_a_hostfile_places_them() -> None:
     with pytest.raises(UserError) as exc:
         resolve_ranks(pretrain("num_processes=2"), 1)
     assert "pretrain.num_processes 2 > 1 visible GPUs" in str(exc.value) and "auto" in str(exc.value)
-    assert (
-        resolve_ranks(pretrain("num_processes=16", "hostfile=infra/hostfile.example"), 8).num_processes == 16
-    )
+    placed = pretrain("num_processes=16", "hostfile=infra/hostfile.example")
+    assert resolve_ranks(placed, 8).num_processes == 16
     assert resolve_ranks(pretrain("num_processes=16"), 0).num_processes == 16  # CPU ranks: as many as asked
 
 
