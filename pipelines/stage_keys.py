@@ -271,7 +271,7 @@ def explicit_layouts(cfg: PipelineConfig) -> list[PipelineConfig]:
     """When a pretraining phase of `cfg` says `num_processes: auto` or a `global_batch_size`: `cfg`
     with every phase's ranks and batch split written out, for each of `LAYOUTS_BEFORE_AUTO`."""
     sections = [cfg.phase_section(i, "pretrain") for i in range(len(cfg.phases))] + [cfg.pretrain]
-    if not any(p.num_processes == "auto" or p.global_batch_size is not None for p in sections):
+    if not any(p.derived_layout for p in sections):
         return []
     from training.ranks import resolve_ranks
 

@@ -65,9 +65,9 @@ def run_pretrain_stage(
     check_own_output(out_dir, "pretrain", {"shards": shards_dir, "tokenizer": tokenizer_dir})
     on_gpu, bf16_ok = _device_caps()
     asked = cfg.pretrain
-    p = resolve_ranks(asked, visible_gpus() if on_gpu else 0)
+    p = resolve_ranks(asked, visible_gpus())
     cfg = cfg.model_copy(update={"pretrain": p})
-    if asked.num_processes == "auto" or asked.global_batch_size is not None:
+    if asked.derived_layout:
         log_line(
             f"pretrain: {split_text(p)} (num_processes {asked.num_processes}, global_batch_size {asked.global_batch_size})"
         )

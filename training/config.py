@@ -40,7 +40,7 @@ class PretrainConfig(Section):
         None,
         ge=1,
         description="examples per optimizer step whatever the ranks: the accumulation steps and the micro "
-        "batch (at most micro_batch_size) follow from the world size (training/launch.py resolve_ranks)",
+        "batch (at most micro_batch_size) follow from the world size (training/ranks.py resolve_ranks)",
     )
     max_steps: int = Field(200, ge=1)
     optimizer: Literal["adamw", "lamb", "muon"] = Field(
@@ -124,6 +124,12 @@ class PretrainConfig(Section):
         None, gt=0, le=1e6, description="MFU denominator override (dense TFLOP/s)"
     )
     prefetch_batches: int = Field(4, ge=1)
+
+    @property
+    def derived_layout(self) -> bool:
+        """The ranks or the batch split follow from the machine (`num_processes: auto`) or from
+        `global_batch_size` instead of being spelled out (`training/ranks.py`)."""
+        return self.num_processes == "auto" or self.global_batch_size is not None
 
     @field_validator("num_processes", mode="before")
     @classmethod
