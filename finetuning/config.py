@@ -16,7 +16,8 @@ UNIT_CODE: tuple[str, ...] = ("finetuning/*.py", "model/*.py")
 
 
 class FinetuneConfig(Section):
-    run_only: ClassVar[tuple[str, ...]] = ("concurrency", "threads")  # scheduling, not a unit's result
+    # scheduling, not a unit's result
+    run_only: ClassVar[tuple[str, ...]] = ("concurrency", "units_per_gpu", "threads")
 
     tasks: list[str] = Field(default_factory=lambda: ["sst2", "mrpc", "rte", "cola", "stsb"])
     task_config: str | None = Field(None, description="YAML with extra task definitions")
@@ -32,7 +33,10 @@ class FinetuneConfig(Section):
     max_seq_length: int = Field(128, gt=8)
     warmup_proportion: float = Field(0.1, ge=0, le=1)
     weight_decay: float = Field(0.01, ge=0, le=1)
-    concurrency: int = Field(2, ge=1)
+    concurrency: int = Field(2, ge=1, description="fine-tuning units at a time")
+    units_per_gpu: int = Field(
+        1, ge=1, description="on a GPU machine, units that share one GPU at a time (each its own process)"
+    )
     dropout: float = Field(0.1, ge=0, lt=1, description="hidden and attention dropout while fine-tuning")
     threads: int | None = Field(
         None, ge=1, description="torch threads per CPU worker (default: CPU cores // concurrency)"

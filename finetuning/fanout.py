@@ -9,7 +9,8 @@ task, lr and seed, the fine-tuning settings, the task definition and its data, t
 that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`), and a
 changed setting never reuses a stale result.
 
-Workers run with bounded concurrency, each with its share of the CPU threads, or one per GPU. A
+Workers run with bounded concurrency, each with its share of the CPU threads; on a GPU machine
+up to `units_per_gpu` of them share each GPU (a small model's unit leaves most of one idle). A
 failed unit is recorded and the others go on; workers exit when the parent dies (a killed command
 leaves no orphan finishing units behind).
 """
@@ -36,6 +37,7 @@ from finetuning.config import FinetuneConfig
 from finetuning.tasks import get_task
 from finetuning.units import FinetuneUnit, Job, failed_result, finetune_units, run_finetune_unit
 from model.hf_io import TOKENIZER_FILES
+from training.ranks import visible_gpus
 
 # Fine-tuning settings left out of a unit's key: they pick which units run and how they are
 # scheduled, not what one unit computes (a unit carries its own task, lr and seed, so growing a
@@ -137,7 +139,7 @@ def unit_key(
 class UnitPool:
     """Worker processes for fine-tuning units: up to `cfg.concurrency` of them (never more than
     jobs), each with `cfg.threads` torch threads or its share of the CPU cores; on a GPU machine
-    at most one per GPU, each pinned to its own GPU."""
+    at most `cfg.units_per_gpu` per GPU, worker i pinned to GPU i mod the GPUs."""
 
     def __init__(
         self,
@@ -147,17 +149,15 @@ class UnitPool:
         data_root: str | None = None,
         wandb: WandbTarget | None = None,
     ) -> None:
-        import torch
-
         self.cfg, self.data_root, self.wandb = cfg, data_root, wandb or WandbTarget()
-        n_gpus = torch.cuda.device_count()
-        self.workers = worker_count(cfg, n_jobs)
+        n_gpus = visible_gpus()
+        self.workers = worker_count(cfg, n_jobs, n_gpus)
         ctx = mp.get_context("spawn")
         devices = None
         if n_gpus:
             devices = ctx.Queue()
             for i in range(self.workers):
-                devices.put(i)
+                devices.put(i % n_gpus)
         threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.workers)
         self._pool = ProcessPoolExecutor(
             max_workers=self.workers,
@@ -183,11 +183,11 @@ class UnitPool:
         self.close()
 
 
-def worker_count(cfg: FinetuneConfig, n_jobs: int) -> int:
-    """`cfg.concurrency` workers, no more than there are jobs, and one per GPU at most."""
-    import torch
-
-    return max(1, min(cfg.concurrency, max(n_jobs, 1), torch.cuda.device_count() or cfg.concurrency))
+def worker_count(cfg: FinetuneConfig, n_jobs: int, gpus: int) -> int:
+    """`cfg.concurrency` workers, no more than there are jobs, and with `gpus` GPUs no more than
+    `cfg.units_per_gpu` per GPU."""
+    per_gpu_cap = gpus * cfg.units_per_gpu if gpus else cfg.concurrency
+    return max(1, min(cfg.concurrency, max(n_jobs, 1), per_gpu_cap))
 
 
 def outcome(job: Job, future: Future) -> dict[str, Any]:

@@ -171,6 +171,7 @@ def main(args: argparse.Namespace) -> int:
     from finetuning import fanout
     from finetuning.scorecard import build_scorecard
     from finetuning.units import find_unit
+    from training.ranks import visible_gpus
 
     jobs, output = _plan_from_args(cfg_all, cfg, args)
     selected = [j for j in jobs if j.unit == find_unit(cfg, args.unit)] if args.unit else jobs
@@ -181,7 +182,7 @@ def main(args: argparse.Namespace) -> int:
     complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
     print(
         f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete, "
-        f"{fanout.worker_count(cfg, len(selected))} worker(s) -> {output}",
+        f"{fanout.worker_count(cfg, len(selected), visible_gpus())} worker(s) -> {output}",
         flush=True,
     )
     if note := code_change_note("finetune", sorted(complete)):

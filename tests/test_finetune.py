@@ -59,16 +59,16 @@ def test_units_one_per_task_lr_seed():
     )
 
 
-def test_workers_are_the_concurrency_but_one_per_gpu(monkeypatch):
-    """What `bertflow finetune` says it runs on and what the pool starts: on the H100 the command
-    printed 2 worker(s) while the pool, one per GPU, ran 1."""
+def test_workers_are_the_concurrency_capped_by_jobs_and_units_per_gpu():
+    """What `bertflow finetune` says it runs on and what the pool starts (on the H100 the command
+    once printed 2 worker(s) while the pool ran 1): on a GPU machine no more than `units_per_gpu`
+    units share a GPU."""
     cfg = FinetuneConfig(concurrency=2)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert (worker_count(cfg, 30), worker_count(cfg, 1), worker_count(cfg, 0)) == (2, 1, 1)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert worker_count(cfg, 30) == 1
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    assert worker_count(cfg, 30) == 2
+    assert (worker_count(cfg, 30, 0), worker_count(cfg, 1, 0), worker_count(cfg, 0, 0)) == (2, 1, 1)
+    assert (worker_count(cfg, 30, 1), worker_count(cfg, 30, 4)) == (1, 2)
+    shared = cfg.model_copy(update={"units_per_gpu": 3, "concurrency": 8})
+    assert (worker_count(shared, 30, 1), worker_count(shared, 30, 2), worker_count(shared, 5, 4)) == (3, 6, 5)
+    assert worker_count(shared, 30, 0) == 8  # on CPU the GPU cap does not apply
 
 
 def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
