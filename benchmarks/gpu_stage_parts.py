@@ -242,7 +242,9 @@ def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:
            "--set", f"data_root={ctx.carry / 'data'}", *ctx.plan.quality_finetune]  # fmt: skip
     t0 = time.time()
     rc, tail = run_logged(cmd, timeout=max(10.0, ctx.seconds_left() - 5), env=child_env())
-    found: dict[str, Any] = {"finetune_wall_s": time.time() - t0}
+    # the units' own wall times over the command's: how many ran at once (finetune.units_per_gpu)
+    found: dict[str, Any] = {"finetune_wall_s": time.time() - t0,
+                             "units_wall_s": sum(r.get("wall_time_s", 0.0) for r in finished_units(out))}  # fmt: skip
     if rc == 0 and (out / "scorecard.json").is_file():
         card = json.loads((out / "scorecard.json").read_text())
     else:
@@ -259,10 +261,16 @@ def finished_units_scorecard(out: Path) -> dict[str, Any] | None:
     """The scorecard (written to `out`) of the units under `out/units/` that finished, with
     `units_finished`; None when none did."""
     from finetuning.scorecard import build_scorecard
-    from finetuning.units import finished_result
 
-    done = [r for r in (finished_result(d) for d in sorted((out / "units").glob("*"))) if r is not None]
+    done = finished_units(out)
     if not done:
         return None
     card = build_scorecard(done, out)
     return {**card, "units_finished": len(done)}
+
+
+def finished_units(out: Path) -> list[dict[str, Any]]:
+    """The results of the units under `out/units/` that finished."""
+    from finetuning.units import finished_result
+
+    return [r for r in (finished_result(d) for d in sorted((out / "units").glob("*"))) if r is not None]

@@ -95,6 +95,8 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     assert quality["seq128"]["tokens"] == 3 * 4 * 128
     assert len(quality["glue_average"]) == 2  # the pretrained model and its random-init baseline
     assert quality["headline"]["glue_average_delta"] is not None
+    # one worker in the dry run: its units ran one after another, within the command's time
+    assert 0 < quality["units_wall_s"] < quality["finetune_wall_s"]
     assert finetune["again_in_same_process"]["train_examples_per_s"] > 0
     assert finetune["again_in_same_process"]["metrics"] == finetune["metrics"]  # same unit, same seed
     assert summary["calls"][0]["env"]["matmul_tflops"] > 0
