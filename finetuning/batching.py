@@ -1,5 +1,6 @@
-"""Batches for fine-tuning: dynamic padding (each batch padded to its own longest example) and
-length-grouped, seeded batch order, so little compute goes into padding.
+"""Batches for fine-tuning: dynamic padding (each batch padded to its own longest example, on a
+GPU rounded up to a multiple of 8) and length-grouped, seeded batch order, so little compute goes
+into padding.
 
 A feature is a dict with `input_ids` and `token_type_ids` (lists of ints) plus task fields:
 `label` (int or float), `labels` (list of ints, padded with -100) or `start`/`end` (ints).
@@ -15,9 +16,15 @@ import torch
 IGNORE_INDEX = -100
 
 
-def collate(features: Sequence[dict[str, Any]], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+def collate(
+    features: Sequence[dict[str, Any]], pad_token_id: int = 0, multiple: int = 1, max_width: int | None = None
+) -> dict[str, torch.Tensor]:
+    """One padded batch, as wide as its longest feature rounded up to `multiple` (at most
+    `max_width`, unless a feature is longer)."""
     n = len(features)
-    width = max(len(f["input_ids"]) for f in features)
+    longest = max(len(f["input_ids"]) for f in features)
+    width = -(-longest // multiple) * multiple
+    width = max(longest, min(width, max_width)) if max_width is not None else width
     input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
     token_type_ids = torch.zeros((n, width), dtype=torch.long)
     attention_mask = torch.zeros((n, width), dtype=torch.long)

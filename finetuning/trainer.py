@@ -22,6 +22,11 @@ from training.optim import adamw, build_scheduler
 
 EVAL_BATCH_SIZE = 128
 LOG_EVERY = 10
+# On a GPU a batch's width is rounded up to a multiple of this: tensor-core shapes, and at most
+# max_seq_length / 8 distinct widths, each of which costs attention a new plan on first use (a
+# unit's first pass ran at a fifth of its later speed on an H100: docs/benchmarks.md §7). Pads are
+# masked out, so the outputs at real tokens do not change; the CPU path pads to the longest only.
+GPU_PAD_MULTIPLE = 8
 
 
 @dataclass
@@ -44,6 +49,13 @@ def _autocast(device: torch.device):
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def padding(model: nn.Module, device: torch.device) -> dict[str, int]:
+    """`collate`'s width settings for `model` on `device` (see GPU_PAD_MULTIPLE)."""
+    if device.type != "cuda":
+        return {}
+    return {"multiple": GPU_PAD_MULTIPLE, "max_width": model.config.max_position_embeddings}
 
 
 def train(
@@ -69,6 +81,7 @@ def train(
     optimizer = adamw(model, lr, weight_decay)
     scheduler = build_scheduler(optimizer, math.ceil(warmup_proportion * total), total)
     model.train()
+    widths = padding(model, device)
     step = examples = 0
     loss_value = math.nan
     start = time.perf_counter()
@@ -76,7 +89,7 @@ def train(
         for idx in train_batches(lengths, batch_size, generator, group_by_length):
             if step >= total:
                 break
-            batch = _to(collate([features[i] for i in idx], pad_token_id), device)
+            batch = _to(collate([features[i] for i in idx], pad_token_id, **widths), device)
             with _autocast(device):
                 loss = model(**batch)[0]
             loss.backward()
@@ -118,8 +131,9 @@ def predict(
     model.eval()
     out: list[Any] = [None] * len(features)
     lengths = [len(f["input_ids"]) for f in features]
+    widths = padding(model, device)
     for idx in eval_batches(lengths, batch_size):
-        batch = collate([features[i] for i in idx], pad_token_id)
+        batch = collate([features[i] for i in idx], pad_token_id, **widths)
         inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
         inputs = _to(inputs, device)
         with _autocast(device):
