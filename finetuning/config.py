@@ -39,6 +39,6 @@ class FinetuneConfig(Section):
     )
     dropout: float = Field(0.1, ge=0, lt=1, description="hidden and attention dropout while fine-tuning")
     threads: int | None = Field(
-        None, ge=1, description="torch threads per CPU worker (default: CPU cores // concurrency)"
+        None, ge=1, description="torch threads per worker (default: CPU cores // workers)"
     )
     group_by_length: bool = Field(True, description="batch examples of similar length together")

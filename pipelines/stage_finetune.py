@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", help="seed, or comma-separated seeds")
     p.add_argument("--unit", help="run only this unit (e.g. sst2-lr5e-05-s42)")
     p.add_argument("--workers", type=int, help="concurrent units (default: finetune.concurrency)")
-    p.add_argument("--threads", type=int, help="torch threads per CPU worker (default: cores // workers)")
+    p.add_argument("--threads", type=int, help="torch threads per worker (default: cores // workers)")
     p.add_argument("--group", help="W&B group for the unit runs (default: the output directory name)")
     p.add_argument(
         "--output", help="output directory (needed with --checkpoint; default: the flow's finetune stage)"
