@@ -154,10 +154,14 @@ def test_dynamic_padding_and_length_grouping():
 
 def test_gpu_batch_widths_are_multiples_of_8_and_leave_the_outputs_unchanged():
     """On a GPU a batch is padded to a multiple of 8 (never past the position table); the pads are
-    masked, so the logits at real tokens are the CPU path's."""
+    masked, so each head's logits at real tokens are the CPU path's."""
     from finetuning.trainer import GPU_PAD_MULTIPLE, padding
     from model.config import BertConfig
-    from model.heads import BertForSequenceClassification, BertForTokenClassification
+    from model.heads import (
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
 
     feats = [
         {"input_ids": [5 + i] * n, "token_type_ids": [0] * n, "labels": [1] * n}
@@ -171,16 +175,22 @@ def test_gpu_batch_widths_are_multiples_of_8_and_leave_the_outputs_unchanged():
 
     cfg = BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=40)
     torch.manual_seed(0)
-    for model in (BertForSequenceClassification(cfg, 3).eval(), BertForTokenClassification(cfg, 3).eval()):
+    narrow = collate(feats)
+    real = narrow["attention_mask"].bool()
+    heads = (
+        BertForSequenceClassification(cfg, 3),
+        BertForTokenClassification(cfg, 3),
+        BertForQuestionAnswering(cfg),
+    )
+    for model in heads:
         assert padding(model, torch.device("cpu")) == {}
         assert padding(model, torch.device("cuda")) == {"multiple": GPU_PAD_MULTIPLE, "max_width": 40}
-        narrow = collate(feats)
         with torch.no_grad():
-            want = model(narrow["input_ids"], narrow["token_type_ids"], narrow["attention_mask"])[1]
+            want = model.eval()(narrow["input_ids"], narrow["token_type_ids"], narrow["attention_mask"])[1]
             got = model(wide["input_ids"], wide["token_type_ids"], wide["attention_mask"])[1]
-        got = got if got.dim() == 2 else got[:, :9]
-        mask = narrow["attention_mask"].bool() if got.dim() == 3 else slice(None)
-        torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
+        if not isinstance(model, BertForSequenceClassification):  # per token: compare the real ones
+            want, got = want[real], got[:, :9][real]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_sequence_model_equals_transformers(minilm_dir, data_dir):
