@@ -271,6 +271,6 @@ def finished_units_scorecard(out: Path) -> dict[str, Any] | None:
 
 def finished_units(out: Path) -> list[dict[str, Any]]:
     """The results of the units under `out/units/` that finished."""
-    from finetuning.units import finished_result
+    from finetuning.units import finished_results
 
-    return [r for r in (finished_result(d) for d in sorted((out / "units").glob("*"))) if r is not None]
+    return finished_results(sorted((out / "units").glob("*")))

@@ -12,6 +12,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,11 @@ def finished_result(out_dir: Path) -> dict[str, Any] | None:
     if read_marker(out_dir) is None or not (out_dir / RESULT_FILE).is_file():
         return None
     return json.loads((out_dir / RESULT_FILE).read_text())
+
+
+def finished_results(unit_dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    """The stored results of those of `unit_dirs` that finished, in their order."""
+    return [r for r in (finished_result(d) for d in unit_dirs) if r is not None]
 
 
 def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:

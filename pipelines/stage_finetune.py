@@ -124,12 +124,6 @@ def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list
     return plan(cfg.finetune, checkpoints, root, tokenizer_dir=tokenizer_dir, data_root=cfg.data_root)
 
 
-def finished_results(jobs: list[Job]) -> list[dict]:
-    from finetuning.units import finished_result
-
-    return [r for r in (finished_result(j.out_dir) for j in jobs) if r is not None]
-
-
 def _plan_from_args(
     cfg_all: PipelineConfig, cfg: FinetuneConfig, args: argparse.Namespace
 ) -> tuple[list[Job], Path]:
@@ -170,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
     from common.tracking import Tracker
     from finetuning import fanout
     from finetuning.scorecard import build_scorecard
-    from finetuning.units import find_unit
+    from finetuning.units import find_unit, finished_results
     from training.ranks import visible_gpus
 
     jobs, output = _plan_from_args(cfg_all, cfg, args)
@@ -204,7 +198,7 @@ def main(args: argparse.Namespace) -> int:
             )
 
     results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)
-    results += finished_results([j for j in jobs if j not in selected])  # --unit: the plan's others
+    results += finished_results(j.out_dir for j in jobs if j not in selected)  # --unit: the plan's others
     tracker = Tracker(
         output / "scorecard_run", wandb, name=f"{group}/scorecard", job_type="finetune-scorecard"
     )
