@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -174,7 +175,9 @@ def score_verdict(ours: list[dict], ref: list[dict], chance: dict[str, float], n
         return sum(xs) / len(xs)
 
     def std(xs: list[float]) -> float | None:
-        return None if len(xs) < 2 else (sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+        if len(xs) < 2 or not all(map(math.isfinite, xs)):  # no noise estimate for a diverged side
+            return None
+        return (sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
 
     diffs, margins = {}, {}
     for m in chance:
@@ -188,8 +191,10 @@ def score_verdict(ours: list[dict], ref: list[dict], chance: dict[str, float], n
     }
     if all(at_chance.values()):
         verdict = "not shown (both at chance)"
-    elif any(abs(d) > SCORE_GOAL for d in diffs.values()):
-        beyond_noise = any(margins[m] is None or abs(d) > margins[m] for m, d in diffs.items())
+    elif any(not math.isfinite(d) or abs(d) > SCORE_GOAL for d in diffs.values()):  # NaN: a side diverged
+        beyond_noise = any(
+            not math.isfinite(d) or margins[m] is None or abs(d) > margins[m] for m, d in diffs.items()
+        )
         verdict = "NOT met" if beyond_noise else "not shown (within seed noise wider than the goal)"
     else:
         verdict = "met"

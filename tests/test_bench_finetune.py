@@ -44,3 +44,10 @@ def test_a_gap_inside_wide_seed_noise_is_not_shown_rather_than_failed():
 def test_one_seed_has_no_noise_estimate_so_any_gap_beyond_the_goal_is_not_met():
     v = score_verdict(_runs(80.0), _runs(75.0), SST2_CHANCE, 872)
     assert v["margin"]["accuracy"] is None and v["verdict"] == "NOT met"
+
+
+def test_a_diverged_side_is_not_met_even_though_nan_compares_false():
+    ours = [{"metrics": {"pearson": float("nan"), "spearman": float("nan")}} for _ in range(3)]
+    ref = [{"metrics": {"pearson": p, "spearman": p}} for p in (80.0, 82.0, 81.0)]
+    v = score_verdict(ours, ref, {"pearson": 0.0, "spearman": 0.0}, 1500)
+    assert v["at_chance"] == {"ours": True, "trainer": False} and v["verdict"] == "NOT met"
