@@ -165,44 +165,41 @@ def run_trainer(
 
 
 def score_verdict(ours: list[dict], ref: list[dict], chance: dict[str, float], n_eval: int) -> dict:
-    """Per metric: the difference of the seed means and its seed-noise margin; the task's verdict:
-    'not shown' when both sides are at chance or the margin is wider than the goal, else met or not."""
+    """Per metric: each side's seed mean, their difference and its seed-noise margin; the task's
+    verdict: 'not shown' when both sides are at chance or the margin is wider than the goal, else
+    met or not (a NaN difference, a diverged side, is not met)."""
+    import numpy as np
+
     from finetuning.chance import is_at_chance
     from finetuning.seed_noise import difference_noise
     from finetuning.units import unit_score
 
-    def mean(xs: list[float]) -> float:
-        return sum(xs) / len(xs)
+    def std(xs: list[float]) -> float | None:  # NaN for a diverged side: difference_noise gives None
+        return float(np.std(xs, ddof=1)) if len(xs) > 1 else None
 
-    def std(xs: list[float]) -> float | None:
-        if len(xs) < 2 or not all(map(math.isfinite, xs)):  # no noise estimate for a diverged side
-            return None
-        return (sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
-
-    diffs, margins = {}, {}
+    sides = {"ours": ours, "trainer": ref}
+    values = {side: {m: [r["metrics"][m] for r in runs] for m in chance} for side, runs in sides.items()}
+    means = {side: {m: float(np.mean(v)) for m, v in by_metric.items()} for side, by_metric in values.items()}
+    diffs = {m: means["ours"][m] - means["trainer"][m] for m in chance}
+    margins = {}
     for m in chance:
-        a, b = [r["metrics"][m] for r in ours], [r["metrics"][m] for r in ref]
-        diffs[m] = mean(a) - mean(b)
+        a, b = values["ours"][m], values["trainer"][m]
         noise = difference_noise(std(a), len(a), std(b), len(b))
         margins[m] = None if noise is None else noise.margin
     at_chance = {
-        side: is_at_chance(mean([unit_score(r["metrics"]) for r in runs]), chance, n_eval)
-        for side, runs in (("ours", ours), ("trainer", ref))
+        side: is_at_chance(float(np.mean([unit_score(r["metrics"]) for r in runs])), chance, n_eval)
+        for side, runs in sides.items()
     }
     if all(at_chance.values()):
         verdict = "not shown (both at chance)"
-    elif any(not math.isfinite(d) or abs(d) > SCORE_GOAL for d in diffs.values()):  # NaN: a side diverged
+    elif any(not math.isfinite(d) or abs(d) > SCORE_GOAL for d in diffs.values()):
         beyond_noise = any(
             not math.isfinite(d) or margins[m] is None or abs(d) > margins[m] for m, d in diffs.items()
         )
         verdict = "NOT met" if beyond_noise else "not shown (within seed noise wider than the goal)"
     else:
         verdict = "met"
-    return {"diff": diffs, "margin": margins, "at_chance": at_chance, "verdict": verdict}
-
-
-def _mean_metrics(runs: list[dict]) -> dict[str, float]:
-    return {m: sum(r["metrics"][m] for r in runs) / len(runs) for m in runs[0]["metrics"]}
+    return {"means": means, "diff": diffs, "margin": margins, "at_chance": at_chance, "verdict": verdict}
 
 
 def main() -> int:
@@ -248,7 +245,7 @@ def main() -> int:
             ratio = sum(r["examples_per_s"] for r in ours) / sum(r["examples_per_s"] for r in ref)
             rows.append({"task": task, "train_rows": n, "epochs": epochs, "seq": seq, "lr": LR, "seeds": seeds,
                          "ours": ours, "trainer": ref, "scores": scores, "speed_ratio": ratio})  # fmt: skip
-            mo, mr = _mean_metrics(ours), _mean_metrics(ref)
+            mo, mr = scores["means"]["ours"], scores["means"]["trainer"]
             ms = ", ".join(
                 f"{m} {mo[m]:.1f} vs {mr[m]:.1f} ({scores['diff'][m]:+.1f}"
                 + (f" ±{scores['margin'][m]:.1f})" if scores["margin"][m] is not None else ")")

@@ -35,8 +35,9 @@ def t_95(degrees_of_freedom: float) -> float:
 
 
 def difference_noise(std_a: float | None, n_a: int, std_b: float | None, n_b: int) -> SeedNoise | None:
-    """The noise on mean(a) − mean(b); None without two seeds on each side or a defined std."""
-    if std_a is None or std_b is None or n_a < 2 or n_b < 2:
+    """The noise on mean(a) − mean(b); None without two seeds on each side or a finite std (a NaN
+    metric of a diverged unit makes its side's std NaN: no noise estimate, as with one seed)."""
+    if std_a is None or std_b is None or not math.isfinite(std_a + std_b) or n_a < 2 or n_b < 2:
         return None
     var_a, var_b = std_a**2 / n_a, std_b**2 / n_b
     se = math.sqrt(var_a + var_b)

@@ -25,6 +25,7 @@ def test_welch_margin_by_hand():
 def test_no_noise_estimate_without_two_seeds_on_each_side():
     assert difference_noise(1.0, 1, 1.0, 3) is None
     assert difference_noise(None, 3, 1.0, 3) is None
+    assert difference_noise(math.nan, 3, 1.0, 3) is None  # a diverged unit's NaN metric
     assert (
         verdict(0.1, None) == "ahead" and verdict(-0.1, None) == "behind" and verdict(None, None) == "level"
     )

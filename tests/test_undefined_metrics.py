@@ -51,3 +51,16 @@ def test_scorecard_shows_undefined_and_diverged(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| ours |"))
     assert row.count("undefined") == 2 and "50.0 (diverged)" in row and "| 0.0" not in row
     assert json.loads((tmp_path / "scorecard.json").read_text()) == card
+
+
+def test_a_diverged_seed_with_nan_metrics_leaves_the_scorecard_buildable(tmp_path):
+    """A diverged regression unit predicts NaN, so its Pearson is NaN and its side's seed std too;
+    the seed-noise margin is then unknown (it once raised ValueError and lost the whole scorecard)."""
+    results = []
+    for seed, (ours, base) in enumerate([(math.nan, 21.0), (30.0, 22.0), (32.0, 23.0)], start=1):
+        for label, kind, p in (("ours", "pretrained", ours), ("random:tiny", "random", base)):
+            r = _result(label, kind, "stsb", {"pearson": p, "spearman": p}, diverged=math.isnan(p))
+            results.append({**r, "seed": seed, "unit": f"stsb-lr5e-05-s{seed}"})
+    card = build_scorecard(results, tmp_path)
+    assert card["rows"][0]["tasks"]["stsb"]["diverged"] is True
+    assert card["deltas"][0]["margins"]["stsb/pearson"] is None
