@@ -38,6 +38,10 @@ after `make gpu-check-prep` here has filled `.gpu_carry/` (wheels, tokenizer, sh
   2. run(command="bash benchmarks/gpu_check.sh --parts large,variants,finetune", carry=[".gpu_carry"], timeout_s=600)
   3. run(command="bash benchmarks/gpu_check.sh --parts quality", carry=[".gpu_carry"], timeout_s=600)
   4. here: python benchmarks/gpu_check.py --merge <files of 1>/gpu_check.json <files of 2>/gpu_check.json ... --out docs/gpu
+`quality` fine-tunes as `make run` does; GPU_CHECK_QUALITY_FINETUNE adds `bertflow finetune` flags,
+e.g. the one-hour recipe's budget (checked before any part runs, recorded in the probe):
+  GPU_CHECK_QUALITY_FINETUNE="--max-train-examples 4000 --set finetune.max_eval_examples=null
+  --lr 1e-4,3e-4,1e-3 --workers 6 --set finetune.units_per_gpu=6" bash benchmarks/gpu_check.sh --parts quality
 A part that would not finish inside the call's budget (`--budget-s`, 540 s) is skipped and says so;
 run it in a further call with `--parts NAME`.
 """
@@ -60,7 +64,15 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 import gpu_summary  # noqa: E402
 from gpu_check_prep import GLUE_TASKS  # noqa: E402
-from gpu_context import DRY_PLAN, GPU_PLAN, PARTIAL_ENV, Context, child_env, run_logged  # noqa: E402
+from gpu_context import (  # noqa: E402
+    DRY_PLAN,
+    GPU_PLAN,
+    PARTIAL_ENV,
+    QUALITY_FINETUNE_ENV,
+    Context,
+    child_env,
+    run_logged,
+)
 from gpu_parts import PARTS  # noqa: E402
 
 # Seconds each part is expected to take on an H100/H200, a bare machine's JIT builds included: the
@@ -89,6 +101,24 @@ def check_carry(carry: Path, parts: list[str]) -> str | None:
     if missing:
         return (f"{carry} lacks {', '.join(missing)}: run `make gpu-check-prep` here first (it writes "
                 f".gpu_carry/), then carry it to the GPU machine (device tool: carry=[\".gpu_carry\"]).")  # fmt: skip
+    return None
+
+
+def check_quality_flags(parts: list[str], flags: tuple[str, ...]) -> str | None:
+    """Flags for `quality`'s `bertflow finetune` (GPU_CHECK_QUALITY_FINETUNE) that its parser
+    rejects: said before the pretraining spends the call's minutes, not after."""
+    if "quality" not in parts or not flags:
+        return None
+    from pipelines.cli import build_parser
+
+    argv = ["finetune", str(ROOT / "configs" / "default.yaml"), "--checkpoint", "model", *flags]
+    try:
+        _, extra = build_parser("finetune").parse_known_args(argv)
+    except SystemExit:
+        extra = list(flags)
+    if extra:
+        return (f"{QUALITY_FINETUNE_ENV}={' '.join(flags)!r}: `bertflow finetune` does not take "
+                f"{' '.join(extra)}; see `bertflow finetune --help`.")  # fmt: skip
     return None
 
 
@@ -149,7 +179,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     if unknown:
         print(f"gpu_check: unknown part(s) {unknown}; use some of {', '.join(PARTS)}.", file=sys.stderr)
         return 2
-    problem = check_carry(args.carry, parts) or (None if args.dry_run else check_gpu())
+    problem = check_carry(args.carry, parts) or (
+        None if args.dry_run else check_quality_flags(parts, GPU_PLAN.quality_finetune) or check_gpu()
+    )
     if problem:
         print(f"gpu_check: {problem}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import time
 from collections.abc import Callable
@@ -60,7 +61,16 @@ class Plan:
     quality_finetune: tuple[str, ...] = ()  # extra `bertflow finetune` flags; () = configs/default.yaml's
 
 
-GPU_PLAN = Plan()
+QUALITY_FINETUNE_ENV = "GPU_CHECK_QUALITY_FINETUNE"
+
+
+def gpu_plan(environ: dict[str, str] | os._Environ = os.environ) -> Plan:
+    """The GPU plan; GPU_CHECK_QUALITY_FINETUNE adds `bertflow finetune` flags to `quality`'s
+    fine-tuning, e.g. the one-hour recipe's budget: "--max-train-examples 4000 --lr 1e-4,3e-4,1e-3"."""
+    return Plan(quality_finetune=tuple(shlex.split(environ.get(QUALITY_FINETUNE_ENV, ""))))
+
+
+GPU_PLAN = gpu_plan()
 DRY_PLAN = Plan(
     dry_run=True, base_preset="tiny", large_preset="tiny", precision="fp32", fp16_precision="fp32",
     candidates_128=(2, 4), candidates_512=(2,), probe_large=False, probe_steps=1, stage_warmup=1, stage_steps=2,

@@ -243,7 +243,7 @@ def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:
     t0 = time.time()
     rc, tail = run_logged(cmd, timeout=max(10.0, ctx.seconds_left() - 5), env=child_env())
     # the units' own wall times over the command's: how many ran at once (finetune.units_per_gpu)
-    found: dict[str, Any] = {"finetune_wall_s": time.time() - t0,
+    found: dict[str, Any] = {"finetune_flags": list(ctx.plan.quality_finetune), "finetune_wall_s": time.time() - t0,
                              "units_wall_s": sum(r.get("wall_time_s", 0.0) for r in finished_units(out))}  # fmt: skip
     if rc == 0 and (out / "scorecard.json").is_file():
         card = json.loads((out / "scorecard.json").read_text())

@@ -189,6 +189,41 @@ def test_the_gpu_plan_without_a_gpu_is_one_message_naming_the_dry_run(carry, tmp
     assert not (tmp_path / "out").exists()
 
 
+def test_misspelled_quality_finetune_flags_are_one_message_before_any_work(
+    carry, tmp_path, capsys, monkeypatch
+):
+    """GPU_CHECK_QUALITY_FINETUNE's flags go to `bertflow finetune` after minutes of pretraining on
+    the GPU: one the command does not take is refused first, naming the variable and the flag
+    (before the no-GPU message this machine would give)."""
+    from gpu_context import gpu_plan
+
+    plan = gpu_plan({"GPU_CHECK_QUALITY_FINETUNE": "--max-train-examples 4000 --lrs 1e-4,3e-4"})
+    monkeypatch.setattr(gpu_check, "GPU_PLAN", plan)
+    rc = gpu_check.main(["--carry", str(carry), "--out", str(tmp_path / "out"), "--work",
+                         str(tmp_path / "work"), "--parts", "quality"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "GPU_CHECK_QUALITY_FINETUNE" in err and "--lrs" in err and "--dry-run" not in err
+    assert not (tmp_path / "out").exists()
+    good = gpu_plan({"GPU_CHECK_QUALITY_FINETUNE": "--lr 1e-4,3e-4 --set finetune.max_eval_examples=null"})
+    assert good.quality_finetune == ("--lr", "1e-4,3e-4", "--set", "finetune.max_eval_examples=null")
+    assert gpu_check.check_quality_flags(["quality"], good.quality_finetune) is None
+    assert gpu_check.check_quality_flags(["base"], plan.quality_finetune) is None  # no quality, no check
+
+
+def test_the_quality_finetune_flags_reach_the_command_and_its_record(tmp_path, monkeypatch):
+    import gpu_stage_parts
+    from gpu_context import Context, gpu_plan
+
+    commands = []
+    monkeypatch.setattr(
+        gpu_stage_parts, "run_logged", lambda cmd, **kw: commands.append(cmd) or (1, "failed")
+    )
+    plan = gpu_plan({"GPU_CHECK_QUALITY_FINETUNE": "--lr 1e-4,3e-4 --workers 6"})
+    found = gpu_stage_parts.finetune_scorecard(Context(plan, tmp_path, tmp_path, {}, deadline=1e12), "m")
+    assert commands[0][-4:] == ["--lr", "1e-4,3e-4", "--workers", "6"]
+    assert found["finetune_flags"] == ["--lr", "1e-4,3e-4", "--workers", "6"] and "error" in found
+
+
 def test_wheel_filter_installs_only_what_is_missing_or_older():
     from importlib.metadata import version
 
