@@ -34,8 +34,10 @@ def window_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "timed_steps": len(rows),
         "median_step_s": sorted(r["step_time_s"] for r in rows)[len(rows) // 2],
         "peak_memory_gb": max(r.get("memory_mb", 0.0) for r in rows) / 1024,
-        "data_wait_fraction": sum(r.get("data_wait_fraction", 0.0) * r["step_time_s"] for r in rows)
-        / seconds,
+        **{
+            key: sum(r.get(key, 0.0) * r["step_time_s"] for r in rows) / seconds
+            for key in ("data_wait_fraction", "loader_busy_fraction")
+        },
     }
 
 

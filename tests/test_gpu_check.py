@@ -335,3 +335,16 @@ def test_each_gpu_variant_is_a_config_the_stage_accepts_for_one_gpu(name):
     ds = build_ds_config(cfg, world_size=1, on_gpu=True, bf16_ok=True)
     assert ds["zero_optimization"]["stage"] == stage
     assert ds["bf16"]["enabled"]
+
+
+def test_window_figures_weigh_each_steps_fractions_by_its_time():
+    """The stage rows' data-wait and loader-busy shares over the timed window: a slow step's share
+    counts for more, as it does in the wall time (one 3 s step at 50 % and one 1 s step at 10 %)."""
+    from gpu_stage_parts import window_figures
+
+    rows = [{"step_time_s": t, "tokens_per_s": 1.0, "samples_per_s": 1.0, "tflops": 1.0,
+             "data_wait_fraction": f / 10, "loader_busy_fraction": f} for t, f in ((3.0, 0.5), (1.0, 0.1))]  # fmt: skip
+    figures = window_figures(rows)
+    assert figures["loader_busy_fraction"] == pytest.approx(0.4)
+    assert figures["data_wait_fraction"] == pytest.approx(0.04)
+    assert figures["median_step_s"] == 3.0 and figures["timed_steps"] == 2
