@@ -33,9 +33,12 @@ class FinetuneConfig(Section):
     max_seq_length: int = Field(128, gt=8)
     warmup_proportion: float = Field(0.1, ge=0, le=1)
     weight_decay: float = Field(0.01, ge=0, le=1)
-    concurrency: int = Field(2, ge=1, description="fine-tuning units at a time")
+    concurrency: int = Field(2, ge=1, description="fine-tuning units at a time on a machine without GPUs")
     units_per_gpu: int = Field(
-        1, ge=1, description="on a GPU machine, units that share one GPU at a time (each its own process)"
+        1,
+        ge=1,
+        description="on a GPU machine, units that share one GPU at a time (each its own process); "
+        "this, times the GPUs, is the concurrency there",
     )
     dropout: float = Field(0.1, ge=0, lt=1, description="hidden and attention dropout while fine-tuning")
     threads: int | None = Field(

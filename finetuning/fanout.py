@@ -9,8 +9,9 @@ task, lr and seed, the fine-tuning settings, the task definition and its data, t
 that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`), and a
 changed setting never reuses a stale result.
 
-Workers run with bounded concurrency, each with its share of the CPU threads; on a GPU machine
-up to `units_per_gpu` of them share each GPU (a small model's unit leaves most of one idle). A
+Workers run with bounded concurrency, each with its share of the CPU threads: `concurrency` of
+them on CPU; on a GPU machine `units_per_gpu` share each GPU (a small model's unit leaves most of
+one idle), as many as there are CPU cores at most. A
 failed unit is recorded and the others go on; workers exit when the parent dies (a killed command
 leaves no orphan finishing units behind).
 """
@@ -137,9 +138,9 @@ def unit_key(
 
 
 class UnitPool:
-    """Worker processes for fine-tuning units: up to `cfg.concurrency` of them (never more than
-    jobs), each with `cfg.threads` torch threads or its share of the CPU cores; on a GPU machine
-    at most `cfg.units_per_gpu` per GPU, worker i pinned to GPU i mod the GPUs."""
+    """Worker processes for fine-tuning units (`worker_count`: `cfg.concurrency` on CPU,
+    `cfg.units_per_gpu` per GPU on a GPU machine, never more than jobs), each with `cfg.threads`
+    torch threads or its share of the CPU cores; worker i pinned to GPU i mod the GPUs."""
 
     def __init__(
         self,
@@ -183,11 +184,14 @@ class UnitPool:
         self.close()
 
 
-def worker_count(cfg: FinetuneConfig, n_jobs: int, gpus: int) -> int:
-    """`cfg.concurrency` workers, no more than there are jobs, and with `gpus` GPUs no more than
-    `cfg.units_per_gpu` per GPU."""
-    per_gpu_cap = gpus * cfg.units_per_gpu if gpus else cfg.concurrency
-    return max(1, min(cfg.concurrency, max(n_jobs, 1), per_gpu_cap))
+def worker_count(cfg: FinetuneConfig, n_jobs: int, gpus: int, cpus: int | None = None) -> int:
+    """No more workers than jobs: on CPU `cfg.concurrency`; with `gpus` GPUs `cfg.units_per_gpu`
+    per GPU, and no more than the CPU cores (each worker's Python and data need one)."""
+    if gpus:
+        want = min(gpus * cfg.units_per_gpu, cpus or os.cpu_count() or 1)
+    else:
+        want = cfg.concurrency
+    return max(1, min(want, n_jobs))
 
 
 def outcome(job: Job, future: Future) -> dict[str, Any]:

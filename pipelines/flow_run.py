@@ -6,7 +6,7 @@ the stages it reads: the Prefect state of an upstream task run of this flow run 
 it to the task's return value and records the edge in the task run's `task_inputs`), or, for an
 upstream stage this flow run does not execute, its complete output on disk (else a UserError
 naming the stage to run first). `FlowRun.fan_out` maps one Prefect task over the fine-tuning plan
-with at most `finetune.concurrency` units in flight.
+with at most the unit pool's workers in flight (`finetuning.fanout.worker_count`).
 """
 
 from __future__ import annotations

@@ -75,7 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", help="learning rate, or a comma-separated sweep such as 5e-5,3e-5,2e-5")
     p.add_argument("--seed", help="seed, or comma-separated seeds")
     p.add_argument("--unit", help="run only this unit (e.g. sst2-lr5e-05-s42)")
-    p.add_argument("--workers", type=int, help="concurrent units (default: finetune.concurrency)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="concurrent units (default: finetune.concurrency; on a GPU machine finetune.units_per_gpu per GPU, "
+        "and N rounded up to whole units per GPU)",
+    )
     p.add_argument("--threads", type=int, help="torch threads per worker (default: cores // workers)")
     p.add_argument("--group", help="W&B group for the unit runs (default: the output directory name)")
     p.add_argument(
@@ -85,6 +90,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _flag_values(args: argparse.Namespace) -> dict:
+    from training.ranks import visible_gpus
+
+    # --workers N: N units at a time, on CPU (concurrency) or shared among the GPUs (units_per_gpu)
+    per_gpu = args.workers and -(-args.workers // max(visible_gpus(), 1))
     try:
         flags = {
             "tasks": args.tasks and _csv(args.tasks),
@@ -97,6 +106,7 @@ def _flag_values(args: argparse.Namespace) -> dict:
             "lrs": args.lr and [float(x) for x in _csv(args.lr)],
             "seeds": args.seed and [int(x) for x in _csv(args.seed)],
             "concurrency": args.workers,
+            "units_per_gpu": per_gpu,
             "threads": args.threads,
         }
     except ValueError as exc:

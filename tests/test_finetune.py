@@ -59,16 +59,35 @@ def test_units_one_per_task_lr_seed():
     )
 
 
-def test_workers_are_the_concurrency_capped_by_jobs_and_units_per_gpu():
+def test_workers_are_the_concurrency_on_cpu_and_units_per_gpu_on_gpus_capped_by_jobs_and_cores():
     """What `bertflow finetune` says it runs on and what the pool starts (on the H100 the command
-    once printed 2 worker(s) while the pool ran 1): on a GPU machine no more than `units_per_gpu`
-    units share a GPU."""
+    once printed 2 worker(s) while the pool ran 1). On CPU `concurrency`; on a GPU machine
+    `units_per_gpu` per GPU whatever `concurrency` says (the CPU configs' 2 held an H200 to 2 units
+    at a time where 6 ran 5.3 at once), at most one per CPU core."""
     cfg = FinetuneConfig(concurrency=2)
     assert (worker_count(cfg, 30, 0), worker_count(cfg, 1, 0), worker_count(cfg, 0, 0)) == (2, 1, 1)
-    assert (worker_count(cfg, 30, 1), worker_count(cfg, 30, 4)) == (1, 2)
-    shared = cfg.model_copy(update={"units_per_gpu": 3, "concurrency": 8})
-    assert (worker_count(shared, 30, 1), worker_count(shared, 30, 2), worker_count(shared, 5, 4)) == (3, 6, 5)
-    assert worker_count(shared, 30, 0) == 8  # on CPU the GPU cap does not apply
+    assert (worker_count(cfg, 30, 1, cpus=16), worker_count(cfg, 30, 4, cpus=16)) == (1, 4)
+    shared = cfg.model_copy(update={"units_per_gpu": 6})
+    assert (worker_count(shared, 90, 1, cpus=16), worker_count(shared, 90, 2, cpus=16)) == (6, 12)
+    assert (worker_count(shared, 5, 4, cpus=16), worker_count(shared, 90, 1, cpus=4)) == (5, 4)
+    assert worker_count(shared, 30, 0) == 2  # on CPU units_per_gpu does not apply
+
+
+@pytest.mark.parametrize("gpus, workers, per_gpu", [(0, 3, 3), (1, 6, 6), (2, 6, 3), (4, 6, 2)])
+def test_the_workers_flag_is_that_many_units_at_a_time_on_cpu_and_on_gpus(
+    monkeypatch, gpus, workers, per_gpu
+):
+    """`bertflow finetune --workers N` runs N units at a time on CPU, and on a GPU machine N
+    rounded up to whole units per GPU (it sets `units_per_gpu`, which decides the count there)."""
+    import training.ranks
+    from pipelines.cli import build_parser
+    from pipelines.stage_finetune import apply_flags
+
+    monkeypatch.setattr(training.ranks, "visible_gpus", lambda: gpus)
+    args = build_parser("finetune").parse_args(["finetune", "c.yaml", "--workers", str(workers)])
+    cfg = apply_flags(FinetuneConfig(), args)
+    assert cfg.units_per_gpu == per_gpu
+    assert worker_count(cfg, 90, gpus, cpus=16) == (gpus * per_gpu if gpus else workers)
 
 
 def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
