@@ -50,9 +50,14 @@ BERT_BASE_SOURCE = {
 }
 
 
+def _undefined(v: float | None) -> bool:
+    """None, or NaN/inf (a diverged regression unit predicts NaN, so its correlation is NaN)."""
+    return v is None or not math.isfinite(v)
+
+
 def _mean(values: list[float | None]) -> float | None:
     """None (undefined) when any value is."""
-    if any(v is None for v in values):
+    if any(_undefined(v) for v in values):
         return None
     return sum(values) / len(values)
 
@@ -63,7 +68,7 @@ def _diff(a: float | None, b: float | None) -> float | None:
 
 def _std(values: list[float | None]) -> float | None:
     """Sample standard deviation (0 for a single value; None when a value is undefined)."""
-    if any(v is None for v in values):
+    if any(_undefined(v) for v in values):
         return None
     if len(values) < 2:
         return 0.0
@@ -278,7 +283,9 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
         "ahead_on": ahead_on,
         "ahead_at_chance": ahead_at_chance,
         "behind_on": [t for t in shared if verdicts[t] == "behind"],
-        "noise_tested": all(n is not None for n in noise.values()),
+        "noise_tested": all(noise[t] is not None for t in shared if task_deltas[t] is not None),
+        "undefined": [t for t in shared if task_deltas[t] is None],
+        "diverged": [t for t in shared if row["tasks"][t]["diverged"] or base["tasks"][t]["diverged"]],
         "seeds": max((len(row["tasks"][t]["seeds"]) for t in shared), default=0),
         "at_chance": at_chance,
         "random_at_chance": [t for t in shared if base["tasks"][t]["at_chance"]],
@@ -298,7 +305,7 @@ def headline_text(h: dict[str, Any] | None) -> str:
     name, versus = h.get("name", h["checkpoint"]), h.get("versus_name", "random init")
     tested = h.get("noise_tested")  # None: a scorecard written before the seed-noise test
     margin = h.get("glue_average_margin")
-    average = ""
+    average = "GLUE-style average undefined, " if avg is None and h.get("undefined") else ""
     if avg is not None:
         average = f"GLUE-style average {signed_points(avg)} points"
         average += f" (seed noise ±{margin:.1f}), " if margin is not None else ", "
@@ -313,6 +320,8 @@ def headline_text(h: dict[str, Any] | None) -> str:
         + _how_tested(tested)
         + f", mean of {h['seeds']} seed(s) per task."
     ]
+    if h.get("undefined"):
+        lines.append(_undefined_text(h))
     if not h.get("pretraining_helped", True):
         lines.append(_not_helped_text(h, name, versus))
     if h["at_chance"]:
@@ -322,6 +331,22 @@ def headline_text(h: dict[str, Any] | None) -> str:
             + (f"; {', '.join(h['random_at_chance'])} for {versus}." if h["random_at_chance"] else ".")
         )
     return "  \n".join(lines)
+
+
+def _undefined_text(h: dict[str, Any]) -> str:
+    """Tasks whose difference is undefined, and why: a diverged run, or a metric the dev set
+    cannot define. They count as neither ahead nor behind."""
+    undefined, diverged = h["undefined"], [t for t in h.get("diverged", []) if t in h["undefined"]]
+    why = (
+        f"a fine-tuning run diverged (NaN loss) on {', '.join(diverged)}: rerun with a lower lr in "
+        "`finetune.lrs`"
+        if diverged
+        else "the dev set cannot define the metric (e.g. a constant prediction)"
+    )
+    return (
+        f"**No score for {', '.join(undefined)}:** {why}; "
+        f"{'it counts' if len(undefined) == 1 else 'they count'} as neither ahead nor behind."
+    )
 
 
 def _ahead_list(ahead: list[str], at_chance_too: list[str]) -> str:

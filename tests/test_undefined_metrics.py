@@ -9,7 +9,7 @@ import json
 import math
 
 from finetuning.metrics import binary_f1, classification_metrics, matthews_corrcoef, pearson, spearman
-from finetuning.scorecard import build_scorecard
+from finetuning.scorecard import best_per_task, build_scorecard
 from finetuning.units import unit_score
 
 
@@ -64,3 +64,38 @@ def test_a_diverged_seed_with_nan_metrics_leaves_the_scorecard_buildable(tmp_pat
     card = build_scorecard(results, tmp_path)
     assert card["rows"][0]["tasks"]["stsb"]["diverged"] is True
     assert card["deltas"][0]["margins"]["stsb/pearson"] is None
+
+
+def test_a_diverged_seed_is_said_in_the_headline_not_printed_as_nan(tmp_path):
+    """The NaN of a diverged STS-B seed once reached the page as 'GLUE-style average +nan points'
+    with 'fewer than two seeds' as the reason for no noise test. Now its task has no score, the
+    headline says which task diverged and what to do, and the other tasks are still tested; and in
+    an lr sweep the lr whose seed diverged is never the one chosen."""
+    results = []
+    for seed in (1, 2, 3):
+        for label, kind, stsb, sst2 in (("ours", "pretrained", math.nan if seed == 1 else 30.0 + seed, 80.0),
+                                        ("random:tiny", "random", 20.0 + seed, 70.0)):  # fmt: skip
+            for task, metrics in (
+                ("stsb", {"pearson": stsb, "spearman": stsb}),
+                ("sst2", {"accuracy": sst2 + seed}),
+            ):
+                r = _result(label, kind, task, metrics, diverged=math.isnan(metrics[next(iter(metrics))]))
+                results.append({**r, "seed": seed, "unit": f"{task}-lr5e-05-s{seed}"})
+    card = build_scorecard(results, tmp_path)
+    h = card["headline"]
+    assert h["glue_average_delta"] is None and h["undefined"] == ["stsb"] and h["diverged"] == ["stsb"]
+    assert h["noise_tested"] is True and h["ahead_on"] == ["sst2"]
+    md = (tmp_path / "scorecard.md").read_text()
+    assert (
+        not any(x in md for x in ("+nan", "| nan", "(nan)"))
+        and "No score for stsb" in md
+        and "diverged (NaN loss) on stsb" in md
+    )
+    assert "fewer than two seeds" not in md
+
+    sweep = []
+    for lr, scores in ((5e-5, (math.nan, 90.0, 90.0)), (1e-4, (30.0, 31.0, 32.0))):
+        for seed, p in enumerate(scores, start=1):
+            r = _result("ours", "pretrained", "stsb", {"pearson": p, "spearman": p}, diverged=math.isnan(p))
+            sweep.append({**r, "lr": lr, "seed": seed})
+    assert best_per_task(sweep)["stsb"]["lr"] == 1e-4  # NaN compared as neither larger nor smaller
