@@ -27,7 +27,7 @@ each part, so a call cut short still returns what it finished):
   finetune  one fine-tuning unit (SST-2) on the GPU, from the last pretrained model of the call,
             run twice in one process (the second with every per-shape cache warm)
   quality   does pretraining pay on the GPU: the default's tiny model pretrained with the one-hour CPU
-            recipe's two phases (1,000 steps of 512 x 32 tokens, then 2,500 of 256 x 128), then
+            recipe's two phases (3,000 steps of 128 x 32 tokens, then 8,500 of 64 x 128), then
             `bertflow finetune configs/default.yaml` (five GLUE tasks, three seeds, against random
             init): the held-out MLM curves and the scorecard's headline
 
@@ -42,6 +42,11 @@ after `make gpu-check-prep` here has filled `.gpu_carry/` (wheels, tokenizer, sh
 e.g. the one-hour recipe's budget (checked before any part runs, recorded in the probe):
   GPU_CHECK_QUALITY_FINETUNE="--max-train-examples 4000 --set finetune.max_eval_examples=null
   --lr 1e-4,3e-4,1e-3 --workers 6 --set finetune.units_per_gpu=6" bash benchmarks/gpu_check.sh --parts quality
+The 30 files' shards at three lengths leave the quality call a corpus it reads several times over;
+a quality-only carry (no 512-token shards) holds about twice the files:
+  python benchmarks/gpu_check_prep.py --out .gpu_carry/quality --seqs 32,128 --wiki-files 55
+  run(command="GPU_CARRY=.gpu_carry/quality bash benchmarks/gpu_check.sh --parts quality",
+      carry=[".gpu_carry/quality"], timeout_s=600)
 A part that would not finish inside the call's budget (`--budget-s`, 540 s) is skipped and says so;
 run it in a further call with `--parts NAME`.
 """
@@ -76,11 +81,11 @@ from gpu_context import (  # noqa: E402
 from gpu_parts import PARTS  # noqa: E402
 
 # Seconds each part is expected to take on an H100/H200, a bare machine's JIT builds included: the
-# seconds the GPU runs recorded (docs/gpu/: H200 and H100, 2026-11-26) with some margin. `quality` is a
-# guess: its one-phase form ran out of 355 s with one unit of 30 left; the two phases add one stage
-# start. A part is skipped when less than this is left of the call's budget.
+# seconds the GPU runs recorded (docs/gpu/: H200 and H100, 2026-11-26/27) with some margin. `quality`
+# is a guess: 242-254 s on an H200 at 3,500 steps of 20 ms; the recipe's 11,500 smaller steps add
+# about 3.5 minutes if a step stays ~18 ms. A part is skipped when less than this is left of the call's budget.
 ESTIMATE_S = {"env": 10, "base": 110, "hf": 45, "ops": 90, "kernels": 130, "large": 150, "fp16": 70,
-              "variants": 270, "finetune": 70, "quality": 420}  # fmt: skip
+              "variants": 270, "finetune": 70, "quality": 460}  # fmt: skip
 CALLS = ("base,hf,ops,kernels,fp16", "large,variants,finetune", "quality")  # the device calls above
 
 

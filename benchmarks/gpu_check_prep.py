@@ -101,7 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu_carry")
     ap.add_argument("--wiki-files", type=int, default=30, help="files of wiki/enwiki-2015/AA to preprocess")
     ap.add_argument("--no-wheels", action="store_true", help="skip the wheels (a CPU dry run needs none)")
+    ap.add_argument("--seqs", default="128,512,32",
+                    help="shard lengths to write (`quality` needs 32,128 only, leaving room for more files)")  # fmt: skip
     args = ap.parse_args(argv)
+    seqs = [int(x) if x.strip().isdigit() else x for x in args.seqs.split(",")]
+    if unknown := [x for x in seqs if x not in PREDICTIONS]:
+        raise UserError(
+            f"--seqs {args.seqs}: no shard length {unknown}", fix=f"use some of {sorted(PREDICTIONS)}."
+        )
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     files = [f"data:wiki/enwiki-2015/AA/wiki_{i:02d}.gz" for i in range(args.wiki_files)]
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_wheels:
         info["wheels"] = build_wheels(out / "wheels")
     tokenizer = build_tokenizer(out / "tokenizer")
-    for seq in (128, 512, 32):
+    for seq in seqs:
         stats = build_shards(out / f"shards-{seq}", tokenizer, files, seq)
         info[f"shards-{seq}"] = {
             "examples": stats.get("examples"),

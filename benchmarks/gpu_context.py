@@ -53,11 +53,13 @@ class Plan:
     finetune_batch: int = 32
     finetune_eval_examples: int | None = None  # the whole SST-2 dev set
     quality_preset: str = "tiny"  # configs/default.yaml's model
-    # x 512 x 32 = 16 M tokens (the one-hour recipe's first phase: 12 M); 0: no short phase
-    quality_seq32_steps: int = 1000
-    quality_seq32_micro_batch: int = 512
-    quality_steps: int = 2500  # x 256 x 128 = 82 M tokens (its main phase: 70 M)
-    quality_micro_batch: int = 256
+    # configs/cpu-hour.yaml's phases, step for step and batch for batch (12 M + 70 M tokens). At 4x
+    # the batch for a third of the steps (1,000 x 512 x 32, 2,500 x 256 x 128) an H200 reached 0.32
+    # held-out, not 0.36-0.37, on a carry read ~10 times over (docs/quality.md, "On a GPU, both phases")
+    quality_seq32_steps: int = 3000  # 0: no short phase
+    quality_seq32_micro_batch: int = 128
+    quality_steps: int = 8500
+    quality_micro_batch: int = 64
     quality_finetune: tuple[str, ...] = ()  # extra `bertflow finetune` flags; () = configs/default.yaml's
 
 

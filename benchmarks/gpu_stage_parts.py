@@ -219,7 +219,8 @@ def quality_phase(ctx: Context, seq: int, micro: int, steps: int, *extra: str) -
     """One pretraining phase of `part_quality`: its measurement row and its held-out MLM curve."""
     p = ctx.plan
     sets = (*QUALITY_RECIPE, f"pretrain.warmup_steps={max(1, steps // 10)}", f"pretrain.log_every={max(1, steps // 80)}",
-            f"pretrain.eval_every={max(1, steps // 4)}", "pretrain.eval_batches=8", *extra)  # fmt: skip
+            f"pretrain.eval_every={max(1, steps // 4)}", f"pretrain.eval_batches={max(1, 2048 // micro)}",
+            *extra)  # fmt: skip
     # ZeRO 0, as `make run` resolves it on one GPU: ZeRO 2 at one rank only adds host work per step,
     # which bounds this small model's step (docs/benchmarks.md §7)
     row = run_stage(ctx, f"pretrain_{p.quality_preset}_seq{seq}_quality", p.quality_preset, seq, p.precision, micro,

@@ -270,12 +270,12 @@ def test_the_quality_parts_second_phase_starts_from_the_first_and_is_what_gets_f
     result = gpu_stage_parts.part_quality(ctx)
     warm = GPU_PLAN.stage_warmup
     assert launched == [
-        ("pretrain_tiny_seq32_quality", 32, 512, 1000 - warm, []),
-        ("pretrain_tiny_seq128_quality", 128, 256, 2500 - warm,
+        ("pretrain_tiny_seq32_quality", 32, 128, 3000 - warm, []),
+        ("pretrain_tiny_seq128_quality", 128, 64, 8500 - warm,
          [f"pretrain.init_from={tmp_path / 'pretrain_tiny_seq32_quality' / 'model'}"]),
     ]  # fmt: skip
     assert tuned == [str(tmp_path / "pretrain_tiny_seq128_quality" / "model")]
-    assert result["probes"]["quality"]["seq32"]["tokens"] == 1000 * 512 * 32
+    assert result["probes"]["quality"]["seq32"]["tokens"] == 3000 * 128 * 32
 
 
 def test_a_cut_short_fine_tuning_still_gives_the_scorecard_of_its_finished_units(tmp_path):
@@ -348,3 +348,15 @@ def test_window_figures_weigh_each_steps_fractions_by_its_time():
     assert figures["loader_busy_fraction"] == pytest.approx(0.4)
     assert figures["data_wait_fraction"] == pytest.approx(0.04)
     assert figures["median_step_s"] == 3.0 and figures["timed_steps"] == 2
+
+
+def test_prep_refuses_a_shard_length_it_cannot_write_before_building_anything(tmp_path):
+    """`gpu_check_prep.py --seqs` picks the shard lengths (`quality` needs 32 and 128 only); one it
+    has no prediction count for is refused before the wheels' build or any Beam job."""
+    import gpu_check_prep
+
+    from common.errors import UserError
+
+    with pytest.raises(UserError, match=r"--seqs 32,64: .*\[64\]"):
+        gpu_check_prep.main(["--seqs", "32,64", "--out", str(tmp_path / "carry")])
+    assert not (tmp_path / "carry").exists()
