@@ -185,8 +185,9 @@ def _finite(x: Any) -> bool:
 
 
 # configs/cpu-hour.yaml's recipe for the tiny model (docs/quality.md), dynamic masks because the
-# carried shards are read several times over; warm-up 10 % of each phase's steps
+# carried shards are read several times over
 QUALITY_RECIPE = ("pretrain.lr=2e-3", "pretrain.dropout=0.0", "pretrain.dynamic_masking=true")
+QUALITY_WARMUP = 300  # the recipe's warm-up steps in each phase (10 % of a phase, where that is fewer)
 
 
 def part_quality(ctx: Context) -> dict[str, Any]:
@@ -218,7 +219,7 @@ def part_quality(ctx: Context) -> dict[str, Any]:
 def quality_phase(ctx: Context, seq: int, micro: int, steps: int, *extra: str) -> dict[str, Any]:
     """One pretraining phase of `part_quality`: its measurement row and its held-out MLM curve."""
     p = ctx.plan
-    sets = (*QUALITY_RECIPE, f"pretrain.warmup_steps={max(1, steps // 10)}", f"pretrain.log_every={max(1, steps // 80)}",
+    sets = (*QUALITY_RECIPE, f"pretrain.warmup_steps={max(1, min(QUALITY_WARMUP, steps // 10))}", f"pretrain.log_every={max(1, steps // 80)}",
             f"pretrain.eval_every={max(1, steps // 4)}", f"pretrain.eval_batches={max(1, 2048 // micro)}",
             *extra)  # fmt: skip
     # ZeRO 0, as `make run` resolves it on one GPU: ZeRO 2 at one rank only adds host work per step,

@@ -261,6 +261,7 @@ def test_the_quality_parts_second_phase_starts_from_the_first_and_is_what_gets_f
     def fake_stage(ctx, name, preset, seq, precision, micro, steps, *sets, **kw):
         launched.append((name, seq, micro, steps, [s for s in sets if "init_from" in s]))
         assert kw["zero_stage"] == 0  # as `make run` resolves it on one GPU, not the plan's ZeRO 2
+        assert "pretrain.warmup_steps=300" in sets  # configs/cpu-hour.yaml's, in both phases
         return {"status": "ok", "micro_batch": micro, "stage_wall_s": 1.0, "run_dir": str(tmp_path / name),
                 "model_dir": str(tmp_path / name / "model")}  # fmt: skip
 
