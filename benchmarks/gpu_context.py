@@ -9,7 +9,7 @@ import platform
 import shlex
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ class Plan:
 QUALITY_FINETUNE_ENV = "GPU_CHECK_QUALITY_FINETUNE"
 
 
-def gpu_plan(environ: dict[str, str] | os._Environ = os.environ) -> Plan:
+def gpu_plan(environ: Mapping[str, str] = os.environ) -> Plan:
     """The GPU plan; GPU_CHECK_QUALITY_FINETUNE adds `bertflow finetune` flags to `quality`'s
     fine-tuning, e.g. the one-hour recipe's budget: "--max-train-examples 4000 --lr 1e-4,3e-4,1e-3"."""
     return Plan(quality_finetune=tuple(shlex.split(environ.get(QUALITY_FINETUNE_ENV, ""))))

@@ -336,15 +336,20 @@ def headline_text(h: dict[str, Any] | None) -> str:
 def _undefined_text(h: dict[str, Any]) -> str:
     """Tasks whose difference is undefined, and why: a diverged run, or a metric the dev set
     cannot define. They count as neither ahead nor behind."""
-    undefined, diverged = h["undefined"], [t for t in h.get("diverged", []) if t in h["undefined"]]
-    why = (
-        f"a fine-tuning run diverged (NaN loss) on {', '.join(diverged)}: rerun with a lower lr in "
-        "`finetune.lrs`"
-        if diverged
-        else "the dev set cannot define the metric (e.g. a constant prediction)"
-    )
+    undefined = h["undefined"]
+    diverged = [t for t in undefined if t in h.get("diverged", [])]
+    other = [t for t in undefined if t not in diverged]
+    why = []
+    if diverged:
+        why.append(
+            f"a fine-tuning run diverged (NaN loss) on {', '.join(diverged)}: rerun with a lower lr in `finetune.lrs`"
+        )
+    if other:
+        why.append(
+            f"the dev set cannot define the metric on {', '.join(other)} (constant labels, or one class)"
+        )
     return (
-        f"**No score for {', '.join(undefined)}:** {why}; "
+        f"**No score for {', '.join(undefined)}:** {'; '.join(why)}; "
         f"{'it counts' if len(undefined) == 1 else 'they count'} as neither ahead nor behind."
     )
 

@@ -50,6 +50,7 @@ def test_scorecard_shows_undefined_and_diverged(tmp_path):
     md = (tmp_path / "scorecard.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| ours |"))
     assert row.count("undefined") == 2 and "50.0 (diverged)" in row and "| 0.0" not in row
+    assert "No score for stsb:** the dev set cannot define the metric on stsb" in md  # sst2 diverged, scored
     assert json.loads((tmp_path / "scorecard.json").read_text()) == card
 
 
