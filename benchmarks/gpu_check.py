@@ -48,6 +48,7 @@ recipe's own vocabulary:
   python benchmarks/gpu_check_prep.py --out .gpu_carry/quality --seqs 32,128 --wiki-files 55 --tokenizer cpu-hour
   run(command="GPU_CARRY=.gpu_carry/quality bash benchmarks/gpu_check.sh --parts quality",
       carry=[".gpu_carry/quality"], timeout_s=600)
+`quality` leaves its final model in OUT/quality-model.tar.gz (when under 16 MiB) for CPU fine-tuning later.
 A part that would not finish inside the call's budget (`--budget-s`, 540 s) is skipped and says so;
 run it in a further call with `--parts NAME`.
 """
@@ -60,6 +61,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -179,6 +181,28 @@ def run_part(
     return {"status": status, "seconds": seconds, "error": f"exit code {rc}: {tail[-800:]}"}, result
 
 
+QUALITY_ARCHIVE = "quality-model.tar.gz"
+RETURNED_FILE_LIMIT = 16 * 2**20  # the device tool brings back files of at most 16 MiB from $OUT
+
+
+def keep_quality_model(result: dict, out: Path) -> None:
+    """The quality part's final model as OUT/quality-model.tar.gz (`model/`: a Hugging Face
+    directory), so that a CPU session can fine-tune or evaluate it after the GPU is gone; the probe
+    says where it is, or why not (a 30 k vocabulary makes the tiny model ~18 MB)."""
+    probe = result.get("probes", {}).get("quality")
+    rows = [r for r in result.get("measurements", []) if r.get("status") == "ok" and r.get("model_dir")]
+    if probe is None or "headline" not in probe or not rows:
+        return
+    target = out / QUALITY_ARCHIVE
+    with tarfile.open(target, "w:gz") as tar:
+        tar.add(rows[-1]["model_dir"], arcname="model")
+    if target.stat().st_size > RETURNED_FILE_LIMIT:
+        probe["model_archive"] = f"not kept: {target.stat().st_size / 2**20:.1f} MiB, over the 16 MiB a file"
+        target.unlink()
+    else:
+        probe["model_archive"] = QUALITY_ARCHIVE
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     parts = ["env"] + [p for p in dict.fromkeys(args.parts.split(",")) if p and p != "env"]
     unknown = [p for p in parts if p not in PARTS]
@@ -211,6 +235,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         else:
             print(f"\n==== gpu_check part {part} ({left:.0f} s left in this call)", flush=True)
             outcome, result = run_part(args, part, json_path, deadline, work)
+            if part == "quality":
+                keep_quality_model(result, args.out)
         gpu_summary.add_part(summary, part, outcome, result)
         gpu_summary.write(summary, args.out)
         print(f"==== part {part}: {outcome['status']} in {outcome['seconds']:.0f} s", flush=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,9 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     assert quality["seq128"]["tokens"] == 3 * 4 * 128
     assert len(quality["glue_average"]) == 2  # the pretrained model and its random-init baseline
     assert quality["headline"]["glue_average_delta"] is not None
+    assert quality["model_archive"] == "quality-model.tar.gz"  # the model, for CPU fine-tuning later
+    with tarfile.open(out / quality["model_archive"]) as tar:
+        assert {"model/config.json", "model/model.safetensors", "model/vocab.txt"} <= set(tar.getnames())
     # one worker in the dry run: its units ran one after another, within the command's time
     assert 0 < quality["units_wall_s"] < quality["finetune_wall_s"]
     assert finetune["again_in_same_process"]["train_examples_per_s"] > 0
