@@ -246,14 +246,15 @@ def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:
            "--set", f"data_root={ctx.carry / 'data'}", *ctx.plan.quality_finetune]  # fmt: skip
     t0 = time.time()
     rc, tail = run_logged(cmd, timeout=max(10.0, ctx.seconds_left() - 5), env=child_env())
+    done = finished_units(out)
     # the units' own wall times over the command's: how many ran at once (finetune.units_per_gpu)
     found: dict[str, Any] = {"finetune_flags": list(ctx.plan.quality_finetune), "finetune_wall_s": time.time() - t0,
-                             "units_wall_s": sum(r.get("wall_time_s", 0.0) for r in finished_units(out))}  # fmt: skip
+                             "units_wall_s": sum(r.get("wall_time_s", 0.0) for r in done)}  # fmt: skip
     if rc == 0 and (out / "scorecard.json").is_file():
         card = json.loads((out / "scorecard.json").read_text())
     else:
         found["error"] = f"exit code {rc}: {tail[-1500:]}"
-        card = finished_units_scorecard(out)
+        card = finished_units_scorecard(out, done)
         if card is None:
             return found
         found["units_finished"] = card["units_finished"]
@@ -261,12 +262,12 @@ def finetune_scorecard(ctx: Context, model_dir: str) -> dict[str, Any]:
             "headline": card["headline"]}  # fmt: skip
 
 
-def finished_units_scorecard(out: Path) -> dict[str, Any] | None:
-    """The scorecard (written to `out`) of the units under `out/units/` that finished, with
-    `units_finished`; None when none did."""
+def finished_units_scorecard(out: Path, done: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The scorecard (written to `out`) of the units under `out/units/` that finished (`done`, when
+    the caller has read them already), with `units_finished`; None when none did."""
     from finetuning.scorecard import build_scorecard
 
-    done = finished_units(out)
+    done = finished_units(out) if done is None else done
     if not done:
         return None
     card = build_scorecard(done, out)
