@@ -113,20 +113,33 @@ def check_carry(carry: Path, parts: list[str]) -> str | None:
 
 
 def check_quality_flags(parts: list[str], flags: tuple[str, ...]) -> str | None:
-    """Flags for `quality`'s `bertflow finetune` (GPU_CHECK_QUALITY_FINETUNE) that its parser
-    rejects: said before the pretraining spends the call's minutes, not after."""
+    """Flags for `quality`'s `bertflow finetune` (GPU_CHECK_QUALITY_FINETUNE) that the command
+    would refuse, by name or by value (`--set finetune.lrs=x`, `--tasks sst3`): said before the
+    pretraining spends the call's minutes, not after."""
     if "quality" not in parts or not flags:
         return None
+    from common.errors import UserError
+    from finetuning.units import finetune_units
     from pipelines.cli import build_parser
+    from pipelines.config import load_config
+    from pipelines.stage_finetune import apply_flags
 
-    argv = ["finetune", str(ROOT / "configs" / "default.yaml"), "--checkpoint", "model", *flags]
+    config = ROOT / "configs" / "default.yaml"
+    where = f"{QUALITY_FINETUNE_ENV}={' '.join(flags)!r}"
     try:
-        _, extra = build_parser("finetune").parse_known_args(argv)
+        args, extra = build_parser("finetune").parse_known_args(
+            ["finetune", str(config), "--checkpoint", "model", *flags]
+        )
     except SystemExit:
-        extra = list(flags)
+        args, extra = None, list(flags)
     if extra:
-        return (f"{QUALITY_FINETUNE_ENV}={' '.join(flags)!r}: `bertflow finetune` does not take "
-                f"{' '.join(extra)}; see `bertflow finetune --help`.")  # fmt: skip
+        return (
+            f"{where}: `bertflow finetune` does not take {' '.join(extra)}; see `bertflow finetune --help`."
+        )
+    try:
+        finetune_units(apply_flags(load_config(config, args.set).finetune, args))  # task names too
+    except UserError as exc:
+        return f"{where}: {exc}"
     return None
 
 

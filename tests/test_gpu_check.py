@@ -212,6 +212,11 @@ def test_misspelled_quality_finetune_flags_are_one_message_before_any_work(
     assert good.quality_finetune == ("--lr", "1e-4,3e-4", "--set", "finetune.max_eval_examples=null")
     assert gpu_check.check_quality_flags(["quality"], good.quality_finetune) is None
     assert gpu_check.check_quality_flags(["base"], plan.quality_finetune) is None  # no quality, no check
+    # a flag the parser takes with a value the command refuses, by --set or by flag
+    for flags, named in ((("--set", "finetune.lrs=fast"),  "finetune.lrs"), (("--lr", "abc"), "--lr"),
+                         (("--set", "finetune.epochs=-1"), "epochs"), (("--tasks", "sst3"), "sst3")):  # fmt: skip
+        problem = gpu_check.check_quality_flags(["quality"], flags)
+        assert problem and problem.startswith("GPU_CHECK_QUALITY_FINETUNE=") and named in problem, problem
 
 
 def test_the_quality_finetune_flags_reach_the_command_and_its_record(tmp_path, monkeypatch):
