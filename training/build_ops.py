@@ -1,31 +1,63 @@
-"""Compile DeepSpeed's JIT op for CPU communication once, at install time (`make install`).
+"""Compile DeepSpeed's JIT ops once, at install time (`make install`), not in the first run.
 
-DeepSpeed builds its shared-memory all-reduce op (`deepspeed_shm_comm`) the first time a CPU run
-initializes `deepspeed.comm`: 2-3 minutes of silence in the first `bertflow run`. Built here into
-`common.paths.torch_extensions_dir()` (one per Python environment, outside the checkout), the launcher's ranks load it in
-under a second. Nothing to build where the accelerator is a GPU.
+On CPU: the shared-memory all-reduce op (`deepspeed_shm_comm`) that DeepSpeed builds the first
+time a CPU run initializes `deepspeed.comm`, 2-3 minutes of silence in the first `bertflow run`.
+On a GPU machine: FusedAdam, the pretraining optimizer there (`pretrain.optimizer: adamw`, and the
+AdamW half of `muon`), which DeepSpeed otherwise JIT-builds before the first step (38 s on the
+GPU check's 16-core H200 machine, docs/gpu/2026-11-26-nvidia-h200.md). FusedLamb (31 s) builds on
+first use of `optimizer: lamb`. Built into `common.paths.torch_extensions_dir()` (one per Python
+environment, outside the checkout), the launcher's ranks load them in under a second.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from common.paths import torch_extensions_dir
+
+GPU_OPS = ("FusedAdamBuilder",)
+
+
+def load_fused_op(name: str) -> float:
+    """Build (first time) or load DeepSpeed's op `name` for this GPU; the seconds it took. The GPU
+    check's `ops` part calls this too, so the install step runs on every GPU check."""
+    from deepspeed.accelerator import get_accelerator
+
+    from training.optim import prepare_fused_build
+
+    prepare_fused_build()  # the arch-list fix the stage's optimizer applies
+    builder = get_accelerator().create_op_builder(name)
+    if builder is None:
+        raise RuntimeError(f"no {name} on DeepSpeed's {get_accelerator()._name} accelerator")
+    t0 = time.perf_counter()
+    builder.load(verbose=False)
+    return time.perf_counter() - t0
 
 
 def main() -> int:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
     from deepspeed.accelerator import get_accelerator
-    from deepspeed.comm.torch import build_shm_op
 
-    if get_accelerator().device_name() != "cpu":
-        print("build_ops: GPU accelerator, no CPU op to build")
+    where = os.environ["TORCH_EXTENSIONS_DIR"]
+    if get_accelerator().device_name() == "cpu":
+        from deepspeed.comm.torch import build_shm_op
+
+        print(f"build_ops: DeepSpeed's CPU communication op in {where} (2-3 min once)")
+        build_shm_op()
         return 0
-    print(
-        f"build_ops: DeepSpeed's CPU communication op in {os.environ['TORCH_EXTENSIONS_DIR']} (2-3 min once)"
-    )
-    build_shm_op()
+    for name in GPU_OPS:
+        print(f"build_ops: DeepSpeed's {name.removesuffix('Builder')} for this GPU in {where} (~40 s once)")
+        try:
+            print(f"build_ops: {name.removesuffix('Builder')} ready after {load_fused_op(name):.1f} s")
+        except Exception as exc:  # no nvcc or ninja: say so here; GPU pretraining needs it later
+            print(
+                f"build_ops: WARNING: DeepSpeed could not build {name.removesuffix('Builder')} ({exc}). GPU "
+                "pretraining uses it: install the CUDA toolkit (nvcc) and ninja, then `make install` again. "
+                "Fine-tuning does not need it.",
+                file=sys.stderr,
+            )
     return 0
 
 
