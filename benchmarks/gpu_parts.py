@@ -12,12 +12,13 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpu_context import Context, device_name, guarded, measurement, save_partial
+from gpu_context import ROOT, Context, device_name, guarded, measurement, save_partial
 from gpu_stage_parts import part_base, part_fp16, part_large, part_quality, part_variants
 
 
@@ -58,12 +59,24 @@ def part_env(ctx: Context) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         env.update(capability=f"{props.major}.{props.minor}", memory_gb=props.total_memory / 2**30,
                    multiprocessors=props.multi_processor_count, bf16=torch.cuda.is_bf16_supported())  # fmt: skip
+    env.update(_install_ops())
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     from gpu_kernels import matmul_ceiling
 
     dtype = torch.bfloat16 if on_gpu else torch.float32
     env.update(guarded(lambda: matmul_ceiling(device, dtype, ctx.plan.matmul_n)))
     return {"env": env, "device": device_name()}
+
+
+def _install_ops() -> dict[str, Any]:
+    """What `make install` does after the wheels: DeepSpeed's JIT ops built once
+    (`training/build_ops.py`; FusedAdam on a GPU), so that no stage's start-up pays for them."""
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "training.build_ops"], capture_output=True, text=True, cwd=ROOT
+    )
+    said = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.startswith("build_ops:")]
+    return {"install_ops_s": time.perf_counter() - t0, "install_ops": said[-1] if said else done.returncode}
 
 
 def _has_varlen() -> bool:
