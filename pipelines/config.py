@@ -140,15 +140,16 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 SET_HELP = (
-    "override one config value, e.g. --set pretrain.max_steps=500 or --set finetune.tasks=sst2,mrpc "
-    "(YAML value; lists also as a,b,c); repeatable"
+    "override config values, e.g. --set pretrain.max_steps=500 pretrain.lr=1e-3 or --set "
+    "finetune.tasks=sst2,mrpc (YAML value; lists also as a,b,c); repeatable"
 )
 
 
 def add_set_argument(parser: Any, dest: str = "overrides") -> None:
-    """The `--set SECTION.KEY=VALUE` option every command that reads a pipeline YAML takes."""
+    """The `--set SECTION.KEY=VALUE ...` option every command that reads a pipeline YAML takes:
+    one or more settings after each `--set`, and `--set` as often as wanted."""
     parser.add_argument(
-        "--set", dest=dest, action="append", default=[], metavar="SECTION.KEY=VALUE", help=SET_HELP
+        "--set", dest=dest, action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE", help=SET_HELP
     )
 
 
@@ -191,7 +192,10 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set pretrain.max_steps=100.")
+            raise UserError(
+                f"--set {item!r}: expected KEY=VALUE, e.g. --set pretrain.max_steps=100.",
+                fix="a config file goes before --set (`bertflow run CONFIG --set KEY=VALUE ...`).",
+            )
         key, raw = item.split("=", 1)
         _set_dotted(tree, key.strip(), _override_value(key.strip(), raw))
     return tree

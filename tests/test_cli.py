@@ -63,6 +63,24 @@ def test_set_takes_comma_separated_lists() -> None:
     assert load_config(None, ["finetune.tasks=[rte, cola]"]).finetune.tasks == ["rte", "cola"]
 
 
+@pytest.mark.parametrize("name", ["run", "pretrain", "finetune", "preprocess"])
+def test_one_set_takes_several_settings_as_the_issue_typed_them(name: str) -> None:
+    """`--set pretrain.max_steps=2400 pretrain.lr=1e-3 pretrain.warmup_steps=240` (issue 12's
+    command) applies all three, beside a repeated --set; a config path after --set is refused
+    with the fix, not read as a setting."""
+    parser = build_parser(name)
+    argv = [name, "configs/default.yaml", "--set", "pretrain.max_steps=2400", "pretrain.lr=1e-3",
+            "pretrain.warmup_steps=240", "--set", "finetune.epochs=2"]  # fmt: skip
+    args = parser.parse_args(argv)
+    overrides = getattr(args, "set", None) or args.overrides
+    cfg = load_config(PROJECT_ROOT / "configs" / "default.yaml", overrides)
+    assert (cfg.pretrain.max_steps, cfg.pretrain.lr, cfg.pretrain.warmup_steps) == (2400, 1e-3, 240)
+    assert cfg.finetune.epochs == 2
+    late = parser.parse_args([name, "--set", "pretrain.max_steps=3", "configs/default.yaml"])
+    with pytest.raises(UserError, match=r"--set 'configs/default.yaml'.*goes before --set"):
+        load_config(None, getattr(late, "set", None) or late.overrides)
+
+
 def test_unknown_keys_name_the_closest_known_key() -> None:
     with pytest.raises(
         UserError, match=r"pretrain\.max_step: unknown key \(did you mean pretrain\.max_steps\?\)"
