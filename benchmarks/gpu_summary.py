@@ -163,6 +163,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
             f"- call {i}: parts {', '.join(call.get('parts') or [])}; {call.get('started')} → {call.get('finished')}; "
             f"{versions or 'no env recorded'}"
             + (f"; {env.get('matmul_what', 'matmul')}: {_fmt(ceiling)} TFLOP/s" if ceiling else "")
+            + (
+                f"; `make install`'s op build {_fmt(env['install_ops_s'])} s"
+                if "install_ops_s" in env
+                else ""
+            )
         )
     lines += ["", "## Throughput", ""]
     rows = []

@@ -108,6 +108,7 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     assert summary["calls"][0]["env"]["install_ops"].startswith("build_ops: DeepSpeed's CPU communication op")
     md = (out / "gpu_check.md").read_text()
     assert "Dry run on CPU" in md and all(name in md for name in MEASUREMENTS)
+    assert "`make install`'s op build" in md
 
 
 def test_varlen_attention_gives_the_unpadded_models_loss_and_gradients():
