@@ -6,7 +6,8 @@ released, the stage runs."""
 
 from __future__ import annotations
 
-import fcntl
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,24 +55,29 @@ class HeldBy:
 
 
 def _refused(run, directory: Path, what: str) -> None:
+    """`run` refused while another process holds DIR's lock: the message names the holder's pid,
+    nothing is written, and the holder's record in the lock file is left as it was."""
     holder = HeldBy(directory)
     before = _files(directory)
     try:
-        with pytest.raises(UserError, match=f"{what} in {directory} is being run by another process"):
+        message = (
+            rf"{re.escape(what)} in {re.escape(str(directory))} is being run by another process \(pid 4242,"
+        )
+        with pytest.raises(UserError, match=message):
             run()
         assert _files(directory) == before
+        assert _lock_file(directory).read_text() == "4242\n"
     finally:
         holder.release()
-    assert ".lock" not in {p.name for p in _files(directory)}
-    with open(_lock_file(directory), "a+") as fh:  # released with the process that held it
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_tokenizer_stage(tmp_path, minilm_dir):
     out = tmp_path / "tok"
     cfg = TokenizerConfig(vocab=str(minilm_dir / "vocab.txt"))
     _refused(lambda: run_tokenizer_stage(cfg, out), out, "the tokenizer stage")
-    assert run_tokenizer_stage(cfg, out) == out and (out / "vocab.txt").is_file()
+    assert run_tokenizer_stage(cfg, out) == out and (out / "vocab.txt").is_file()  # released: it runs
+    # it held the lock itself, beside its output (which holds only the stage's files)
+    assert _lock_file(out).read_text() == f"{os.getpid()}\n" and ".lock" not in {p.name for p in _files(out)}
 
 
 def test_preprocess_stage(tmp_path, minilm_dir, data_dir):
