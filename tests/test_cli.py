@@ -88,7 +88,7 @@ def test_unknown_keys_name_the_closest_known_key() -> None:
         load_config(None, ["pretrain.max_step=3"])
     with pytest.raises(UserError, match=r"pretrian: unknown key \(did you mean pretrain\?\)"):
         load_config(None, ["pretrian.max_steps=3"])
-    with pytest.raises(UserError) as exc:
+    with pytest.raises(UserError, match=r"finetune\.xyzzy: unknown key") as exc:
         load_config(None, ["finetune.xyzzy=1"])
     assert "did you mean" not in str(exc.value)  # nothing close: no guess
     with pytest.raises(UserError, match=r"'bsae' is unknown \(did you mean base\?\)"):

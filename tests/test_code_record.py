@@ -51,7 +51,10 @@ def test_the_digest_changes_with_code_not_with_comments_docstrings_or_layout(tmp
     assert changed_sources(before, after) == ["pkg/a.py"]
 
     (pkg / "b.py").write_text("VALUE = 1\n")  # a new file counts, a removed one too
-    assert changed_sources(after, source_digests(("pkg/*.py",), root=tmp_path)) == ["pkg/b.py"]
+    with_b = source_digests(("pkg/*.py",), root=tmp_path)
+    assert changed_sources(after, with_b) == ["pkg/b.py"]
+    (pkg / "b.py").unlink()
+    assert changed_sources(with_b, source_digests(("pkg/*.py",), root=tmp_path)) == ["pkg/b.py"]
 
 
 def test_each_stage_records_the_files_that_compute_it() -> None:

@@ -61,8 +61,9 @@ def test_the_global_batch_is_split_exactly_with_micro_batches_no_larger_than_ask
         pretrain(f"num_processes={ranks}", f"global_batch_size={global_batch}", f"micro_batch_size={micro}"),
         0,
     )
-    assert split(p) == expected
-    assert expected[0] * expected[1] * expected[2] == global_batch and expected[1] <= micro
+    got = split(p)
+    assert got == expected
+    assert got[0] * got[1] * got[2] == global_batch and got[1] <= micro
 
 
 def test_a_split_that_does_not_exist_is_refused_naming_the_settings() -> None:

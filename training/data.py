@@ -336,11 +336,17 @@ def eval_batches(
     """Validation batches for this rank: `max_steps` steps' worth (`eval_step_batches`), the same
     count on every rank (ZeRO-3 needs all ranks in every forward), examples in file order, disjoint
     across ranks."""
-    out = []
-    for b in range(eval_step_batches(len(store), batch_size, world_size, max_steps, accumulation)):
-        idx = np.arange(b * batch_size, (b + 1) * batch_size) * world_size + rank
-        out.append(collate(store, idx))
-    return out
+    indices = eval_example_indices(len(store), batch_size, world_size, rank, max_steps, accumulation)
+    return [collate(store, idx) for idx in indices]
+
+
+def eval_example_indices(
+    n_examples: int, batch_size: int, world_size: int, rank: int, max_steps: int, accumulation: int = 1
+) -> list[np.ndarray]:
+    """The split's example indices in each of this rank's validation batches (`eval_batches`):
+    batch b of rank r holds examples (b * batch_size + i) * world_size + r."""
+    count = eval_step_batches(n_examples, batch_size, world_size, max_steps, accumulation)
+    return [np.arange(b * batch_size, (b + 1) * batch_size) * world_size + rank for b in range(count)]
 
 
 def eval_step_batches(
