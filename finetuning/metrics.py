@@ -51,10 +51,13 @@ def matthews_corrcoef(preds: Sequence[int], labels: Sequence[int]) -> float | No
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Correlation of predictions `x` with labels `y`: None (undefined) when the labels are constant,
-    0 when only the predictions are (a model that learned nothing)."""
+    NaN when a prediction is not finite (a diverged unit), 0 when only the predictions are constant
+    (a model that learned nothing)."""
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(b) < 2 or not (b != b[0]).any():
         return None
+    if not np.isfinite(a).all():  # a diverged unit's predictions: undefined, said as NaN
+        return float("nan")
     a, b = a - a.mean(), b - b.mean()
     denom = np.sqrt((a * a).sum() * (b * b).sum())
     return float(100 * (a * b).sum() / denom) if denom else 0.0
@@ -76,6 +79,10 @@ def rankdata(x: Sequence[float]) -> np.ndarray:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Pearson of the ranks; NaN, like `pearson`, where a prediction is not finite (a diverged
+    regression unit): ranks would order the NaNs arbitrarily and give a made-up correlation."""
+    if not np.isfinite(np.asarray(x, dtype=np.float64)).all():
+        return float("nan")
     return pearson(rankdata(x), rankdata(y))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from finetuning.metrics import (
@@ -45,6 +47,15 @@ def test_pearson_and_spearman_known_values():
     assert pearson([1, 2, 3, 4, 5], [1, 4, 9, 16, 25]) < 99.0
     # with a tie; scipy.stats.spearmanr gives 0.8207826816681233
     assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(82.07826816681233)
+
+
+def test_correlations_of_a_diverged_units_predictions_are_undefined_not_made_up():
+    """A diverged STS-B unit predicts NaN: Pearson and Spearman both NaN (the scorecard's
+    'undefined (diverged)'). Ranks of NaNs used to give Spearman 100.0 and 40.0 here."""
+    nan = float("nan")
+    for preds in ([nan] * 5, [1, nan, 3, 4, 5], [1, 2, float("inf"), 4, 5]):
+        assert math.isnan(spearman(preds, [1, 2, 3, 4, 5])), preds
+        assert math.isnan(pearson(preds, [1, 2, 3, 4, 5])), preds
 
 
 def test_rankdata_averages_ties():
