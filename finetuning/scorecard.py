@@ -178,8 +178,7 @@ def build_scorecard(
                     "versus_name": base["name"],
                     "values": values,
                     "margins": margins,
-                    "glue_average": _diff(row["glue_average"], base["glue_average"]),
-                    "glue_average_margin": _margin(_glue_average_noise(row, base)),
+                    **_glue_average_delta(row, base),
                 }
             )
 
@@ -232,10 +231,32 @@ def _glue_average_std(best: dict[str, dict[str, Any]], glue_tasks: list[str]) ->
     return _std(per_seed)
 
 
+def _shared_glue_tasks(row: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """The GLUE tasks both rows have: an average difference over any others would compare two
+    averages of different tasks (a task all of one model's units failed on)."""
+    return [t for t in row["glue_tasks"] if t in base["glue_tasks"]]
+
+
+def _glue_average_delta(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The GLUE-style average difference over the tasks both rows have, its seed-noise margin, and
+    those tasks."""
+    tasks = _shared_glue_tasks(row, base)
+    means = [_mean([r["tasks"][t]["score"] for t in tasks]) if tasks else None for r in (row, base)]
+    return {
+        "glue_average": _diff(*means),
+        "glue_average_margin": _margin(_glue_average_noise(row, base)),
+        "glue_average_tasks": tasks,
+    }
+
+
 def _glue_average_noise(row: dict[str, Any], base: dict[str, Any]) -> SeedNoise | None:
-    n_row = len(row["tasks"][row["glue_tasks"][0]]["seeds"]) if row["glue_tasks"] else 0
-    n_base = len(base["tasks"][base["glue_tasks"][0]]["seeds"]) if base["glue_tasks"] else 0
-    return difference_noise(row.get("glue_average_std"), n_row, base.get("glue_average_std"), n_base)
+    tasks = _shared_glue_tasks(row, base)
+    if not tasks:
+        return None
+    stds = [_glue_average_std(r["tasks"], tasks) for r in (row, base)]
+    return difference_noise(
+        stds[0], len(row["tasks"][tasks[0]]["seeds"]), stds[1], len(base["tasks"][tasks[0]]["seeds"])
+    )
 
 
 def _margin(noise: SeedNoise | None) -> float | None:
@@ -277,6 +298,8 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
         "versus_name": base["name"],
         "glue_average_delta": avg,
         "glue_average_margin": _margin(avg_noise),
+        # GLUE tasks only one of the two has (all units of the other failed): not in the average
+        "glue_average_left_out": sorted(set(row["glue_tasks"]) ^ set(base["glue_tasks"])),
         "tasks": shared,
         "task_deltas": task_deltas,
         "task_margins": {t: _margin(noise[t]) for t in shared},
@@ -307,7 +330,9 @@ def headline_text(h: dict[str, Any] | None) -> str:
     margin = h.get("glue_average_margin")
     average = "GLUE-style average undefined, " if avg is None and h.get("undefined") else ""
     if avg is not None:
+        left_out = h.get("glue_average_left_out")
         average = f"GLUE-style average {signed_points(avg)} points"
+        average += f" over the tasks both have (not {', '.join(left_out)})" if left_out else ""
         average += f" (seed noise ±{margin:.1f}), " if margin is not None else ", "
     behind = h.get("behind_on", [])
     at_chance_too = h.get("ahead_at_chance", [])
@@ -407,11 +432,18 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
         [f"{'level within seed noise' if tested else 'level or behind'} on {listed(level)}"] if level else []
     )
     where += [f"behind on {listed(behind)}"] if behind else []
+    margin = h.get("glue_average_margin")
+    average = (
+        f"Its GLUE-style average is above, {signed_points(avg)}, but within seed noise (±{margin:.1f})"
+        if tested and margin is not None and avg <= margin
+        else "Its GLUE-style average is above"
+    )
+    most = 2 * len(h["ahead_on"]) > len(h["tasks"])
     return (
-        f"**Pretraining helped on some tasks only:** {name} is ahead of {versus} on "
-        f"{listed(h['ahead_on'])}{'; ' + '; '.join(where) if where else ' and nowhere else'}. Its GLUE-style average "
-        f"is above, but that is short of pretraining that helps: ahead{' beyond seed noise' if tested else ''} on the "
-        f"average and on more than half the tasks. {advice}"
+        f"**Pretraining {'has not clearly helped' if most else 'helped on some tasks only'}:** {name} is ahead "
+        f"of {versus} on {listed(h['ahead_on'])}{'; ' + '; '.join(where) if where else ' and nowhere else'}. "
+        f"{average}, and that is short of pretraining that helps: ahead{' beyond seed noise' if tested else ''} "
+        f"on the average and on more than half the tasks. {advice}"
     )
 
 

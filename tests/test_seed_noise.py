@@ -38,8 +38,12 @@ def test_verdict_needs_the_difference_beyond_the_margin():
 
 
 def _card(tmp_path, scores: dict[tuple[str, str], list[float]]):
-    """Three seeds per (model, task); SST-2 accuracy and STS-B Pearson."""
-    chance = {"sst2": ({"accuracy": 50.9}, "accuracy"), "stsb": ({"pearson": 0.0}, "pearson")}
+    """Three seeds per (model, task); SST-2 and RTE accuracy, STS-B Pearson."""
+    chance = {
+        "sst2": ({"accuracy": 50.9}, "accuracy"),
+        "stsb": ({"pearson": 0.0}, "pearson"),
+        "rte": ({"accuracy": 47.3}, "accuracy"),
+    }
     results = []
     for (model, task), values in scores.items():
         kind, label = ("random", "random:tiny") if model == "random" else ("pretrained", "ours")
@@ -121,3 +125,45 @@ def test_a_scorecard_from_before_the_noise_test_reads_as_signs_only():
            "task_deltas": {"sst2": -1.0, "stsb": 4.0}}  # fmt: skip
     text = headline_text(old)
     assert "ahead on 1 of 2 tasks (stsb) by sign only, mean of 3" in text and "seed noise" not in text
+
+
+def test_the_average_difference_is_over_the_tasks_both_models_have(tmp_path):
+    """All of one model's STS-B units failed: the GLUE-style average difference is over SST-2 alone
+    (level), not the pretrained model's SST-2 against random init's mean of SST-2 and a low STS-B
+    (+20, which read as ahead beyond noise), and the headline names the task left out."""
+    card, md = _card(
+        tmp_path,
+        {
+            ("ours", "sst2"): [52.0, 53.0, 51.0],
+            ("random", "sst2"): [52.0, 51.0, 53.0],
+            ("random", "stsb"): [11.0, 12.0, 13.0],
+        },
+    )
+    h = card["headline"]
+    assert h["glue_average_delta"] == pytest.approx(0.0) and card["deltas"][0]["glue_average_tasks"] == [
+        "sst2"
+    ]
+    assert h["pretraining_helped"] is False and h["glue_average_left_out"] == ["stsb"]
+    assert "GLUE-style average +0.0 points over the tasks both have (not stsb)" in md
+
+
+def test_ahead_on_most_tasks_with_an_average_within_noise_says_so(tmp_path):
+    """Ahead beyond noise on 2 of 3 tasks, but the average lead is within its noise: the text names
+    the average as what falls short, not 'some tasks only'."""
+    scores = {
+        ("ours", "sst2"): [80.0, 81.0, 79.0],
+        ("random", "sst2"): [75.0, 76.0, 74.0],
+        ("ours", "stsb"): [40.0, 41.0, 39.0],
+        ("random", "stsb"): [35.0, 36.0, 34.0],
+    }
+    card, md = _card(tmp_path / "a", scores)
+    assert card["headline"]["pretraining_helped"] is True  # the control: ahead on both, average too
+    scores[("ours", "stsb")] = [31.0, 30.0, 29.0]  # now behind on STS-B: the average lead shrinks
+    scores[("random", "stsb")] = [45.0, 30.0, 20.0]  # ... and gets noisy
+    scores.update({("ours", "rte"): [70.0, 71.0, 69.0], ("random", "rte"): [60.0, 61.0, 59.0]})
+    card, md = _card(tmp_path / "b", scores)
+    h = card["headline"]
+    assert sorted(h["ahead_on"]) == ["rte", "sst2"] and h["behind_on"] == []
+    assert h["pretraining_helped"] is False and h["glue_average_delta"] <= h["glue_average_margin"]
+    assert "**Pretraining has not clearly helped:**" in md and "but within seed noise (±" in md
+    assert "some tasks only" not in md
