@@ -119,10 +119,12 @@ def create_instances_from_document(
             a_range = (chunk_start, chunk_start + a_end)
             if len(chunk) == 1 and len(all_docs) >= 2 and balance is not None:
                 balance.forced_not_next()
-            if len(chunk) == 1 or (balance.choose_random_next(rng) if balance else rng.random() < 0.5):
-                if len(all_docs) < 2:  # no other document in the bucket: no NotNext possible
-                    chunk_start, current_length, i = i + 1, 0, i + 1
-                    continue
+            not_next = len(chunk) == 1 or (balance.choose_random_next(rng) if balance else rng.random() < 0.5)
+            if not_next and len(all_docs) < 2 and len(chunk) == 1:
+                # no other document in the bucket and no B in this chunk: the sentence makes no example
+                chunk_start, current_length, i = i + 1, 0, i + 1
+                continue
+            if not_next and len(all_docs) >= 2:  # with no other document, the chunk's own B: IsNext
                 is_random_next = True
                 target_b_length = target_seq_length - len(tokens_a)
                 b_doc = rng.randint(0, len(all_docs) - 2)
