@@ -185,10 +185,16 @@ def build_scorecard(
     chance = _chance_row(rows)
     notes = sorted(
         {
-            n["squad_split"]
+            f"SQuAD: {n['squad_split']}"
             for row in rows
             for t in row["tasks"].values()
             if (n := t["notes"]).get("squad_split")
+        }
+        | {
+            f"{row['name']}: pooler {n['pooler']}"
+            for row in rows
+            for t in row["tasks"].values()
+            if (n := t["notes"]).get("pooler")
         }
     )
     card = {
@@ -565,7 +571,7 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
                 f"{info['epochs']:g} | {info['max_seq_length']} | {info['train_examples_per_s']:.1f} |"
             )
     if card["notes"]:
-        lines += ["", f"{heading} Notes", ""] + [f"- SQuAD: {n}" for n in card["notes"]]
+        lines += ["", f"{heading} Notes", ""] + [f"- {n}" for n in card["notes"]]
     if card["failed"]:
         lines += ["", f"{heading} Failed units", ""]
         lines += [f"- {f['unit']} ({f['checkpoint']}): {f['error']}" for f in card["failed"]]

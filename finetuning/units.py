@@ -115,9 +115,11 @@ def build_model(task: Any, checkpoint: str, vocab_size: int, dropout: float, see
     else:
         from model.hf_io import load_pretraining_model
 
-        pretrained, _ = load_pretraining_model(checkpoint)
+        pretrained, fresh = load_pretraining_model(checkpoint)
         config = pretrained.config
-        encoder_state = pretrained.bert.state_dict()
+        # weights the file did not hold (a pooler, for a checkpoint saved without one, as
+        # transformers' BertForMaskedLM saves) are not taken: the task model's own, seeded below
+        encoder_state = {k: v for k, v in pretrained.bert.state_dict().items() if f"bert.{k}" not in fresh}
         if vocab_size > config.vocab_size:
             raise UserError(
                 f"the tokenizer has {vocab_size} tokens but checkpoint {checkpoint} has {config.vocab_size}.",
@@ -129,9 +131,11 @@ def build_model(task: Any, checkpoint: str, vocab_size: int, dropout: float, see
     if encoder_state is not None:
         own = model.bert.state_dict()
         missing = [k for k in own if k not in encoder_state]
-        if missing:
+        if [k for k in missing if not k.startswith("pooler.")]:
             raise UserError(f"checkpoint {checkpoint} lacks encoder weights {missing[:3]}.")
-        model.bert.load_state_dict({k: encoder_state[k] for k in own})
+        if missing:
+            task.notes["pooler"] = "not in the checkpoint: a new layer initialized with the unit's seed"
+        model.bert.load_state_dict({k: encoder_state.get(k, v) for k, v in own.items()})
     return model
 
 

@@ -239,6 +239,43 @@ def test_sequence_model_equals_transformers(minilm_dir, data_dir):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
+def test_a_checkpoint_without_a_pooler_gets_one_seeded_per_unit_and_said(tmp_path, minilm_dir, data_dir):
+    """transformers' BertForMaskedLM saves no pooler. Its GLUE units used to read [CLS] through
+    the loader's seed-0 random pooler, the same in every unit seed, and said nothing; now the
+    pooler is a new layer under the unit's seed, as the classifier is, and the result notes it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from finetuning.glue import SequenceTask
+    from finetuning.tasks import get_task
+    from preprocessing.wordpiece import load_tokenizer
+
+    mlm_only = tmp_path / "mlm-only"
+    shutil.copytree(minilm_dir, mlm_only, ignore=shutil.ignore_patterns("*.safetensors", "1_Pooling"))
+    weights = load_file(str(minilm_dir / "model.safetensors"))
+    save_file(
+        {k: v for k, v in weights.items() if not k.startswith("pooler.")}, str(mlm_only / "model.safetensors")
+    )
+
+    def pooler_and_encoder(seed: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        task = SequenceTask(get_task("mrpc"), load_tokenizer(minilm_dir)[0], 64, 4, 4, str(data_dir))
+        model = build_model(task, str(mlm_only), 30522, dropout=0.1, seed=seed)
+        return (
+            model.bert.pooler.dense.weight.detach(),
+            model.bert.encoder.layer[0].attention.self.query.weight.detach(),
+            task.notes,
+        )
+
+    pooler_1, query_1, notes = pooler_and_encoder(1)
+    pooler_2, query_2, _ = pooler_and_encoder(2)
+    assert not torch.equal(pooler_1, pooler_2)  # each unit seed its own
+    assert torch.equal(query_1, query_2) and torch.equal(
+        query_1, weights["encoder.layer.0.attention.self.query.weight"]
+    )
+    assert "pooler" in notes and "unit's seed" in notes["pooler"]
+
+
 def test_unit_end_to_end_resume_and_determinism(tmp_path, minilm_dir):
     cfg = FinetuneConfig(tasks=["sst2"], **TINY)
     [job] = plan(cfg, ["random:tiny"], tmp_path / "a", tokenizer_dir=minilm_dir)

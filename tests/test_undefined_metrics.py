@@ -100,3 +100,17 @@ def test_a_diverged_seed_is_said_in_the_headline_not_printed_as_nan(tmp_path):
             r = _result("ours", "pretrained", "stsb", {"pearson": p, "spearman": p}, diverged=math.isnan(p))
             sweep.append({**r, "lr": lr, "seed": seed})
     assert best_per_task(sweep)["stsb"]["lr"] == 1e-4  # NaN compared as neither larger nor smaller
+
+
+def test_notes_of_units_reach_the_scorecard(tmp_path):
+    """A unit's notes (the SQuAD split, a pooler the checkpoint lacked) are listed under Notes."""
+    results = [
+        {**_result("ours", "pretrained", "sst2", {"accuracy": 80.0}), "notes": {"pooler": "not in the checkpoint: new"}},
+        {**_result("ours", "pretrained", "squad", {"exact_match": 10.0, "f1": 20.0}), "glue": False,
+         "notes": {"squad_split": "first 38 articles train"}},
+        _result("random:tiny", "random", "sst2", {"accuracy": 70.0}),
+    ]  # fmt: skip
+    card = build_scorecard(results, tmp_path)
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "- SQuAD: first 38 articles train" in md
+    assert any(n.endswith(": pooler not in the checkpoint: new") for n in card["notes"])
