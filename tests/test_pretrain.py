@@ -142,6 +142,22 @@ def test_export_hf_cli_consolidates_the_deepspeed_checkpoint(ref_run, tmp_path):
     assert "| masked-LM accuracy |" in card and f"exported from: `{out}`" in card
 
 
+@pytest.mark.parametrize("ranks", [1, 2])  # ZeRO 0 (one process) and ZeRO 2 (the default on several GPUs)
+def test_a_bf16_run_exports_its_fp32_master_weights_not_the_rounded_module(tmp_path, data, ranks):
+    """In bf16 DeepSpeed trains fp32 master weights and keeps a bf16 copy in the module. The export
+    used to take the rounded module: ZeRO 2's partitions are named `bf16_zero_pp_rank_*` (missed by
+    the glob), and ZeRO 0 keeps its masters only in the optimizer state. Every exported value was
+    then a bf16 number; the fp32 masters almost never are."""
+    from safetensors.torch import load_file
+
+    cfg = config(f"pretrain.num_processes={ranks}", "pretrain.precision=bf16", "pretrain.max_steps=4")
+    model_dir = run_pretrain_stage(cfg, *data, tmp_path / "run", log_line=lambda line: None)
+    weights = load_file(model_dir / "model.safetensors")
+    rounded = sum(int((w == w.bfloat16().float()).sum()) for w in weights.values())
+    assert rounded < 0.01 * sum(w.numel() for w in weights.values())
+    assert weights["bert.embeddings.word_embeddings.weight"].dtype == torch.float32
+
+
 def test_rerun_after_completion_is_a_no_op(ref_run, data):
     out, _, _ = ref_run
     before = (out / "metrics.jsonl").read_bytes()

@@ -160,3 +160,15 @@ def load_rng_state(tag_dir: Path, rank: int) -> bool:
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     return True
+
+
+def master_weight_names(engine: Any) -> dict[str, Any]:
+    """ZeRO 0 with bf16/fp16 keeps the fp32 master weights only in the optimizer's state, as groups
+    of tensors without names (DeepSpeed's FP16_Optimizer / FP16_UnfusedOptimizer), while the module
+    holds the rounded 16-bit weights: the parameter names of each group, in order, so that the
+    export can take the masters (training/consolidate.py). Empty for every other setup."""
+    groups = getattr(engine.optimizer, "fp16_groups", None)
+    if engine.zero_optimization() or not groups:
+        return {}
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    return {"fp32_master_groups": [[names[id(p)] for p in group] for group in groups]}

@@ -41,7 +41,9 @@ def resolve_tag_dir(ckpt_dir: str | os.PathLike) -> Path:
 
 
 def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
-    if any(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("zero_pp_rank_*")):
+    # ZeRO 1-3 partitions: `zero_pp_rank_*`, `bf16_zero_pp_rank_*` with bf16 (the module file then
+    # holds bf16 weights: the fp32 masters are only in the partitions)
+    if any(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("*zero_pp_rank_*")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         with contextlib.redirect_stdout(io.StringIO()):  # it prints progress lines
@@ -49,8 +51,33 @@ def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
     states = tag_dir / "mp_rank_00_model_states.pt"
     if not states.is_file():
         raise UserError(f"{tag_dir} holds neither ZeRO partitions nor mp_rank_00_model_states.pt.")
-    module = torch.load(states, map_location="cpu", weights_only=False)["module"]
-    return {k: v.float() for k, v in module.items()}
+    saved = torch.load(states, map_location="cpu", weights_only=False)
+    weights = {k: v.float() for k, v in saved["module"].items()}
+    names = (checkpoint.read_verification(tag_dir) or {}).get("fp32_master_groups")
+    if names:  # ZeRO 0 in bf16/fp16: the module is rounded; the optimizer holds the fp32 masters
+        weights.update(_fp32_masters(saved["optimizer"], names, weights))
+        for tied in TIED_KEYS:  # the rounded copy of a tied weight would overwrite its master
+            weights.pop(tied, None)
+    return weights
+
+
+def _fp32_masters(
+    optimizer: dict, names: list[list[str]], shapes: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Name -> fp32 master weight from DeepSpeed's FP16_Optimizer state (`fp32_groups_flat`, one
+    flat tensor a group) or FP16_UnfusedOptimizer's (`fp32_groups`, a tensor a parameter)."""
+    if "fp32_groups_flat" in optimizer:
+        groups = [
+            flat.split([shapes[n].numel() for n in group])
+            for flat, group in zip(optimizer["fp32_groups_flat"], names, strict=True)
+        ]
+    else:
+        groups = optimizer["fp32_groups"]
+    return {
+        n: t.reshape(shapes[n].shape).float()
+        for group, tensors in zip(names, groups, strict=True)
+        for n, t in zip(group, tensors, strict=True)
+    }
 
 
 def load_model_from_deepspeed_checkpoint(ckpt_dir: str | os.PathLike) -> BertForPreTraining:

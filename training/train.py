@@ -542,6 +542,7 @@ def _save_checkpoint(engine: Any, spec: RunSpec, step: int, plan: BatchPlan, ran
                 "zero_stage": spec.zero_stage,
                 "model_config": spec.model,
                 "settings": spec.settings(),  # what a resume must match (training/preflight.py)
+                **checkpoint.master_weight_names(engine),
             },
         )
         for gone in checkpoint.prune(root, spec.pretrain.keep_checkpoints):
