@@ -39,13 +39,29 @@ def resolve_model(ckpt: Path) -> ResolvedModel:
         from training.consolidate import load_model_from_deepspeed_checkpoint
 
         model = load_model_from_deepspeed_checkpoint(ckpt)  # ZeRO partitions merged to fp32
-        tok = next((d for d in (ckpt / "model", ckpt.parent.parent / "model") if _has_tokenizer(d)), None)
-        return ResolvedModel(model, tok, [], "DeepSpeed checkpoint")
+        return ResolvedModel(model, _run_tokenizer(ckpt), [], "DeepSpeed checkpoint")
     raise UserError(
         f"{ckpt} is not a BERT checkpoint: it has no config.json and no DeepSpeed checkpoint.",
         fix="pass a model directory (config.json + model.safetensors) written by bertflow or transformers, "
         "or a pretrain output / checkpoints / global_stepN directory.",
     )
+
+
+def _run_tokenizer(ckpt: Path) -> Path | None:
+    """The tokenizer of the pretrain run that CKPT (the run dir, its checkpoints/ or one
+    global_stepN) belongs to: its final model/ dir, else the tokenizer its run_spec.json names
+    (a run still under way has no model/ yet)."""
+    from training.run_spec import RunSpec
+
+    runs = [d for d in (ckpt, ckpt.parent, ckpt.parent.parent) if (d / "run_spec.json").is_file()]
+    for run in runs:
+        if _has_tokenizer(run / "model"):
+            return run / "model"
+    for run in runs:
+        tok = Path(RunSpec.read(run / "run_spec.json").tokenizer_dir)
+        if _has_tokenizer(tok):
+            return tok
+    return None
 
 
 def _has_tokenizer(directory: Path) -> bool:

@@ -158,6 +158,22 @@ def test_a_bf16_run_exports_its_fp32_master_weights_not_the_rounded_module(tmp_p
     assert weights["bert.embeddings.word_embeddings.weight"].dtype == torch.float32
 
 
+def test_export_hf_finds_the_runs_tokenizer_from_any_checkpoint_path(ref_run, tmp_path):
+    """RUN/checkpoints and RUN/checkpoints/global_stepN find RUN/model's tokenizer (the first was
+    refused with 'has no tokenizer'); a run with no model/ yet, the one its run_spec.json names."""
+    from pipelines.cli import main as cli
+
+    out, model_dir, _ = ref_run
+    vocab = (model_dir / "vocab.txt").read_bytes()
+    for i, path in enumerate((out / "checkpoints", out / "checkpoints" / "global_step12")):
+        assert cli(["export-hf", str(path), str(tmp_path / f"hf{i}")]) == 0
+        assert (tmp_path / f"hf{i}" / "vocab.txt").read_bytes() == vocab
+    under_way = tmp_path / "under-way"
+    shutil.copytree(out, under_way, ignore=shutil.ignore_patterns("model"))
+    assert cli(["export-hf", str(under_way / "checkpoints"), str(tmp_path / "hf-under-way")]) == 0
+    assert (tmp_path / "hf-under-way" / "vocab.txt").read_bytes() == vocab
+
+
 def test_rerun_after_completion_is_a_no_op(ref_run, data):
     out, _, _ = ref_run
     before = (out / "metrics.jsonl").read_bytes()
