@@ -57,3 +57,14 @@ def chance_threshold(chance: dict[str, float], n_eval: int) -> float:
 def is_at_chance(score: float, chance: dict[str, float], n_eval: int) -> bool:
     """NaN scores count as at chance (nothing was learned that can be shown)."""
     return not math.isfinite(score) or score <= chance_threshold(chance, n_eval)
+
+
+def nsp_at_chance(
+    metrics: dict[str, float], baselines: dict[str, float], examples: int | None
+) -> bool | None:
+    """Whether held-out next-sentence accuracy (`val_nsp_acc`, 0-1) is within evaluation noise of
+    always predicting the majority label (`nsp_majority_acc`) on `examples`; None when not measured."""
+    acc, majority = metrics.get("val_nsp_acc"), baselines.get("nsp_majority_acc")
+    if acc is None or majority is None or not examples or not math.isfinite(majority):
+        return None
+    return is_at_chance(100 * acc, {"accuracy": 100 * majority}, examples)

@@ -59,6 +59,7 @@ class EvalFacts:
     baselines: dict[str, float]  # most_frequent_token_acc, unigram_entropy, nsp_majority_acc
     beats_unigram: bool
     examples: int | None = None
+    nsp_at_chance: bool | None = None  # NSP accuracy within noise of the majority label (finetuning.chance)
 
 
 @dataclass
@@ -141,8 +142,9 @@ def quality_lines(e: EvalFacts) -> list[str]:
             f"{b.get('unigram_entropy', math.nan):.3f} (unigram entropy) |"
         )
     if "val_nsp_acc" in m:
+        chance = " (chance)" if e.nsp_at_chance else ""
         lines.append(
-            f"| next-sentence accuracy | {_pct(m['val_nsp_acc'])} | "
+            f"| next-sentence accuracy | {_pct(m['val_nsp_acc'])}{chance} | "
             f"{_pct(b.get('nsp_majority_acc'))} (majority label) |"
         )
     return [*lines, "", verdict(e), ""]

@@ -43,6 +43,7 @@ def evaluate_checkpoint(
     """Load, check compatibility, evaluate; returns metrics, baselines and what was evaluated."""
     import torch
 
+    from finetuning.chance import nsp_at_chance
     from training.data import collate, load_split
     from training.evaluate import beats_unigram, evaluate_pretraining, mlm_baselines, train_target_counts
     from training.preflight import check_shards
@@ -64,6 +65,13 @@ def evaluate_checkpoint(
     if resolved.tokenizer_dir is not None:
         check_shards(shards, resolved.tokenizer_dir, vocab_size)
     store = load_split(shards, split)
+    longest, cfg = int(np.diff(store.offsets).max(initial=0)), model.config
+    if longest > cfg.max_position_embeddings or int(store.segment_ids.max(initial=0)) >= cfg.type_vocab_size:
+        raise UserError(
+            f"the {split} shards in {shards} hold {longest}-token examples, but {checkpoint} has "
+            f"{cfg.max_position_embeddings} positions (and {cfg.type_vocab_size} segment types).",
+            fix="evaluate on shards preprocessed with a max_seq_length the checkpoint was made for.",
+        )
     if store.max_token_id >= vocab_size:
         raise UserError(
             f"the {split} shards in {shards} hold token id {store.max_token_id}, but {checkpoint} has a "
@@ -89,6 +97,9 @@ def evaluate_checkpoint(
         "metrics": metrics,
         "baselines": baselines.as_dict(),
         "beats_unigram": beats_unigram(metrics, baselines),
+        "nsp_at_chance": nsp_at_chance(metrics, baselines.as_dict(), n),
+        # False: the checkpoint has no tokenizer files, so only the ids' range could be checked
+        "vocabulary_checked": resolved.tokenizer_dir is not None,
     }
 
 
@@ -99,11 +110,17 @@ def format_result(r: dict[str, Any]) -> str:
         f"{r['masked_tokens']:,} masked tokens):",
         f"  masked LM   accuracy {m['val_mlm_acc']:.4f}   loss {m['val_mlm_loss']:.4f} nats",
         f"  next sent.  accuracy {m['val_nsp_acc']:.4f}   loss {m['val_nsp_loss']:.4f} nats"
+        + ("   (chance: within noise of the majority label)" if r.get("nsp_at_chance") else "")
         if "val_nsp_acc" in m
         else "  next sent.  not evaluated: the checkpoint has no NSP head",
         f"  baselines   most frequent token {b['most_frequent_token_acc']:.4f}, unigram entropy "
         f"{b['unigram_entropy']:.4f} nats, NSP majority {b['nsp_majority_acc']:.4f}",
     ]
+    if not r.get("vocabulary_checked", True):
+        lines.append(
+            "  NOTE: the checkpoint has no vocab.txt or tokenizer.json, so its vocabulary could not be "
+            "compared with the shards' tokenizer (only that every id fits): make sure they match."
+        )
     if not math.isfinite(m["val_mlm_loss"]):
         lines.append("  WARNING: the MLM loss is not finite: the weights are broken.")
     elif not r["beats_unigram"]:

@@ -81,6 +81,7 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
     last = next((r for r in reversed(rows) if "val_mlm_acc" in r), None)
     if last is None:
         return None
+    from finetuning.chance import nsp_at_chance
     from training.data import eval_step_batches, load_split
     from training.evaluate import MlmBaselines, beats_unigram, mlm_baselines, train_target_counts
 
@@ -103,6 +104,7 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
         baselines=baselines.as_dict(),
         beats_unigram=beats_unigram(metrics, baselines),
         examples=n or None,
+        nsp_at_chance=nsp_at_chance(metrics, baselines.as_dict(), n),
     )
 
 

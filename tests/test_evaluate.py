@@ -132,6 +132,35 @@ def test_cli_prints_figures_and_exits_2_on_missing_shards(model_dir, shards_and_
     )
     out = capsys.readouterr().out
     assert "masked LM   accuracy" in out and "chance level" in out
+    # an untrained NSP head is marked at chance too, not printed as an ordinary figure
+    nsp = next(line for line in out.splitlines() if "next sent." in line)
+    assert "(chance: within noise of the majority label)" in nsp
     assert (tmp_path / "e.json").is_file()
     assert cli_main(["evaluate", str(model_dir), "--shards", str(tmp_path / "none")]) == 2
     assert "no shards" in capsys.readouterr().err
+
+
+def test_refuses_examples_longer_than_the_checkpoints_positions(shards_and_tokenizer, tmp_path):
+    """A model with fewer positions than the shards' examples: one message naming both, not an
+    IndexError from the embedding lookup (a device-side assert on a GPU)."""
+    shards, tok = shards_and_tokenizer
+    short = BertConfig.from_preset("tiny", vocab_size=30522, max_position_embeddings=16)
+    model_dir = publish_model_dir(BertForPreTraining(short), tmp_path / "short", tok)
+    with pytest.raises(UserError, match=r"-token examples, but .* has 16 positions"):
+        evaluate_checkpoint(model_dir, shards)
+
+
+def test_a_checkpoint_without_tokenizer_files_is_evaluated_with_a_note(
+    shards_and_tokenizer, model_dir, tmp_path
+):
+    """Without vocab.txt / tokenizer.json the vocabulary cannot be compared with the shards': the
+    figures come with a note saying so, and the JSON records it."""
+    from pipelines.evaluate_command import format_result
+
+    shards, _ = shards_and_tokenizer
+    bare = tmp_path / "bare"
+    shutil.copytree(model_dir, bare, ignore=shutil.ignore_patterns("vocab.txt", "tokenizer*"))
+    result = evaluate_checkpoint(bare, shards, max_examples=16)
+    assert result["vocabulary_checked"] is False
+    assert "could not be compared with the shards' tokenizer" in format_result(result)
+    assert evaluate_checkpoint(model_dir, shards, max_examples=16)["vocabulary_checked"] is True

@@ -8,6 +8,7 @@ import json
 import stat
 from pathlib import Path
 
+from finetuning.chance import nsp_at_chance
 from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts, render_model_card
 from pipelines.cli import main as cli
 
@@ -44,6 +45,14 @@ def test_card_tells_data_training_quality_and_usage() -> None:
 def test_card_warns_when_the_model_is_no_better_than_token_frequencies() -> None:
     text = render_model_card(_facts(6.3, False), Path("/m"))
     assert "not below the unigram entropy" in text and "the model uses the context" not in text
+    # NSP 70% over a 50% majority on 128 examples is not chance; 52% is
+    assert "| next-sentence accuracy | 70.0% | 50.0% (majority label) |" in text
+    facts = _facts(6.3, False)
+    facts.evaluation.metrics["val_nsp_acc"] = 0.52
+    facts.evaluation.nsp_at_chance = nsp_at_chance(facts.evaluation.metrics, facts.evaluation.baselines, 128)
+    assert "| next-sentence accuracy | 52.0% (chance) | 50.0% (majority label) |" in render_model_card(
+        facts, Path("/m")
+    )
 
 
 def test_card_of_a_converted_checkpoint_leaves_out_what_is_unknown() -> None:
