@@ -33,6 +33,22 @@ def _files_intact(out_dir: Path, checksums: dict[str, str] | None) -> bool:
     return all((out_dir / n).is_file() and sha256_file(out_dir / n) == h for n, h in checksums.items())
 
 
+def _check_declared_case(source: Path, lowercase: bool) -> None:
+    """A vocab.txt whose tokenizer_config.json declares the other casing is refused before any work:
+    read with `tokenizer.lowercase`, its cased entries would never match (or the reverse)."""
+    from preprocessing.wordpiece import declared_lowercase
+
+    declared = declared_lowercase(source)
+    if declared is not None and declared != lowercase:
+        said, want = str(declared).lower(), str(lowercase).lower()
+        raise UserError(
+            f"{source} comes with a tokenizer_config.json that says do_lower_case {said}, but "
+            f"tokenizer.lowercase is {want}: the vocabulary would be read with the other casing.",
+            fix=f"set tokenizer.lowercase: {said}{' (or --cased)' if not declared else ''}, or remove the "
+            "tokenizer_config.json if it is wrong.",
+        )
+
+
 def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None) -> Path:
     from preprocessing.wordpiece import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -40,6 +56,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
     check_own_output(out_dir, "tokenizer", {})
     if cfg.vocab:
         source = resolve_data_path(cfg.vocab, data_root)
+        _check_declared_case(source, cfg.lowercase)
         identity = None  # loading is cheap: always redone
     else:
         files = expand_inputs(cfg.input, data_root)

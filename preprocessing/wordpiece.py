@@ -196,6 +196,19 @@ def _lowercase_from_dir(directory: Path, default: bool) -> bool:
     return default
 
 
+def declared_lowercase(path: str | Path) -> bool | None:
+    """`do_lower_case` of the tokenizer_config.json beside a vocab.txt (a file, or a directory
+    without tokenizer.json); None when there is none, or when a tokenizer.json decides the casing."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / TOKENIZER_JSON).is_file():
+            return None
+        path = path / VOCAB_NAME
+    if path.suffix == ".json" or not (path.parent / TOKENIZER_CONFIG).is_file():
+        return None
+    return _lowercase_from_dir(path.parent, True)
+
+
 def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tokenizer, bool]:
     """Load a tokenizer dir, `tokenizer.json` or `vocab.txt`; returns (tokenizer, lowercase).
 

@@ -99,6 +99,23 @@ def test_given_vocab_is_copied_not_trained(tmp_path, minilm_dir):
     assert read_marker(out) is not None
 
 
+def test_a_vocab_whose_config_declares_the_other_casing_is_refused_before_any_work(tmp_path, minilm_dir):
+    """A cased vocab.txt (tokenizer_config.json: do_lower_case false) under the default
+    tokenizer.lowercase true was read lowercased, so 'Paris' could never match: now one message
+    naming the file and the key, nothing written; with lowercase false it loads cased."""
+    cased = tmp_path / "cased"
+    cased.mkdir()
+    (cased / "vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes() + b"Paris\n")
+    (cased / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    with pytest.raises(UserError, match=r"do_lower_case false, but tokenizer\.lowercase is true.*--cased"):
+        run_tokenizer_stage(TokenizerConfig(vocab=str(cased / "vocab.txt")), tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+    out = run_tokenizer_stage(TokenizerConfig(vocab=str(cased), lowercase=False), tmp_path / "t")
+    tok, lowercase = load_tokenizer(out)
+    assert not lowercase and "Paris" in tok.encode("Paris").tokens
+    assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is False
+
+
 @pytest.mark.parametrize(
     "content, message",
     [("hello\nworld\n", "special tokens"), ("[PAD]\n[PAD]\n", "appears twice")],
