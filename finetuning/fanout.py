@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
+from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_stamp
 from common.tracking import WandbTarget
 from finetuning.checkpoints import checkpoint_label, is_random, normalize_checkpoint, tokenizer_dir_for
 from finetuning.config import FinetuneConfig
-from finetuning.tasks import get_task
+from finetuning.tasks import get_task, task_data
 from finetuning.units import FinetuneUnit, Job, failed_result, finetune_units, run_finetune_unit
 from model.hf_io import TOKENIZER_FILES
 from training.ranks import visible_gpus
@@ -116,12 +116,10 @@ def unit_key(
     to find the units made then (`plan`)."""
     spec = get_task(unit.task, cfg.task_config)
     target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
-    configured = {"train": spec.train, "dev": spec.dev}
-    paths = {split: spec.path(split, data_root) for split in configured}
     data = (
-        [str(p) for p in paths.values()]
+        [str(spec.path(split, data_root)) for split in ("train", "dev")]
         if earlier
-        else [{**content_stamp(paths[split]), "path": configured[split]} for split in configured]
+        else task_data(spec, data_root)
     )
     return digest(
         {

@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.errors import UserError
+from common.fingerprint import content_stamp
 from common.paths import resolve_data_path
 from common.textfile import read_user_text
 
@@ -231,3 +232,10 @@ def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> l
             f"task {spec.name!r}: {path} has a header but no examples.", fix="add examples to the file."
         )
     return out
+
+
+def task_data(spec: TaskSpec, data_root: str | None) -> list[dict[str, Any]]:
+    """A task's train and dev files by size and sha256, under their configured path (an edited TSV
+    is new data; a moved data root is not): what the units' keys and the scorecard's key hold."""
+    configured = {"train": spec.train, "dev": spec.dev}
+    return [{**content_stamp(spec.path(split, data_root)), "path": configured[split]} for split in configured]

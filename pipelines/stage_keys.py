@@ -106,6 +106,27 @@ def _config_file_digest(path: str | None) -> str | None:
     return content_digest(p) if p.is_file() else f"missing:{path}"
 
 
+def _task_stamps(cfg: PipelineConfig) -> dict[str, Any]:
+    """Each configured task's definition and data files (`finetuning.fanout.task_data`); a task
+    that does not exist is left for the fine-tuning stage to name."""
+    from common.errors import UserError
+    from finetuning.tasks import get_task, task_data
+
+    stamps: dict[str, Any] = {}
+    for name in cfg.finetune.tasks:
+        try:
+            spec = get_task(name, cfg.finetune.task_config)
+        except UserError:
+            stamps[name] = None
+            continue
+        data_root = cfg.data_root
+        stamps[name] = {
+            "task": spec.model_dump(mode="json", exclude={"source"}),
+            "data": task_data(spec, data_root),
+        }
+    return stamps
+
+
 # run-only settings added since 2026-11-25, when they left the keys: no earlier key holds them
 RUN_ONLY_SINCE = ("stop_grace_s",)
 
@@ -162,6 +183,9 @@ def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str,
         "data_root": str(cfg.resolved_data_root()),
         "pretrain": pre_key,
         "tokenizer": tok_key,
+        # the tasks' definitions and data, as the units' keys hold them (since 2026-11-27: an edited
+        # task file retrained the units but reused the scorecard that came before)
+        **({} if earlier else {"tasks": _task_stamps(cfg)}),
     }
     fin_key = digest(fin, KEY_LENGTH)
     rep = {

@@ -128,6 +128,22 @@ def test_corpus_content_is_part_of_the_key_and_its_mtime_is_not(tmp_path: Path) 
     assert _changed(before, after) == DOWNSTREAM["tokenizer"] | {"verify"}
 
 
+def test_an_edited_task_file_moves_the_scorecards_key_as_it_moves_the_units(tmp_path: Path) -> None:
+    """An edited dev TSV gave its units new keys (retrained) while the finetune stage, the
+    scorecard, kept its key and was reused with the old scores; now both move, and the report."""
+    (tmp_path / "tasks.yaml").write_text(
+        f"movies:\n  format: tsv\n  kind: classification\n  train: {tmp_path / 'train.tsv'}\n"
+        f"  dev: {tmp_path / 'dev.tsv'}\n  text_a: review\n  label: polarity\n  labels: [neg, pos]\n"
+        "  metrics: [accuracy]\n"
+    )
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.tsv").write_text("review\tpolarity\ngood film\tpos\n")
+    sets = ["finetune.tasks=[movies]", f"finetune.task_config={tmp_path / 'tasks.yaml'}"]
+    before = stage_keys(load_config(None, sets))
+    (tmp_path / "dev.tsv").write_text("review\tpolarity\nbad film\tneg\n")
+    assert _changed(before, stage_keys(load_config(None, sets))) == DOWNSTREAM["finetune"]
+
+
 def test_a_data_root_moved_keeps_the_pretraining_and_a_renamed_file_does_not(tmp_path: Path) -> None:
     def keys(data_root: Path) -> dict[str, str]:
         corpus = "[data:corpus/*.txt]"
