@@ -103,9 +103,17 @@ class PipelineConfig(Section):
         stage keys and directories are the ones this config's flow uses for that phase."""
         if index == len(self.phases):
             return self
+        # the phases before it as whole sections: as changes, they would apply to this phase's
+        # sections, not to the main ones they were written against
+        earlier = [
+            phase.model_copy(
+                update={s: self.phase_section(j, s).model_dump() for s in ("preprocess", "pretrain")}
+            )
+            for j, phase in enumerate(self.phases[:index])
+        ]
         return self.model_copy(
             update={
-                "phases": self.phases[:index],
+                "phases": earlier,
                 "preprocess": self.phase_section(index, "preprocess"),
                 "pretrain": self.phase_section(index, "pretrain"),
             }

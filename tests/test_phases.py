@@ -89,6 +89,23 @@ def test_phase_keys_chain_and_match_a_config_of_their_own(tmp_path: Path) -> Non
     assert with_phase_init(cfg).pretrain.init_from == str(dirs["pretrain@seq32"] / "model")
 
 
+def test_with_two_phases_each_finds_the_one_before_it(tmp_path: Path) -> None:
+    """Phase b's own config (and the main one's) must key phase a as the flow does. Phase a's
+    changes used to be applied to phase b's sections, not the main ones: a and b's directories as
+    b and the main phase looked for them were ones the flow never wrote."""
+    a = {"name": "a", "preprocess": {"max_seq_length": 32}, "pretrain": {"max_steps": 6}}
+    b = {"name": "b", "preprocess": {"max_seq_length": 64, "dupe_factor": 2}, "pretrain": {"lr": 0.001}}
+    cfg = load_config(_config(tmp_path, [a, b]))
+    dirs, b_alone = stage_dirs(cfg), stage_dirs(cfg.phase_config(1))
+    assert (b_alone["preprocess@a"], b_alone["pretrain@a"]) == (dirs["preprocess@a"], dirs["pretrain@a"])
+    assert (b_alone["preprocess"], b_alone["pretrain"]) == (dirs["preprocess@b"], dirs["pretrain@b"])
+    for stage in ("pretrain@a", "pretrain@b"):  # both phases trained: each starts from the one before
+        dirs[stage].mkdir(parents=True)
+        (dirs[stage] / MARKER_NAME).write_text("{}")
+    assert with_phase_init(cfg.phase_config(1)).pretrain.init_from == str(dirs["pretrain@a"] / "model")
+    assert with_phase_init(cfg).pretrain.init_from == str(dirs["pretrain@b"] / "model")
+
+
 @pytest.mark.slow
 def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, data_dir: Path) -> None:
     from pipelines.flow import bert_pipeline
