@@ -21,6 +21,7 @@ from common.errors import UserError
 from common.jsonfile import read_json_object
 from common.stage_output import model_dir_hint
 from common.textfile import read_user_text
+from common.tokenizer_config import normalizer_settings
 from model.config import BertConfig
 from model.heads import BertForPreTraining
 
@@ -256,7 +257,13 @@ def copy_tokenizer_files(
             raise UserError(f"{meta} is not valid JSON.") from None
         if not isinstance(source_meta, dict):
             raise UserError(f"{meta} is not valid JSON: it must hold an object.")
-    lowercase = bool(source_meta.get("do_lower_case", True))
+    # a tokenizer.json's normalizer is how the pipeline tokenized: the config must say the same
+    norm = (
+        normalizer_settings(read_user_text(src / "tokenizer.json", "tokenizer"))
+        if "tokenizer.json" in found
+        else {}
+    )
+    lowercase = bool(norm.get("do_lower_case", source_meta.get("do_lower_case", True)))
     if model_max_length is None:
         model_max_length = source_meta.get("model_max_length")
         if not isinstance(model_max_length, int) or model_max_length > 10**6:  # HF's "no limit" value
@@ -282,6 +289,7 @@ def copy_tokenizer_files(
         {
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": lowercase,
+            **{k: v for k, v in norm.items() if k != "do_lower_case"},
             "model_max_length": model_max_length,
             "unk_token": "[UNK]",
             "sep_token": "[SEP]",

@@ -20,6 +20,7 @@ from tokenizers.models import WordPiece
 from common.atomic import atomic_write_json, atomic_write_text
 from common.errors import UserError
 from common.textfile import read_user_text
+from common.tokenizer_config import normalizer_settings
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
@@ -287,6 +288,7 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path, lowercase: bool) -> None
             "do_lower_case": lowercase,
             "tokenize_chinese_chars": True,
             "strip_accents": None,
+            **normalizer_settings(tok.to_str()),  # a loaded tokenizer.json's own normalizer wins
             "model_max_length": 512,
             "unk_token": UNK,
             "sep_token": SEP,

@@ -224,3 +224,32 @@ def test_a_vocabulary_with_a_byte_order_mark_loads(tmp_path, minilm_dir):
     tok, _ = load_tokenizer(tmp_path / "vocab.txt")
     assert tok.token_to_id("[PAD]") == 0 and tok.get_vocab_size() == len(text.splitlines())
     assert read_vocab(tmp_path)[0] == "[PAD]"
+
+
+def test_an_exported_tokenizer_config_says_what_the_tokenizer_json_does(tmp_path, minilm_dir):
+    """transformers rebuilds BERT's normalizer from tokenizer_config.json: a cased tokenizer.json
+    that keeps accents and does not space CJK out, exported beside a model, must tokenize there as
+    it does here. The config said lowercase (no config at the source) and nothing of the rest."""
+    from tokenizers import Tokenizer
+    from tokenizers.normalizers import BertNormalizer
+    from transformers import AutoTokenizer
+
+    from model.hf_io import copy_tokenizer_files
+
+    tok = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    tok.normalizer = BertNormalizer(lowercase=False, strip_accents=False, handle_chinese_chars=False)
+    tok.no_padding()
+    tok.no_truncation()
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    tok.save(str(src / "tokenizer.json"))
+    copy_tokenizer_files(src, out)
+    text = "Paris café 中文ab naïve"
+    theirs = AutoTokenizer.from_pretrained(str(out))(text)["input_ids"]
+    assert theirs == tok.encode(text).ids
+    # the tokenizer stage loading it writes the same settings (its output is what models are exported with)
+    staged = run_tokenizer_stage(
+        TokenizerConfig(vocab=str(src / "tokenizer.json"), lowercase=False), tmp_path / "t"
+    )
+    assert AutoTokenizer.from_pretrained(str(staged))(text)["input_ids"] == tok.encode(text).ids
