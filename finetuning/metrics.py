@@ -79,10 +79,10 @@ def rankdata(x: Sequence[float]) -> np.ndarray:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Pearson of the ranks; NaN, like `pearson`, where a prediction is not finite (a diverged
-    regression unit): ranks would order the NaNs arbitrarily and give a made-up correlation."""
+    """Pearson of the ranks. A non-finite prediction (a diverged regression unit) is left to
+    `pearson`'s rule: ranks would order the NaNs arbitrarily and give a made-up correlation."""
     if not np.isfinite(np.asarray(x, dtype=np.float64)).all():
-        return float("nan")
+        return pearson(x, y)
     return pearson(rankdata(x), rankdata(y))
 
 

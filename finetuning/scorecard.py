@@ -183,18 +183,17 @@ def build_scorecard(
             )
 
     chance = _chance_row(rows)
+    said = {
+        "squad_split": "SQuAD:",
+        "pooler": "{name}: pooler",
+    }  # a unit's notes, as the Notes list says them
     notes = sorted(
         {
-            f"SQuAD: {n['squad_split']}"
+            f"{said[k].format(name=row['name'])} {v}"
             for row in rows
             for t in row["tasks"].values()
-            if (n := t["notes"]).get("squad_split")
-        }
-        | {
-            f"{row['name']}: pooler {n['pooler']}"
-            for row in rows
-            for t in row["tasks"].values()
-            if (n := t["notes"]).get("pooler")
+            for k, v in t["notes"].items()
+            if k in said and v
         }
     )
     card = {

@@ -87,6 +87,7 @@ def evaluate_checkpoint(
     if not has_nsp_head:  # e.g. a BertForMaskedLM checkpoint: its NSP layer would be random
         metrics = {k: v for k, v in metrics.items() if "nsp" not in k}
     baselines = mlm_baselines(store, train_target_counts(shards, vocab_size), n)
+    reference = baselines.as_dict()
     return {
         "checkpoint": str(checkpoint),
         "checkpoint_kind": resolved.kind,
@@ -95,9 +96,9 @@ def evaluate_checkpoint(
         "examples": n,
         "masked_tokens": int(sums.mlm_count),
         "metrics": metrics,
-        "baselines": baselines.as_dict(),
+        "baselines": reference,
         "beats_unigram": beats_unigram(metrics, baselines),
-        "nsp_at_chance": nsp_at_chance(metrics, baselines.as_dict(), n),
+        "nsp_at_chance": nsp_at_chance(metrics, reference, n),
         # False: the checkpoint has no tokenizer files, so only the ids' range could be checked
         "vocabulary_checked": resolved.tokenizer_dir is not None,
     }

@@ -107,7 +107,7 @@ def _config_file_digest(path: str | None) -> str | None:
 
 
 def _task_stamps(cfg: PipelineConfig) -> dict[str, Any]:
-    """Each configured task's definition and data files (`finetuning.fanout.task_data`); a task
+    """Each configured task's definition and data files (`finetuning.tasks.task_data`); a task
     that does not exist is left for the fine-tuning stage to name."""
     from common.errors import UserError
     from finetuning.tasks import get_task, task_data
@@ -119,10 +119,9 @@ def _task_stamps(cfg: PipelineConfig) -> dict[str, Any]:
         except UserError:
             stamps[name] = None
             continue
-        data_root = cfg.data_root
         stamps[name] = {
             "task": spec.model_dump(mode="json", exclude={"source"}),
-            "data": task_data(spec, data_root),
+            "data": task_data(spec, cfg.data_root),
         }
     return stamps
 

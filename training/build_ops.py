@@ -48,12 +48,13 @@ def main() -> int:
         build_shm_op()
         return 0
     for name in GPU_OPS:
-        print(f"build_ops: DeepSpeed's {name.removesuffix('Builder')} for this GPU in {where} (~40 s once)")
+        op = name.removesuffix("Builder")
+        print(f"build_ops: DeepSpeed's {op} for this GPU in {where} (~40 s once)")
         try:
-            print(f"build_ops: {name.removesuffix('Builder')} ready after {load_fused_op(name):.1f} s")
+            print(f"build_ops: {op} ready after {load_fused_op(name):.1f} s")
         except Exception as exc:  # no nvcc or ninja: say so here; GPU pretraining needs it later
             print(
-                f"build_ops: WARNING: DeepSpeed could not build {name.removesuffix('Builder')} ({exc}). GPU "
+                f"build_ops: WARNING: DeepSpeed could not build {op} ({exc}). GPU "
                 "pretraining uses it: install the CUDA toolkit (nvcc) and ninja, then `make install` again. "
                 "Fine-tuning does not need it.",
                 file=sys.stderr,

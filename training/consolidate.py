@@ -40,7 +40,10 @@ def resolve_tag_dir(ckpt_dir: str | os.PathLike) -> Path:
     )
 
 
-def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
+def consolidated_state_dict(
+    tag_dir: Path, master_groups: list[list[str]] | None = None
+) -> dict[str, torch.Tensor]:
+    """The fp32 weights of one checkpoint; `master_groups`: its `_VERIFIED.json`'s `fp32_master_groups`."""
     # ZeRO 1-3 partitions: `zero_pp_rank_*`, `bf16_zero_pp_rank_*` with bf16 (the module file then
     # holds bf16 weights: the fp32 masters are only in the partitions)
     if any(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("*zero_pp_rank_*")):
@@ -53,9 +56,8 @@ def consolidated_state_dict(tag_dir: Path) -> dict[str, torch.Tensor]:
         raise UserError(f"{tag_dir} holds neither ZeRO partitions nor mp_rank_00_model_states.pt.")
     saved = torch.load(states, map_location="cpu", weights_only=False)
     weights = {k: v.float() for k, v in saved["module"].items()}
-    names = (checkpoint.read_verification(tag_dir) or {}).get("fp32_master_groups")
-    if names:  # ZeRO 0 in bf16/fp16: the module is rounded; the optimizer holds the fp32 masters
-        weights.update(_fp32_masters(saved["optimizer"], names, weights))
+    if master_groups:  # ZeRO 0 in bf16/fp16: the module is rounded; the optimizer holds the fp32 masters
+        weights.update(_fp32_masters(saved["optimizer"], master_groups, weights))
         for tied in TIED_KEYS:  # the rounded copy of a tied weight would overwrite its master
             weights.pop(tied, None)
     return weights
@@ -87,7 +89,7 @@ def load_model_from_deepspeed_checkpoint(ckpt_dir: str | os.PathLike) -> BertFor
     if "model_config" not in info:
         raise UserError(f"{tag_dir}/{checkpoint.VERIFIED_NAME} records no model_config.")
     model = BertForPreTraining(BertConfig.from_hf_dict(info["model_config"]))
-    state = consolidated_state_dict(tag_dir)
+    state = consolidated_state_dict(tag_dir, info.get("fp32_master_groups"))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k not in TIED_KEYS]
     if missing or unexpected:
