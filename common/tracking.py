@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+METRICS_FILE = "metrics.jsonl"
+
 
 class WandbTarget(BaseModel):
     """Where W&B runs go."""
@@ -51,7 +53,7 @@ class Tracker:
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS_FILE
         self.enabled = enabled
         self._run = None
         if not enabled:
@@ -115,7 +117,7 @@ class Tracker:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

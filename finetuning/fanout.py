@@ -7,7 +7,10 @@ where the key (`common.fingerprint`) covers everything that determines its resul
 task, lr and seed, the fine-tuning settings, the task definition and its data, the checkpoint
 (weight-file stamps) and the tokenizer (content). So a finished unit is found again by any plan
 that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`), and a
-changed setting never reuses a stale result.
+changed setting never reuses a stale result. Random init of a model directory's shape (random:DIR)
+takes DIR's architecture only, so its units also carry a `random_init_key` without DIR's path and
+weights: `reuse_random_init_units` copies such a unit's result from an earlier pretraining run's
+baseline of the same architecture instead of retraining it under the new model's label.
 
 Workers run with bounded concurrency, each with its share of the CPU threads: `concurrency` of
 them on CPU; on a GPU machine `units_per_gpu` share each GPU (a small model's unit leaves most of
@@ -30,13 +33,22 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+from common.atomic import read_marker
 from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_stamp
 from common.tracking import WandbTarget
 from finetuning.checkpoints import checkpoint_label, is_random, normalize_checkpoint, tokenizer_dir_for
 from finetuning.config import FinetuneConfig
 from finetuning.tasks import get_task, task_data
-from finetuning.units import FinetuneUnit, Job, failed_result, finetune_units, run_finetune_unit
+from finetuning.units import (
+    FinetuneUnit,
+    Job,
+    adopt_result,
+    failed_result,
+    finetune_units,
+    finished_result,
+    run_finetune_unit,
+)
 from model.hf_io import TOKENIZER_FILES
 from training.ranks import visible_gpus
 
@@ -67,14 +79,41 @@ def plan(
         tokenizer = tokenizer_dir_for(checkpoint, tokenizer_dir)
         label = checkpoint_label(checkpoint)
         for unit in units:
-            slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{unit.name}__{label}")
+            slug = _slug(f"{unit.name}__{label}")
             key = unit_key(cfg, unit, checkpoint, tokenizer, data_root)
             # a unit made before 2026-11-25 is under its earlier key
             if units_dir.is_dir() and not (units_dir / f"{slug}-{key}").exists():
                 earlier = unit_key(cfg, unit, checkpoint, tokenizer, data_root, earlier=True)
                 key = earlier if (units_dir / f"{slug}-{earlier}").is_dir() else key
-            jobs.append(Job(unit, checkpoint, label, tokenizer, units_dir / f"{slug}-{key}", key))
+            shared = random_init_key(cfg, unit, checkpoint, tokenizer, data_root)
+            jobs.append(Job(unit, checkpoint, label, tokenizer, units_dir / f"{slug}-{key}", key, shared))
     return jobs
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def reuse_random_init_units(jobs: list[Job]) -> int:
+    """Random-init units (random:DIR) not finished yet whose result another unit directory holds
+    under the same `random_init_key` (the baseline of an earlier pretraining run of the same
+    architecture, tokenizer, task data and settings: random weights do not depend on DIR's) are
+    copied from it, not retrained. Returns how many were."""
+    reused = 0
+    for job in jobs:
+        if job.random_init_key is None or finished_result(job.out_dir) is not None:
+            continue
+        for candidate in sorted(job.out_dir.parent.glob(_slug(f"{job.unit.name}__random:") + "*")):
+            marker = read_marker(candidate)
+            if (
+                candidate != job.out_dir
+                and marker is not None
+                and marker.get("random_init_key") == job.random_init_key
+                and finished_result(candidate) is not None
+            ):
+                reused += adopt_result(job, candidate)
+                break
+    return reused
 
 
 def check_model_limits(cfg: FinetuneConfig, checkpoint: str, tasks: set[str]) -> None:
@@ -114,25 +153,50 @@ def unit_key(
     """The task's data files enter by size and sha256 under their configured path (an edited TSV
     is new data; a moved data root is not); `earlier`: by resolved path only, as before 2026-11-25,
     to find the units made then (`plan`)."""
-    spec = get_task(unit.task, cfg.task_config)
     target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+    return digest(
+        {
+            **_unit_inputs(cfg, unit, tokenizer_dir, data_root, earlier),
+            "checkpoint": checkpoint,
+            "weights": model_dir_stamp(target) if "/" in target else None,
+        },
+        KEY_LENGTH,
+    )
+
+
+def random_init_key(
+    cfg: FinetuneConfig, unit: FinetuneUnit, checkpoint: str, tokenizer_dir: Path, data_root: str | None
+) -> str | None:
+    """For random:DIR, what its unit's result depends on: `unit_key`'s inputs with DIR's
+    architecture (config.json) in place of DIR's path and weights; None for other checkpoints."""
+    from model.hf_io import read_config
+
+    target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else ""
+    if "/" not in target:
+        return None
+    architecture = dataclasses.asdict(read_config(Path(target)))
+    return digest(
+        {**_unit_inputs(cfg, unit, tokenizer_dir, data_root, False), "architecture": architecture},
+        KEY_LENGTH,
+    )
+
+
+def _unit_inputs(
+    cfg: FinetuneConfig, unit: FinetuneUnit, tokenizer_dir: Path, data_root: str | None, earlier: bool
+) -> dict[str, Any]:
+    spec = get_task(unit.task, cfg.task_config)
     data = (
         [str(spec.path(split, data_root)) for split in ("train", "dev")]
         if earlier
         else task_data(spec, data_root)
     )
-    return digest(
-        {
-            "unit": dataclasses.asdict(unit),
-            "settings": cfg.model_dump(mode="json", exclude=NOT_IN_UNIT_KEY),
-            "task": spec.model_dump(mode="json", exclude={"source"}),
-            "data": data,
-            "checkpoint": checkpoint,
-            "weights": model_dir_stamp(target) if "/" in target else None,
-            "tokenizer": [content_digest(tokenizer_dir / name) for name in TOKENIZER_FILES],
-        },
-        KEY_LENGTH,
-    )
+    return {
+        "unit": dataclasses.asdict(unit),
+        "settings": cfg.model_dump(mode="json", exclude=NOT_IN_UNIT_KEY),
+        "task": spec.model_dump(mode="json", exclude={"source"}),
+        "data": data,
+        "tokenizer": [content_digest(tokenizer_dir / name) for name in TOKENIZER_FILES],
+    }
 
 
 class UnitPool:

@@ -22,7 +22,7 @@ import torch
 from common.atomic import atomic_write_json, read_marker, remove_temp_files, write_marker
 from common.dir_lock import exclusive_dir
 from common.errors import UserError
-from common.tracking import Tracker, WandbTarget
+from common.tracking import METRICS_FILE, Tracker, WandbTarget
 from common.version import source_digests
 from finetuning.config import UNIT_CODE, FinetuneConfig
 from finetuning.tasks import TaskSpec, get_task, load_task_specs
@@ -54,6 +54,9 @@ class Job:
     tokenizer_dir: Path
     out_dir: Path  # ROOT/units/<unit>__<label>-<key>
     key: str  # digest of everything that determines the result
+    # random:DIR only: the key without DIR's path and weights (a random model takes DIR's
+    # architecture alone), shared by the units of every DIR of that architecture
+    random_init_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -186,12 +189,7 @@ def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: Wan
     out_dir, unit, checkpoint, label = job.out_dir, job.unit, job.checkpoint, job.label
     if (done := finished_result(out_dir)) is not None:  # finished meanwhile
         return done
-    # An interrupted earlier attempt: its partial curve and W&B files are stale.
-    if out_dir.is_dir():
-        remove_temp_files(out_dir)
-        (out_dir / "metrics.jsonl").unlink(missing_ok=True)
-        shutil.rmtree(out_dir / "wandb_files", ignore_errors=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _clear_attempt(out_dir)
 
     wall_start = time.perf_counter()
     device = pick_device()
@@ -271,5 +269,45 @@ def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: Wan
     finally:
         tracker.finish()
     atomic_write_json(out_dir / RESULT_FILE, result)
-    write_marker(out_dir, {"unit": unit.name, "key": job.key, "code": source_digests(UNIT_CODE)})
+    marker = {"unit": unit.name, "key": job.key, "code": source_digests(UNIT_CODE)}
+    if job.random_init_key is not None:
+        marker["random_init_key"] = job.random_init_key
+    write_marker(out_dir, marker)
     return result
+
+
+def _clear_attempt(out_dir: Path) -> None:
+    """An interrupted earlier attempt: its partial curve and W&B files are stale."""
+    if out_dir.is_dir():
+        remove_temp_files(out_dir)
+        (out_dir / METRICS_FILE).unlink(missing_ok=True)
+        shutil.rmtree(out_dir / "wandb_files", ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def adopt_result(job: Job, source: Path) -> bool:
+    """Fill `job.out_dir` with the finished result of `source`, a unit directory whose result is
+    `job`'s own (the same `random_init_key`), under `job`'s checkpoint and label, with its curve;
+    its W&B run stays in `source`. False when `job.out_dir` is busy in another process or finished."""
+    try:
+        with exclusive_dir(job.out_dir, f"unit {job.unit.name}", inside=True):
+            if finished_result(job.out_dir) is not None:
+                return False
+            _clear_attempt(job.out_dir)
+            result = json.loads((source / RESULT_FILE).read_text())
+            origin = result.get("reused_from", str(source))
+            if (source / METRICS_FILE).is_file():
+                shutil.copyfile(source / METRICS_FILE, job.out_dir / METRICS_FILE)
+            atomic_write_json(
+                job.out_dir / RESULT_FILE,
+                {
+                    **result,
+                    "checkpoint": job.checkpoint,
+                    "checkpoint_label": job.label,
+                    "reused_from": origin,
+                },
+            )
+            write_marker(job.out_dir, {**read_marker(source), "key": job.key, "reused_from": origin})
+    except UserError:  # another process holds the unit
+        return False
+    return True

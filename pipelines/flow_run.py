@@ -152,7 +152,7 @@ class FlowRun:
         """One task per fine-tuning unit of the flow's plan (`units` output: their futures)."""
         if not self.wanted("finetune"):
             return
-        from finetuning.fanout import UnitPool
+        from finetuning.fanout import UnitPool, reuse_random_init_units
         from pipelines.stage_finetune import flow_plan
 
         pretrain, tokenizer = (self.upstream(s) for s in upstream)
@@ -162,6 +162,8 @@ class FlowRun:
         if "finetune" in self.forced:
             for job in jobs:
                 clear(job.out_dir)
+        else:
+            reuse_random_init_units(jobs)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
         complete_before = [read_marker(job.out_dir) is not None for job in jobs]
         t0 = time.time()

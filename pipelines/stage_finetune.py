@@ -183,10 +183,12 @@ def main(args: argparse.Namespace) -> int:
     wandb = cfg_all.wandb.target(group)
     from common.progress import Progress
 
+    reused = fanout.reuse_random_init_units(selected)
     complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
     print(
-        f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete, "
-        f"{fanout.worker_count(cfg, len(selected), visible_gpus())} worker(s) -> {output}",
+        f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete"
+        + (f" ({reused} random-init units copied from a model of the same shape)" if reused else "")
+        + f", {fanout.worker_count(cfg, len(selected), visible_gpus())} worker(s) -> {output}",
         flush=True,
     )
     if note := code_change_note("finetune", sorted(complete)):

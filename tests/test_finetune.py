@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from common.version import source_digests
 from finetuning.batching import collate, train_batches
 from finetuning.checkpoints import checkpoint_label, with_baselines
 from finetuning.config import UNIT_CODE, FinetuneConfig
-from finetuning.fanout import plan, unit_key, worker_count
+from finetuning.fanout import plan, reuse_random_init_units, unit_key, worker_count
 from finetuning.scorecard import build_scorecard
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
 
@@ -309,6 +310,57 @@ def test_unit_end_to_end_resume_and_determinism(tmp_path, minilm_dir):
     [again] = plan(cfg, ["random:tiny"], tmp_path / "b", tokenizer_dir=minilm_dir)
     rerun = run_finetune_unit(cfg, again)
     assert rerun["metrics"] == result["metrics"] and rerun["final_train_loss"] == result["final_train_loss"]
+
+
+def test_random_init_units_are_copied_from_a_model_of_the_same_shape_not_retrained(tmp_path, minilm_dir):
+    """A new pretraining run (another model directory, same architecture, tokenizer and settings)
+    takes its random-init baseline from the earlier run's units under its own label, with the curve;
+    another architecture trains its own. The copy is what retraining gives."""
+    cfg = FinetuneConfig(tasks=["sst2"], **TINY)
+    shape = {
+        "model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128,
+        "type_vocab_size": 2,
+    }  # fmt: skip
+
+    def model_dir(run: str, **changes: int) -> Path:
+        directory = tmp_path / run / "model"
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text(json.dumps({**shape, **changes}))
+        (directory / "model.safetensors").write_text(run)  # other weights, which random init never reads
+        return directory
+
+    def job_of(directory: Path):
+        [job] = plan(cfg, [f"random:{directory}"], tmp_path / "ft", tokenizer_dir=minilm_dir)
+        return job
+
+    first = job_of(model_dir("run1"))
+    trained = run_finetune_unit(cfg, first)
+    second, wider = job_of(model_dir("run2")), job_of(model_dir("run3", intermediate_size=128))
+    assert second.out_dir != first.out_dir and second.random_init_key == first.random_init_key
+    assert wider.random_init_key != first.random_init_key
+    [pretrained] = plan(cfg, [str(minilm_dir)], tmp_path / "ft")
+    assert pretrained.random_init_key is None
+
+    assert reuse_random_init_units([second, wider]) == 1
+    copied = json.loads((second.out_dir / "result.json").read_text())
+    assert copied == {
+        **trained,
+        "checkpoint": f"random:{tmp_path / 'run2' / 'model'}",
+        "checkpoint_label": "random:run2/model",
+        "reused_from": str(first.out_dir),
+    }
+    assert read_metrics(second.out_dir) == read_metrics(first.out_dir) != []
+    assert read_marker(second.out_dir)["key"] == second.key and read_marker(wider.out_dir) is None
+    assert run_finetune_unit(cfg, second) == copied  # found finished, not retrained
+    assert reuse_random_init_units([second]) == 0
+
+    shutil.rmtree(second.out_dir)
+    retrained = run_finetune_unit(cfg, second)
+    assert (retrained["metrics"], retrained["final_train_loss"]) == (
+        trained["metrics"],
+        trained["final_train_loss"],
+    )
 
 
 def _result(label, kind, task, lr, metrics, glue=True):

@@ -226,3 +226,24 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert f"-> {finetune_dir}" in proc.stdout
     assert {d: (d / "result.json").stat().st_mtime_ns for d in stamps} == stamps  # reused, not rerun
     assert json.loads((finetune_dir / "scorecard.json").read_text())["rows"] == card["rows"]
+
+    # --- a new pretraining run: its model's units train, random init's are copied from the first
+    # run's (random weights of the same architecture do not depend on the pretrained ones)
+    fourth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"])
+    status = _status(fourth)
+    assert status == {
+        "verify": "cached",
+        "tokenizer": "cached",
+        "preprocess": "cached",
+        "pretrain": "ran",
+        "finetune-units": "2 ran, 0 cached, 2 reused",
+        "finetune": "ran",
+        "report": "ran",
+    }, status
+    new_pretrain = Path(next(r["out_dir"] for r in fourth["stages"] if r["stage"] == "pretrain"))
+    fourth_finetune = Path(next(r["out_dir"] for r in fourth["stages"] if r["stage"] == "finetune"))
+    fourth_card = json.loads((fourth_finetune / "scorecard.json").read_text())
+    [_, first_random] = card["rows"]
+    [_, random_row] = fourth_card["rows"]
+    assert random_row["checkpoint"] == f"random:{new_pretrain.name}/model" != first_random["checkpoint"]
+    assert random_row["tasks"] == first_random["tasks"]
