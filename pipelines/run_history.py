@@ -43,8 +43,21 @@ class FlowRunRecord:
 
     def out_dirs(self) -> list[Path]:
         """The stage outputs this flow run used (its fine-tuning units included, when recorded)."""
-        dirs = [Path(r["out_dir"]) for r in self.data.get("stages", []) if r.get("stage") != "finetune-units"]
-        return dirs + [Path(p) for p in self.data.get("units", [])]
+        stages = [r["out_dir"] for r in self.data.get("stages", []) if r.get("stage") != "finetune-units"]
+        return [self.local(d) for d in [*stages, *self.data.get("units", [])]]
+
+    def output(self, stage: str) -> Path | None:
+        """This run's output of `stage` (`local`), None when it had none."""
+        entries = self.data.get("stages", [])
+        return next((self.local(r["out_dir"]) for r in entries if r.get("stage") == stage), None)
+
+    def local(self, recorded: str) -> Path:
+        """A recorded output (an absolute path, as the flow wrote it) in the run directory that
+        holds this record: a copied or moved run directory names its own outputs, never those of
+        the directory it was copied from."""
+        path = Path(recorded)
+        unit = (path.parent.parent.name, path.parent.name) == UNITS
+        return self.path.parent.parent.joinpath(*path.parts[-3 if unit else -2 :])
 
 
 @dataclass
@@ -136,11 +149,12 @@ def removal_plan(root: Path, targets: list[str], incomplete: bool = False) -> li
     runs = flow_runs(root)
     names = {r.name for r in runs} | {r.path.stem for r in runs}
     plan: list[Path] = []
+    outputs = {d.resolve() for _, d in _output_dirs(root)}
     for target in targets:
         if target in names or target == LATEST:
             run = find_run(runs, target)
             others = {d.resolve() for r in runs if r is not run for d in r.out_dirs()}
-            plan += [d.resolve() for d in run.out_dirs() if d.resolve() not in others and d.is_dir()]
+            plan += [d.resolve() for d in run.out_dirs() if d.resolve() in outputs - others]
             plan.append(run.path)
         else:
             plan.append(_stage_output(root, Path(target)))

@@ -78,7 +78,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _scorecard(run: FlowRunRecord) -> dict[str, Any] | None:
-    fin = next((Path(r["out_dir"]) for r in run.data.get("stages", []) if r.get("stage") == "finetune"), None)
+    fin = run.output("finetune")
     try:
         return json.loads((fin / "scorecard.json").read_text()) if fin else None
     except (OSError, json.JSONDecodeError):
@@ -101,7 +101,7 @@ def result_text(run: FlowRunRecord) -> str:
 
 
 def _report(run: FlowRunRecord) -> str:
-    rep = next((Path(r["out_dir"]) for r in run.data.get("stages", []) if r.get("stage") == "report"), None)
+    rep = run.output("report")
     return str(rep / "report.html") if rep and (rep / "report.html").is_file() else "—"
 
 
@@ -142,7 +142,7 @@ def show_run(root: Path, name: str | None) -> str:
     ]
     rows = []
     for r in d.get("stages", []):
-        out = Path(r["out_dir"])
+        out = run.local(r["out_dir"])
         now = progress_state(out) if r.get("stage") != "finetune-units" and out.exists() else (
             "present" if out.exists() else "deleted")  # fmt: skip
         rows.append(
@@ -156,7 +156,7 @@ def show_run(root: Path, name: str | None) -> str:
             ]
         )
     lines.append(_table(["stage", "status", "time", "now", "size", "output"], rows))
-    pre = next((Path(r["out_dir"]) for r in d.get("stages", []) if r.get("stage") == "pretrain"), None)
+    pre = run.output("pretrain")
     if pre is not None and (pre / "model").is_dir():
         lines += [
             "",

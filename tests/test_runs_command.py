@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,21 @@ def test_clean_a_run_keeps_what_another_run_uses(root: Path, capsys: pytest.Capt
     assert not lock_file_of(root / "pretrain" / "p1").exists()
     assert not any("first-run" in p.name for p in (root / "flow_runs").iterdir())
     assert (root / "pretrain" / "p2" / MARKER_NAME).is_file()
+
+
+def test_a_copied_run_directory_cleans_its_own_outputs_never_the_originals(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The records hold absolute paths: in a copy (a backup, a directory to experiment in) they
+    name the original's outputs, which cleaning the copy must not touch."""
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy, symlinks=True)
+    assert cli(["runs", "show", "second-run", "--run-dir", str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert str(copy / "pretrain" / "p2") in out and str(root) + os.sep not in out
+    assert cli(["runs", "clean", "first-run", "--run-dir", str(copy), "--yes"]) == 0
+    assert (root / "pretrain" / "p1" / MARKER_NAME).is_file()  # the original's, untouched
+    assert not (copy / "pretrain" / "p1").exists() and (copy / "tokenizer" / "t1" / MARKER_NAME).is_file()
 
 
 def test_clean_incomplete_and_refusals(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
