@@ -29,7 +29,7 @@ from pipelines.config import PipelineConfig
 from pipelines.flow_records import stage_record, write_record
 from pipelines.run_history import update_latest
 from pipelines.stage_keys import base_stage, code_change_note, run_root, stage_dirs, stage_key_inputs
-from pipelines.stage_plan import plan_stages
+from pipelines.stage_plan import SUMMARY_STAGES, plan_stages
 
 
 def clear(directory: Path) -> None:
@@ -64,6 +64,7 @@ class FlowRun:
         self.record_path: Path | None = None
         self.status = "running"
         self.unit_dirs: list[str] = []
+        self.made_here: set[str] = set()  # the outputs this flow run computed (not cached, not reused)
 
     def task_run_ids(self) -> list[str]:
         """The task runs this flow run has made so far: one per stage that ran, one per unit."""
@@ -114,10 +115,11 @@ class FlowRun:
         it only follows when they ran here."""
         if not self.wanted(name):
             return
-        pairs = upstream.items() if isinstance(upstream, dict) else ((stage, stage) for stage in upstream)
+        pairs = list(upstream.items() if isinstance(upstream, dict) else ((s, s) for s in upstream))
         inputs = {param: self.upstream(stage) for param, stage in pairs}
         out = self.dirs[name]
-        if base_stage(name) in self.forced:
+        inputs_made_here = any(stage in self.made_here for _, stage in pairs)
+        if base_stage(name) in self.forced or (name in SUMMARY_STAGES and inputs_made_here):
             clear(out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "stage_key.json", stage_key_inputs(self.cfg)[name])
@@ -129,6 +131,8 @@ class FlowRun:
         )
         value = state.result()  # raises the stage's exception if it failed (after retries)
         status = "reused" if value.get("status") == "reused" else _cache_status(state)
+        if status == "ran":
+            self.made_here.add(name)
         self.records.append(
             stage_record(
                 name,
@@ -162,8 +166,7 @@ class FlowRun:
         if "finetune" in self.forced:
             for job in jobs:
                 clear(job.out_dir)
-        else:
-            reuse_random_init_units(jobs)
+        copied = 0 if "finetune" in self.forced else reuse_random_init_units(jobs)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
         complete_before = [read_marker(job.out_dir) is not None for job in jobs]
         t0 = time.time()
@@ -181,7 +184,10 @@ class FlowRun:
         seconds = sum(float(f.result().get("wall_time_s", 0.0)) for f in futures)
         # ran: trained in this flow run; cached: Prefect cache hit; reused: found complete on disk
         # (written by `bertflow finetune` or an earlier flow run with other settings)
-        status = f"{len(futures) - sum(cached) - reused} ran, {sum(cached)} cached"
+        ran = len(futures) - sum(cached) - reused
+        if ran or copied:
+            self.made_here.add("units")
+        status = f"{ran} ran, {sum(cached)} cached"
         status += f", {reused} reused" if reused else ""
         note = self._code_note(
             "finetune", [j.out_dir for j, done in zip(jobs, complete_before, strict=True) if done]

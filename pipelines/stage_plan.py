@@ -5,6 +5,11 @@ from __future__ import annotations
 from common.errors import UserError
 from pipelines.stage_keys import STAGES
 
+# Stages that only summarize their inputs (the scorecard reads the units, the report everything):
+# their directories are keyed by settings, not by their inputs' contents, so where an input was
+# made anew in this flow run (a forced stage upstream, units trained) they are rebuilt (cheap).
+SUMMARY_STAGES = ("finetune", "report")
+
 
 def plan_stages(
     only: str | None, from_stage: str | None, force: list[str] | None
@@ -12,7 +17,8 @@ def plan_stages(
     """Which stages run, and which of them recompute even when complete.
 
     default: all stages, completed ones reused · `--only S`: just S (its inputs must be complete) ·
-    `--from S`: everything, S and all later stages recomputed · `--force S`: recompute S (repeatable).
+    `--from S`: everything, S and all later stages recomputed · `--force S`: recompute S (repeatable),
+    and the `SUMMARY_STAGES` after it, as whenever their inputs are made anew (`FlowRun.stage`).
     """
     for name, value in (("--only", only), ("--from", from_stage), *(("--force", f) for f in force or [])):
         if value is not None and value not in STAGES:

@@ -247,3 +247,19 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     [_, random_row] = fourth_card["rows"]
     assert random_row["checkpoint"] == f"random:{new_pretrain.name}/model" != first_random["checkpoint"]
     assert random_row["tasks"] == first_random["tasks"]
+
+    # --- `--force pretrain`: a new model in the same directory; its units train again, and the
+    # scorecard and report, though their keys are the same, are rebuilt from them
+    fifth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"], force=["pretrain"])
+    status = _status(fifth)
+    assert status == {
+        "verify": "cached",
+        "tokenizer": "cached",
+        "preprocess": "cached",
+        "pretrain": "ran",
+        "finetune-units": "2 ran, 0 cached, 2 reused",
+        "finetune": "ran",
+        "report": "ran",
+    }, status
+    fifth_finetune = Path(next(r["out_dir"] for r in fifth["stages"] if r["stage"] == "finetune"))
+    assert fifth_finetune == fourth_finetune
