@@ -60,9 +60,15 @@ def write_record(
     return path
 
 
-def latest_record(root: Path) -> tuple[Path | None, dict[str, Any]]:
-    """The newest flow-run record of a run directory (what the last flow run did)."""
-    records = sorted((root / FLOW_RECORDS).glob("*.json"), key=lambda p: p.stat().st_mtime)
-    if not records:
-        return None, {}
-    return records[-1], json.loads(records[-1].read_text())
+def latest_record(root: Path, scorecard_dir: Path) -> tuple[Path | None, dict[str, Any]]:
+    """The newest flow-run record of a run directory whose scorecard is `scorecard_dir` (the last
+    flow run of that config; another config's run, or one with `--only verify`, is not it)."""
+    records = sorted((root / FLOW_RECORDS).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in records:
+        data = json.loads(path.read_text())
+        stages = data.get("stages", [])
+        if any(
+            r.get("stage") == "finetune" and Path(r["out_dir"]).name == scorecard_dir.name for r in stages
+        ):
+            return path, data
+    return None, {}

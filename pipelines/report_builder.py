@@ -167,7 +167,7 @@ def build_report(
     if record_path is not None and Path(record_path).is_file():
         record = json.loads(Path(record_path).read_text())
     else:
-        _, record = latest_record(run_root(cfg))
+        _, record = latest_record(run_root(cfg), stage_dirs(cfg)["finetune"])
     _track(cfg, out_dir, record, wandb)
     inputs = gather(cfg, out_dir, record)
     root = run_root(cfg)

@@ -19,14 +19,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from common.atomic import write_marker
+    from common.atomic import read_marker, write_marker
     from pipelines.config import load_config
     from pipelines.report_builder import build_report
-    from pipelines.stage_keys import stage_code, stage_dir
+    from pipelines.stage_keys import stage_code, stage_dirs
 
     cfg = load_config(args.config, args.overrides)
-    out = Path(args.output) if args.output else stage_dir(cfg, "report")
+    dirs = stage_dirs(cfg)
+    out = Path(args.output) if args.output else dirs["report"]
     paths = build_report(cfg, out)
-    write_marker(out, {"stage": "report", "by": "bertflow report", "code": stage_code("report")})
+    unfinished = [s for s in ("pretrain", "finetune") if read_marker(dirs[s]) is None]
+    if unfinished:  # a look at a run under way: the flow's report stage must not take it as final
+        print(f"bertflow report: no complete {' or '.join(unfinished)} output yet, so this report is "
+              "partial and not marked complete (the flow's report stage writes it again).")  # fmt: skip
+    else:
+        write_marker(out, {"stage": "report", "by": "bertflow report", "code": stage_code("report")})
     print(f"Report: {paths['report_html']}\n        {paths['report_md']}")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -165,3 +166,43 @@ def test_report_in_a_real_browser(run_dir) -> None:
         assert shot.read_bytes().startswith(PNG_MAGIC)
     finally:
         browser.close()
+
+
+def test_report_alone_is_marked_complete_only_once_its_run_is(tmp_path, minilm_dir, data_dir, capsys) -> None:
+    """`bertflow report` while the flow still fine-tunes writes a partial page, which the flow's
+    report stage must not reuse as final; and it reports on the last flow run of its own config,
+    not on the newest record of the run directory (another config's, or an `--only verify` run)."""
+    from common.atomic import read_marker
+    from pipelines.cli import main as cli
+
+    overrides = [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled", "finetune.tasks=[]"]
+    dirs = make_stage_outputs(load_config(None, overrides), minilm_dir, data_dir)
+    records = tmp_path / "runs" / FLOW_RECORDS
+    records.mkdir()
+    for age, name, stage, out_dir in (
+        (100, "this-configs-run", "finetune", dirs["finetune"]),
+        (0, "a-verify-run", "verify", tmp_path / "runs" / "verify" / "v1"),
+    ):
+        path = records / f"{name}.json"
+        entry = {
+            "stage": stage,
+            "key": out_dir.name,
+            "out_dir": str(out_dir),
+            "status": "ran",
+            "seconds": 1.0,
+        }
+        path.write_text(
+            json.dumps({"flow_run": name, "started_utc": "2026-01-01 00:00:00", "stages": [entry]})
+        )
+        os.utime(path, (path.stat().st_mtime - age,) * 2)
+
+    aside = tmp_path / "scorecard-not-written-yet"
+    dirs["finetune"].rename(aside)
+    assert cli(["report", "--set", *overrides]) == 0
+    assert "partial and not marked complete" in capsys.readouterr().out
+    assert read_marker(dirs["report"]) is None
+    aside.rename(dirs["finetune"])
+    assert cli(["report", "--set", *overrides]) == 0
+    assert read_marker(dirs["report"]) is not None
+    md = (dirs["report"] / "report.md").read_text()
+    assert "this-configs-run" in md and "a-verify-run" not in md
