@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from common.errors import UserError
+
 MARKER_NAME = "_COMPLETE.json"
 IN_PROGRESS_NAME = "_IN_PROGRESS.json"  # present from a stage's start until its marker is written
 TMP_PREFIX = ".tmp-"
@@ -82,6 +84,15 @@ def mark_in_progress(directory: str | os.PathLike) -> None:
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    writer = _in_progress(directory)
+    if progress_state(directory) == "running" and writer.get("pid") != os.getpid():
+        # a second run refused by the stage's lock must not have taken the output's record first
+        # (`bertflow runs` would call the live output interrupted, and `clean --incomplete` delete it)
+        raise UserError(
+            f"{directory} is being written by another process (pid {writer.get('pid')}, since "
+            f"{writer.get('started_utc', '?')} UTC); two runs writing one directory would mix their files.",
+            fix="wait for that run to finish, or give this one another output directory (or run_dir).",
+        )
     atomic_write_json(
         directory / IN_PROGRESS_NAME,
         {
@@ -98,12 +109,10 @@ def progress_state(directory: str | os.PathLike) -> str:
     directory = Path(directory)
     if read_marker(directory) is not None:
         return "complete"
-    path = directory / IN_PROGRESS_NAME
-    if not path.is_file():
+    if not (directory / IN_PROGRESS_NAME).is_file():
         return "unfinished"
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    info = _in_progress(directory)
+    if not info:
         return "interrupted"
     import socket
 
@@ -119,6 +128,14 @@ def progress_state(directory: str | os.PathLike) -> str:
     except PermissionError:  # alive, another user's
         pass
     return "running"
+
+
+def _in_progress(directory: Path) -> dict[str, Any]:
+    """The writer `mark_in_progress` recorded ({} when none or unreadable)."""
+    try:
+        return json.loads((directory / IN_PROGRESS_NAME).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def read_marker(directory: str | os.PathLike) -> dict[str, Any] | None:

@@ -94,7 +94,8 @@ def run_pretrain_stage(
 
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
     with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():
-        mark_in_progress(out_dir)  # until write_marker below
+        if node_rank == 0:  # the output's writer; other nodes' ranks only add their checkpoint shards
+            mark_in_progress(out_dir)  # until write_marker below
         spec_path = out_dir / "run_spec.json"
         spec.write(spec_path)
         port = p.master_port or launch.free_port()

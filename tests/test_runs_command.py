@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, mark_in_progress, progress_state, write_marker
 from common.dir_lock import exclusive_dir, lock_file_of
+from common.errors import UserError
+from common.paths import PROJECT_ROOT
 from pipelines.cli import main as cli
 from pipelines.run_history import update_latest
 
@@ -119,6 +123,30 @@ def test_clean_incomplete_and_refusals(root: Path, capsys: pytest.CaptureFixture
     assert outside.is_dir() and (root / "pretrain" / "p2").is_dir()
     assert cli(["runs", "show", "secnd-run", "--run-dir", str(root)]) == 2
     assert "did you mean second-run?" in capsys.readouterr().err
+
+
+def test_a_second_writer_leaves_the_live_writers_record_alone(tmp_path: Path) -> None:
+    """A run refused on an output another live process writes must not replace that process's
+    in-progress record: `runs stages` would call the live output interrupted, and
+    `runs clean --incomplete` delete it. Once the writer is gone, the output is taken over."""
+    out = tmp_path / "runs" / "pretrain" / "p1"
+    code = "import sys, time; from common.atomic import mark_in_progress; mark_in_progress(sys.argv[1]); "
+    code += "print('marked', flush=True); time.sleep(60)"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", code, str(out)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout.readline() == "marked\n"
+        with pytest.raises(UserError, match=f"being written by another process \\(pid {writer.pid},"):
+            mark_in_progress(out)
+        assert progress_state(out) == "running"
+        assert json.loads((out / IN_PROGRESS_NAME).read_text())["pid"] == writer.pid
+    finally:
+        writer.kill()
+        writer.wait()
+    assert progress_state(out) == "interrupted"
+    mark_in_progress(out)
+    assert json.loads((out / IN_PROGRESS_NAME).read_text())["pid"] == os.getpid()
 
 
 def test_latest_links_follow_the_newest_flow_run(root: Path) -> None:
