@@ -61,14 +61,17 @@ def main(args: argparse.Namespace) -> int:
     apply_env_defaults()
     from common.paths import check_output_dir
     from pipelines.config import load_config
+    from pipelines.stage_finetune import check_flow_finetune
     from pipelines.stage_plan import plan_stages
     from pipelines.stage_pretrain import check_pretrain_layouts
     from pipelines.verify_data import check_data_paths
 
     cfg = load_config(args.config, args.overrides)  # fails fast, before Prefect starts
-    plan_stages(args.only, args.from_stage, args.force)
+    selected, _ = plan_stages(args.only, args.from_stage, args.force)
     check_data_paths(cfg)
     check_pretrain_layouts(cfg)
+    if "finetune" in selected:
+        check_flow_finetune(cfg)
     if cfg.pretrain.init_from:  # its model is part of the pretrain stage's key
         from training.preflight import check_init_from
 

@@ -123,6 +123,22 @@ def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig
         raise UserError(f"bad flag value: {msgs}") from None
 
 
+def check_flow_finetune(cfg: PipelineConfig) -> None:
+    """The flow's fine-tuning settings that cannot work, refused before its first stage instead
+    of after pretraining: unknown tasks, and sequences longer than the model's positions."""
+    from finetuning.units import finetune_units
+    from pipelines.stage_pretrain import model_positions
+
+    finetune_units(cfg.finetune)
+    positions = model_positions(cfg)
+    if cfg.finetune.max_seq_length > positions:
+        raise UserError(
+            f"finetune.max_seq_length {cfg.finetune.max_seq_length} exceeds the pretrained model's "
+            f"{positions} positions (model.max_position_embeddings).",
+            fix=f"set finetune.max_seq_length to {positions} or less.",
+        )
+
+
 def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list[Job]:
     """The flow's fine-tuning plan for `cfg`: the pretrained model plus the configured baselines,
     read with the flow's tokenizer, units under `run_dir/finetune/units/`."""

@@ -139,8 +139,18 @@ def run_pretrain_stage(
 
 
 def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
-    """Multi-node settings that cannot work, refused before anything starts."""
+    """Multi-node and launcher settings that cannot work, refused before anything starts."""
     p = cfg.pretrain
+    if p.launcher == "torchrun" and p.hostfile:
+        raise UserError(
+            "pretrain.hostfile needs launcher 'deepspeed'; torchrun takes --nnodes per node.",
+            fix="set pretrain.launcher to deepspeed (or auto), or pretrain.nnodes with --node-rank per node.",
+        )
+    if p.launcher == "deepspeed" and p.nnodes > 1:
+        raise UserError(
+            "pretrain.nnodes > 1 starts one torchrun per node; DeepSpeed's launcher takes a hostfile instead.",
+            fix="set pretrain.launcher to torchrun (or auto), or use pretrain.hostfile with nnodes 1.",
+        )
     if not 0 <= node_rank < p.nnodes:
         raise UserError(
             f"--node-rank {node_rank} is outside 0..{p.nnodes - 1} (pretrain.nnodes {p.nnodes}).",
@@ -160,21 +170,49 @@ def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
 
 
 def check_pretrain_layouts(cfg: PipelineConfig) -> None:
-    """Each phase's ranks, batch split and ZeRO stage as its pretraining will resolve them on this
-    machine, refused (more ranks than GPUs, a global batch the ranks cannot share, Muon at ZeRO 1-3,
-    a stage that does not exist) before the flow's first stage runs instead of after preprocessing."""
-    from training.ds_config import resolve_zero_stage
+    """Each phase's pretraining settings as its stage will resolve them on this machine, refused
+    before the flow's first stage runs instead of after preprocessing: ranks and batch split (more
+    ranks than GPUs, a global batch the ranks cannot share), nodes and launcher, the DeepSpeed config
+    (ZeRO stage, Muon at ZeRO 1-3, precision for the device, a template contradicting the run), and
+    sequences longer than the model's positions."""
+    from training.ds_config import build_ds_config
     from training.launch import world_size
     from training.ranks import resolve_ranks, visible_gpus
 
     gpus = visible_gpus()
+    on_gpu, bf16_ok = _device_caps() if gpus else (False, False)  # no torch import on a CPU machine
     prefixes = [f"phase {ph.name}: " for ph in cfg.phases] + [""]  # the phases in order, then the main run
     for index, prefix in enumerate(prefixes):
+        phase = cfg.phase_config(index)
         try:
-            p = resolve_ranks(cfg.phase_config(index).pretrain, gpus)
-            resolve_zero_stage(p, world_size(p))
+            p = resolve_ranks(phase.pretrain, gpus)
+            check_nodes(phase.model_copy(update={"pretrain": p}), 0)
+            build_ds_config(p, world_size(p), on_gpu, bf16_ok)
+            check_positions(phase)
         except UserError as err:
             raise UserError(f"{prefix}{err}") from None
+
+
+def model_positions(cfg: PipelineConfig) -> int:
+    """The positions of the model `cfg` pretrains: model.max_position_embeddings, or those of
+    pretrain.init_from's model."""
+    if not cfg.pretrain.init_from:
+        return cfg.model.max_position_embeddings
+    from model.hf_io import read_config
+    from training.preflight import check_init_from
+
+    return read_config(check_init_from(cfg.pretrain.init_from)).max_position_embeddings
+
+
+def check_positions(cfg: PipelineConfig) -> None:
+    """Preprocessed sequences no longer than the model's positions."""
+    positions = model_positions(cfg)
+    if cfg.preprocess.max_seq_length > positions:
+        raise UserError(
+            f"preprocess.max_seq_length {cfg.preprocess.max_seq_length} exceeds the model's {positions} "
+            "positions (model.max_position_embeddings).",
+            fix=f"set preprocess.max_seq_length to {positions} or less, or raise model.max_position_embeddings.",
+        )
 
 
 def finish_model_dir(out_dir: Path, seconds: float | None = None) -> Path:

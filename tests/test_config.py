@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -180,4 +181,31 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
     assert proc.returncode == 2, proc.stderr
     assert said in proc.stderr and "Fix: set pretrain.zero_stage: 0" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "setting,said",
+    [
+        ("pretrain.precision=fp16", "pretrain.precision fp16 needs a GPU"),
+        ("pretrain.nnodes=2", "needs pretrain.master_addr and pretrain.master_port"),
+        ("pretrain.deepspeed_config=TEMPLATE", "has an 'optimizer' section, which the run would ignore"),
+        (
+            "model.max_position_embeddings=64",
+            "preprocess.max_seq_length 128 exceeds the model's 64 positions",
+        ),
+        ("finetune.tasks=[sst-2]", "unknown task(s) ['sst-2']"),
+        ("finetune.max_seq_length=600", "finetune.max_seq_length 600 exceeds the pretrained model's 512"),
+    ],
+)
+def test_settings_that_would_fail_at_pretraining_or_fine_tuning_are_refused_before_any_stage(
+    tmp_path: Path, setting: str, said: str
+) -> None:
+    """Not after the tokenizer, preprocessing (hours on a real corpus) and, for fine-tuning,
+    pretraining have run."""
+    template = tmp_path / "zero2_with_optimizer.json"
+    template.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Adam"}}))
+    proc = _run_cpu_hour(tmp_path / "runs", setting.replace("TEMPLATE", str(template)))
+    assert proc.returncode == 2, proc.stderr
+    assert said in proc.stderr and "Fix:" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()

@@ -253,6 +253,10 @@ def test_ds_config_muon_needs_zero_stage_0():
         ({}, {"train_micro_batch_size_per_gpu": 4}, "train_micro_batch_size_per_gpu=4 contradicts"),
         ({"precision": "fp32"}, {"bf16": {"enabled": True}}, "enables bf16 but pretrain.precision"),
         ({}, {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "offloads"),
+        # DeepSpeed silently prefers the run's own optimizer and schedule over a template's
+        ({}, {"optimizer": {"type": "Adam", "params": {"lr": 3e-4}}}, "'optimizer' section, which the run"),
+        ({}, {"scheduler": {"type": "WarmupDecayLR"}}, "'scheduler' section, which the run would ignore"),
+        ({}, {"gradient_clipping": 0.5}, "gradient_clipping=0.5 contradicts pretrain.gradient_clipping 1.0"),
     ],
 )
 def test_ds_config_contradictions_are_user_errors(tmp_path, kw, template, match):
@@ -263,6 +267,14 @@ def test_ds_config_contradictions_are_user_errors(tmp_path, kw, template, match)
         kw["deepspeed_config"] = str(path)
     with pytest.raises(UserError, match=match):
         build_ds_config(_pcfg(**kw), world_size=2, on_gpu=False, bf16_ok=False)
+
+
+def test_ds_config_lamb_is_not_offloaded(tmp_path):
+    """DeepSpeed takes only its own CPU Adam under ZeRO-Offload: refused here, not in every rank."""
+    path = tmp_path / "offload.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}))
+    with pytest.raises(UserError, match="only for its own CPU Adam, not pretrain.optimizer lamb"):
+        build_ds_config(_pcfg(optimizer="lamb", deepspeed_config=str(path)), 1, on_gpu=True, bf16_ok=True)
 
 
 def _fake_tag(root, step, payload=None):
@@ -347,10 +359,12 @@ def test_multi_node_launch_command_and_refused_node_settings(tmp_path):
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc_per_node=1"]
     assert {"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29500"} <= set(cmd)
     assert "--nnodes=2" not in build_command("auto", 2, tmp_path / "spec.json", 29500)
-    with pytest.raises(UserError, match="DeepSpeed's launcher takes a hostfile"):
-        build_command("deepspeed", 1, tmp_path / "spec.json", 29500, nnodes=2, master_addr="h")
     two = ["pretrain.nnodes=2", "pretrain.master_addr=127.0.0.1", "pretrain.master_port=29500"]
     check_nodes(config(*two), 1)
+    with pytest.raises(UserError, match="DeepSpeed's launcher takes a hostfile"):
+        check_nodes(config(*two, "pretrain.launcher=deepspeed"), 0)
+    with pytest.raises(UserError, match="pretrain.hostfile needs launcher 'deepspeed'"):
+        check_nodes(config("pretrain.hostfile=hosts", "pretrain.launcher=torchrun"), 0)
     with pytest.raises(UserError, match="--node-rank 2 is outside 0..1"):
         check_nodes(config(*two), 2)
     with pytest.raises(UserError, match="needs pretrain.master_addr and pretrain.master_port"):

@@ -94,6 +94,7 @@ def build_ds_config(
 ) -> dict[str, Any]:
     src = template_path or cfg.deepspeed_config
     template = load_template(src)
+    check_run_owned_keys(cfg, template, src)
     ds = copy.deepcopy(template)
     zero = ds.setdefault("zero_optimization", {})
     stage = resolve_zero_stage(cfg, world_size, template, src)
@@ -137,7 +138,36 @@ def build_ds_config(
             "(and needs DeepSpeed's CPU Adam op).",
             fix="use infra/deepspeed/zero{0,1,2,3}.json on a CPU-only machine.",
         )
+    if offload and cfg.optimizer == "lamb":
+        raise UserError(
+            f"DeepSpeed config {src} offloads the optimizer, which DeepSpeed allows only for its own "
+            "CPU Adam, not pretrain.optimizer lamb.",
+            fix="use pretrain.optimizer adamw with offload, or a template without offload_optimizer for lamb.",
+        )
     return ds
+
+
+def check_run_owned_keys(cfg: PretrainConfig, template: dict[str, Any], src: str) -> None:
+    """The optimizer and lr schedule are the run's (`pretrain.optimizer`, `lr`, `warmup_steps`, ...):
+    DeepSpeed silently prefers the ones the run passes over a template's, so a template's would be
+    recorded as used but ignored; a different `gradient_clipping` likewise."""
+    for key, setting in (
+        ("optimizer", "pretrain.optimizer and pretrain.lr"),
+        ("scheduler", "pretrain.warmup_steps"),
+    ):
+        if key in template:
+            raise UserError(
+                f"DeepSpeed config {src} has an {key!r} section, which the run would ignore: the run "
+                f"builds its own from {setting}.",
+                fix=f"remove {key!r} from the JSON and set {setting} in the pipeline config.",
+            )
+    clip = template.get("gradient_clipping")
+    if clip is not None and clip != cfg.gradient_clipping:
+        raise UserError(
+            f"DeepSpeed config {src}: gradient_clipping={clip} contradicts pretrain.gradient_clipping "
+            f"{cfg.gradient_clipping}.",
+            fix="remove gradient_clipping from the JSON (the run sets it) or set pretrain.gradient_clipping to match.",
+        )
 
 
 def precision_of(ds: dict[str, Any]) -> str:

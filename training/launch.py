@@ -79,24 +79,18 @@ def build_command(
     node_rank: int = 0,
     master_addr: str | None = None,
 ) -> list[str]:
-    """`num_processes` ranks on this node (with a hostfile: in all)."""
+    """`num_processes` ranks on this node (with a hostfile: in all); the settings are checked
+    (`pipelines.stage_pretrain.check_nodes`)."""
     py = sys.executable
     if launcher == "auto":
         launcher = "deepspeed" if hostfile else "torchrun"
     script = ["training.train", "--spec", str(spec_path)]
     if launcher == "torchrun":
-        if hostfile:
-            raise UserError("pretrain.hostfile needs launcher 'deepspeed'; torchrun takes --nnodes per node.")
         nodes = []
         if nnodes > 1:  # static rendezvous: node ranks are given, global rank = node rank x N + local rank
             nodes = [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={master_addr}"]
         return [py, "-m", "torch.distributed.run", f"--nproc_per_node={num_processes}", *nodes,
                 f"--master_port={port}", "--max_restarts=0", "-m", *script]  # fmt: skip
-    if nnodes > 1:
-        raise UserError(
-            "pretrain.nnodes > 1 starts one torchrun per node; DeepSpeed's launcher takes a hostfile instead.",
-            fix="set pretrain.launcher to torchrun (or auto), or use pretrain.hostfile with nnodes 1.",
-        )
     cmd = [py, "-m", "deepspeed.launcher.runner", f"--master_port={port}"]
     if hostfile:
         cmd += ["--hostfile", hostfile]
