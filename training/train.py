@@ -37,6 +37,7 @@ from common.progress import duration_text
 from common.tracking import Tracker
 from model.config import BertConfig
 from model.heads import BertForPreTraining, count_parameters
+from preprocessing import shard_format
 from preprocessing.masking import MaskingSpec
 from preprocessing.wordpiece import SPECIAL_TOKENS
 from training import checkpoint, example_cache, preflight
@@ -157,11 +158,12 @@ def prepare_data(spec: RunSpec, ranks: Ranks) -> TrainData:
     if ranks.local_rank == 0:
         t0 = time.perf_counter()
         example_cache.ensure(spec.shards_dir, "train", cache_root, log=log0)
-        try:
+        # no validation split is a warning; a damaged one is an error like a damaged train shard
+        if shard_format.read_manifest(spec.shards_dir).get("splits", {}).get("validation"):
             example_cache.ensure(spec.shards_dir, "validation", cache_root, log=log0)
-        except UserError as exc:
+        else:
             shutil.rmtree(cache_root / "validation", ignore_errors=True)
-            log0(f"warning: no validation split, held-out accuracy will not be logged ({exc})")
+            log0(f"warning: {spec.shards_dir} has no validation shards; held-out accuracy will not be logged")
         print(
             f"rank {ranks.rank}: data cache ready in {time.perf_counter() - t0:.1f}s: {cache_root}",
             flush=True,
@@ -335,14 +337,17 @@ def forward_backward(
     return stats
 
 
-def check_finite(mean_loss: float, step: int, last_tag: Path | None) -> None:
+def check_finite(mean_loss: float, step: int, last_tag: Path | None, precision: str) -> None:
     if np.isfinite(mean_loss):
         return
     where = f"last good checkpoint: {last_tag}" if last_tag else "no checkpoint was written yet"
+    # a resume is exact, so the same settings meet the same step again; other settings are a new run
     raise FloatingPointError(
         f"loss is {mean_loss} at step {step}; stopping before the update is applied ({where}). "
-        "Lower pretrain.lr, raise warmup_steps, or use bf16 instead of fp16; rerunning resumes "
-        "from the last good checkpoint."
+        "Rerunning with the same settings resumes from that checkpoint and will most likely diverge "
+        "at the same step. Rerun with a lower pretrain.lr or more pretrain.warmup_steps"
+        + (", or precision bf16 instead of fp16," if precision == "fp16" else "")
+        + " into a new output directory (this one's checkpoints belong to these settings)."
     )
 
 
@@ -384,7 +389,9 @@ def metrics_row(
     row = stats.train_metrics()
     row["lr"] = lr
     row["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
-    row["loss_scale"] = float(getattr(engine.optimizer, "cur_scale", 1.0) or 1.0)
+    # ZeRO 1-3 keep the fp16 scale in `cur_scale`, ZeRO 0's FP16_(Unfused)Optimizer in `loss_scale`
+    scale = getattr(engine.optimizer, "cur_scale", None) or getattr(engine.optimizer, "loss_scale", None)
+    row["loss_scale"] = float(scale or 1.0)
     row.update({k: window[k] for k in ("samples_per_s", "tokens_per_s", "tflops")})
     row["memory_mb"] = memory_mb(device)
     row.update({k: window[k] for k in ("data_wait_fraction", "loader_busy_fraction", "step_time_s")})
@@ -440,7 +447,7 @@ def run_steps(
             local = forward_backward(engine, next(loader), ranks.device, model_cfg, poison=step == nan_step)
             local.stop_requests = float(stop.requested)
             stats = local.all_reduce(ranks.device)
-            check_finite(stats.mean_loss, step, last_tag)
+            check_finite(stats.mean_loss, step, last_tag, precision)
             lr = engine.get_lr()[0]  # the rate this update uses
             engine.step()  # the accumulation boundary: DeepSpeed clips, steps and advances the LR
             if step_delay:

@@ -48,3 +48,18 @@ def test_nan_stops_cleanly_then_truncated_checkpoint_falls_back(tmp_path, minilm
     assert (out / "checkpoints" / "global_step8.corrupt").is_dir()  # kept for inspection, never reused
     assert (out / "model" / "model.safetensors").is_file() and (out / "_COMPLETE.json").is_file()
     assert len([r for r in read_metrics(out) if "loss" in r]) == 12  # no duplicate rows after resume
+
+
+def test_a_damaged_validation_shard_stops_the_run_like_a_damaged_train_shard(tmp_path, minilm_dir, data_dir):
+    """It used to be a one-line warning: the run finished, was marked complete and reused, with
+    no held-out metrics at all."""
+    tok = make_tokenizer_dir(minilm_dir, tmp_path / "tok")
+    shards = make_shards(tmp_path / "shards", tok, data_dir, num_docs=600)
+    [shard, *_] = sorted((shards / "validation").glob("*.parquet"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match=rf"{shard.name} is corrupt.*rerun preprocess"):
+        run_pretrain_stage(config(), shards, tok, out, log_line=[].append)
+    assert not (out / "_COMPLETE.json").exists() and not (out / "model").exists()
