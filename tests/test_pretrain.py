@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from common.errors import UserError
+from common.fingerprint import digest
 from common.tracking import read_metrics
 from model.hf_io import load_pretraining_model, read_state_dict
 from pipelines.stage_pretrain import run_pretrain_stage
@@ -372,9 +373,10 @@ def test_two_nodes_train_like_one_and_resume_exactly_after_one_is_killed(ref_run
     wait_for(out / "checkpoints" / "global_step8" / checkpoint.VERIFIED_NAME, procs[0])
     kill_tree(procs[1])
     assert procs[0].wait(timeout=180) != 0  # node 0 cannot go on without node 1
+    run = digest(str(out.resolve()), 12)  # under data_cache_dir, named by the run's output too
     assert [sorted(p.name for p in (s / "cache").iterdir()) for s in scratch] == [
-        [f"{host}-rank0"],
-        [f"{host}-rank1"],
+        [f"{host}-rank0-run{run}"],
+        [f"{host}-rank1-run{run}"],
     ]
     assert not (out / "model").exists() and not (out / "_COMPLETE.json").exists()
 

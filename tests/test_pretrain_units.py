@@ -375,6 +375,9 @@ def test_multi_node_launch_command_and_refused_node_settings(tmp_path):
     os.environ["BERTFLOW_TEST_SCRATCH"] = str(tmp_path / "scratch")
     try:
         assert node_cache_dir("$BERTFLOW_TEST_SCRATCH/c", tmp_path, 0).parent == tmp_path / "scratch" / "c"
+        # two runs sharing a data_cache_dir never share a cache (one would rebuild or delete the other's)
+        shared = [node_cache_dir("$BERTFLOW_TEST_SCRATCH/c", tmp_path / run, 0) for run in ("a", "b", "a")]
+        assert shared[0] != shared[1] and shared[0] == shared[2]
     finally:
         del os.environ["BERTFLOW_TEST_SCRATCH"]
     with pytest.raises(UserError, match="not set on"):

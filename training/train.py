@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
+from common.fingerprint import digest
 from common.progress import duration_text
 from common.tracking import Tracker
 from model.config import BertConfig
@@ -80,15 +81,20 @@ def memory_mb(device: torch.device) -> float:
 def node_cache_dir(configured: str | None, out_dir: Path, first_rank: int) -> Path:
     """This node's data cache: under `pretrain.data_cache_dir` ($VARS expanded here, so each node
     may name its own local disk) or OUT/data_cache, in a folder named by the host and the global
-    rank of the node's first process. Two nodes never build into the same folder, whether they
-    share the cache folder (same host, or a shared filesystem) or not."""
+    rank of the node's first process, and under `data_cache_dir` by the run's output directory too.
+    Two nodes never build into the same folder, whether they share the cache folder (same host, or a
+    shared filesystem) or not, nor two runs that share `data_cache_dir` (one rebuilt the other's
+    cache from its own shards, or deleted it at its end)."""
     if configured and "$" in os.path.expandvars(configured):
         raise UserError(
             f"pretrain.data_cache_dir {configured!r} names a variable that is not set on {socket.gethostname()}.",
             fix="export it on every node, or give a plain path.",
         )
-    root = Path(os.path.expandvars(configured)).expanduser() if configured else out_dir / "data_cache"
-    return root / f"{socket.gethostname()}-rank{first_rank}"
+    node = f"{socket.gethostname()}-rank{first_rank}"
+    if not configured:
+        return out_dir / "data_cache" / node
+    run = digest(str(Path(out_dir).resolve()), 12)
+    return Path(os.path.expandvars(configured)).expanduser() / f"{node}-run{run}"
 
 
 # ----------------------------------------------------------------------------- process group
