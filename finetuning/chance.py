@@ -1,9 +1,12 @@
 """What an uninformed predictor scores on a task, and whether a result is distinguishable from it.
 
-The chance level of a classification task is the *majority class*: always predict the most frequent
-label of the training examples, scored on the same evaluation examples with the task's metrics
-(MRPC: 68.4 accuracy / 81.2 F1 on its dev set; CoLA: MCC 0). Correlations (STS-B) and span or
-entity scores have chance level 0.
+The chance level of a classification task is the *majority class*: the best score a constant
+prediction reaches on the evaluation examples with the task's metrics, which for accuracy is the
+evaluation set's most frequent label (MRPC: 68.4 accuracy / 81.2 F1 on its dev set; CoLA: MCC 0).
+Not the training set's most frequent label: where the two differ (RTE's 2,000-example subset
+leans `not_entailment`, its dev set `entailment`), a model that always answers the other label
+scored 52.7 against a "chance" of 47.3 and was not marked. Correlations (STS-B) and span or entity
+scores have chance level 0.
 
 A result is "at chance" when its task score (the mean of its metrics, as in the scorecard) is not
 above the chance score by more than what evaluation noise alone produces on `n` examples, one-sided
@@ -16,7 +19,6 @@ at 95% (z = 1.645):
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 
 from finetuning.metrics import classification_metrics
@@ -28,11 +30,15 @@ CORRELATIONS = ("mcc", "pearson", "spearman")
 def majority_metrics(
     names: Sequence[str], train_labels: Sequence[int], eval_labels: Sequence[int]
 ) -> dict[str, float]:
-    """The task's metrics (0-100) when every evaluation example gets the most frequent training label."""
-    if not train_labels or not eval_labels:
+    """The task's metrics (0-100) of the constant prediction, among the labels of either split,
+    whose task score (the mean of the metrics) on the evaluation examples is highest."""
+    if not eval_labels:
         return {n: 0.0 for n in names}
-    majority = Counter(train_labels).most_common(1)[0][0]
-    return classification_metrics(names, [majority] * len(eval_labels), eval_labels)
+    scored = [
+        classification_metrics(names, [label] * len(eval_labels), eval_labels)
+        for label in sorted({*train_labels, *eval_labels})
+    ]
+    return max(scored, key=lambda metrics: sum(metrics.values()) / len(metrics))
 
 
 def chance_margin(metric: str, n_eval: int, majority_accuracy: float | None) -> float:

@@ -62,7 +62,8 @@ class SequenceTask:
         return classification_metrics(self.spec.metrics, per_feature, labels)
 
     def chance_metrics(self) -> dict[str, float]:
-        """Majority class (most frequent training label) for classification; 0 for correlations."""
+        """Majority class (the best constant prediction, `chance.majority_metrics`) for
+        classification; 0 for correlations."""
         if self.spec.kind == "regression":
             return {m: 0.0 for m in self.spec.metrics}
         train = [f["label"] for f in self.train_features]

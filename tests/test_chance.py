@@ -17,8 +17,12 @@ def test_majority_class_metrics_like_mrpc():
     assert m["accuracy"] == pytest.approx(68.0)
     assert m["f1"] == pytest.approx(100 * 2 * 68 / (2 * 68 + 32))
     assert majority_metrics(["mcc"], train, dev) == {"mcc": 0.0}  # a constant prediction has MCC 0
-    # the majority comes from the training labels, not the evaluation labels
-    assert majority_metrics(["accuracy"], [0, 0, 1], [1, 1, 1, 0]) == {"accuracy": 25.0}
+    # the best constant prediction on the evaluation labels, even where the training set's most
+    # frequent label is another: a model that always answers 1 must not look above chance
+    assert majority_metrics(["accuracy"], [0, 0, 1], [1, 1, 1, 0]) == {"accuracy": 75.0}
+    # with F1 the constant that maximizes the task score: all-positive, even for a negative majority
+    both = majority_metrics(["accuracy", "f1"], [0, 0, 1], [0, 0, 0, 1, 1])
+    assert both == pytest.approx({"accuracy": 40.0, "f1": 100 * 2 * 2 / (2 * 2 + 3)})
 
 
 def test_noise_margin_scales_with_examples():
