@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.atomic import MARKER_NAME, progress_state
+from common.atomic import MARKER_NAME, atomic_write_text, progress_state
 from common.dir_lock import lock_file_of
 from common.errors import UserError
 from pipelines.flow_records import FLOW_RECORDS
@@ -185,15 +185,14 @@ def remove(path: Path) -> None:
 
 def update_latest(root: Path, dirs: dict[str, Path], record: Path | None) -> Path:
     """`run_dir/latest/`: a relative link per complete stage output of the newest flow run (a
-    phase's too, `pretrain@seq32`), plus `model`, `report.html` and `flow_run.json`; every other
-    link goes (stages without a complete output, phases the newest run does not have)."""
+    phase's too, `pretrain@seq32`), plus `model` and `flow_run.json`, and `report.html`, a page that
+    opens `report/report.html`; every other link goes (stages without a complete output, phases the
+    newest run does not have)."""
     latest = root / LATEST
     latest.mkdir(parents=True, exist_ok=True)
     links: dict[str, Path] = {s: d for s, d in dirs.items() if (d / MARKER_NAME).is_file()}
     if "pretrain" in links:
         links["model"] = links["pretrain"] / "model"
-    if "report" in links:
-        links["report.html"] = links["report"] / "report.html"
     if record is not None:
         links["flow_run.json"] = record
     for link in latest.iterdir():
@@ -203,4 +202,18 @@ def update_latest(root: Path, dirs: dict[str, Path], record: Path | None) -> Pat
         tmp = latest / f".{name}.{os.getpid()}.{time.monotonic_ns()}"
         os.symlink(os.path.relpath(target, latest), tmp)
         os.replace(tmp, latest / name)
+    # a page, not a link: a browser resolves a linked page's images and links against latest/
+    page = latest / "report.html"
+    if "report" in links:
+        atomic_write_text(page, REPORT_REDIRECT)
+    else:
+        page.unlink(missing_ok=True)
     return latest
+
+
+REPORT_REDIRECT = """<!doctype html>
+<meta charset="utf-8">
+<meta http-equiv="refresh" content="0; url=report/report.html">
+<title>BERT pipeline report</title>
+<p>The newest flow run's report: <a href="report/report.html">report/report.html</a></p>
+"""

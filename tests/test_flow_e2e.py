@@ -156,7 +156,8 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     record = json.loads(Path(first["record"]).read_text())
     assert record["status"] == "completed" and len(record["units"]) == 4
     assert (run / "latest" / "model").resolve() == model_dir.resolve()
-    assert (run / "latest" / "report.html").resolve() == Path(first["report_html"]).resolve()
+    assert (run / "latest" / "report" / "report.html").resolve() == Path(first["report_html"]).resolve()
+    assert "url=report/report.html" in (run / "latest" / "report.html").read_text()
     assert not list(run.glob("**/_IN_PROGRESS.json"))  # every output finished
     assert "rte" in md and "wandb sync" in md and "offline-run-" in md
     assert first["wandb_group"].startswith("tiny-test-")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,8 +160,18 @@ def test_latest_links_follow_the_newest_flow_run(root: Path) -> None:
     assert (latest / "flow_run.json").resolve() == record.resolve()
     assert not (latest / "report").exists() and not (latest / "report.html").exists()  # not complete
     assert not os.path.isabs(os.readlink(latest / "pretrain"))  # relative: the run dir can move
+    # the report: `report.html` is a page opening report/report.html, not a link to the page (whose
+    # relative image and model links a browser would resolve against latest/)
+    report = _stage(root, "report", "r2")
+    (report / "report.html").write_text("<img src='loss.png'>")
+    update_latest(root, {**dirs, "report": report}, record)
+    assert not (latest / "report.html").is_symlink()
+    [target] = re.findall(r'url=([^"]+)"', (latest / "report.html").read_text())
+    assert (latest / target).resolve() == (report / "report.html").resolve()
+    assert (latest / target).parent.joinpath("loss.png").resolve() == (report / "loss.png").resolve()
     update_latest(root, {"tokenizer": root / "tokenizer" / "t1"}, None)
     assert not (latest / "model").exists() and (latest / "tokenizer").is_dir()
+    assert not (latest / "report.html").exists()
 
 
 def test_latest_links_a_runs_phases_and_drops_those_it_does_not_have(root: Path) -> None:
