@@ -111,15 +111,20 @@ def progress_state(directory: str | os.PathLike) -> str:
         return "complete"
     if not (directory / IN_PROGRESS_NAME).is_file():
         return "unfinished"
-    info = _in_progress(directory)
-    if not info:
+    return writer_state(_in_progress(directory))
+
+
+def writer_state(writer: dict[str, Any]) -> str:
+    """'running' (the process `writer` names, {"pid", "host"}, is alive on this host),
+    'interrupted' (it is gone, or nothing readable was recorded), or 'running elsewhere?'."""
+    if not writer:
         return "interrupted"
     import socket
 
-    if info.get("host") != socket.gethostname():
+    if writer.get("host") != socket.gethostname():
         return "running elsewhere?"
     try:
-        pid = int(info.get("pid", 0))
+        pid = int(writer.get("pid", 0))
         if pid <= 0:
             return "interrupted"
         os.kill(pid, 0)  # signal 0: only asks whether the process exists

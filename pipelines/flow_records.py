@@ -4,6 +4,8 @@ timing and cache-hit table."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -39,9 +41,12 @@ def write_record(
     path: Path | None = None,
     status: str = "running",
     units: list[str] | None = None,
+    planned: list[str] | None = None,
 ) -> Path:
     """`status`: running (written at the start and after each stage), completed or failed;
-    `units`: the fine-tuning unit directories this flow run used (for `bertflow runs clean`)."""
+    `units`: the fine-tuning unit directories this flow run used (for `bertflow runs clean`);
+    `planned`: the stage outputs it will use, which a live run's record protects from cleaning.
+    While running, the record names its writer (pid, host): a killed run reads as interrupted."""
     if path is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
         path = root / FLOW_RECORDS / f"{stamp}-{run_name}.json"
@@ -55,6 +60,8 @@ def write_record(
             "status": status,
             "stages": records,
             "units": units or [],
+            "planned": planned or [],
+            "writer": {"pid": os.getpid(), "host": socket.gethostname()} if status == "running" else {},
         },
     )
     return path

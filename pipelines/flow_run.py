@@ -144,6 +144,7 @@ class FlowRun:
             )
         )
         self.outputs[name] = state
+        self.write_record()
 
     def _code_note(self, stage: str, out_dirs: list[Path]) -> str:
         """The warning when complete outputs this run reuses were made by other code ('' if none)."""
@@ -163,6 +164,7 @@ class FlowRun:
         model_dir = Path(value_of(pretrain)["out_dir"]) / "model"
         jobs = flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
         self.unit_dirs = [str(job.out_dir) for job in jobs]
+        self.write_record()  # the units it is about to use
         if "finetune" in self.forced:
             for job in jobs:
                 clear(job.out_dir)
@@ -195,6 +197,7 @@ class FlowRun:
         self.records.append(
             {**stage_record("finetune-units", units_dir, status, time.time() - t0, seconds, note), "key": "-"}
         )
+        self.write_record()
         self.outputs["units"] = futures
 
     def _submit_bounded(
@@ -244,6 +247,7 @@ class FlowRun:
         self.record_path = write_record(
             self.root, self.run_name, self.group, self.records, self.started,
             path=self.record_path, status=self.status, units=self.unit_dirs,
+            planned=[str(d) for d in self.dirs.values()],
         )  # fmt: skip
         return self.record_path
 

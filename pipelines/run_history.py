@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.atomic import MARKER_NAME, atomic_write_text, progress_state
+from common.atomic import MARKER_NAME, atomic_write_text, progress_state, writer_state
 from common.dir_lock import lock_file_of
 from common.errors import UserError
 from pipelines.flow_records import FLOW_RECORDS
@@ -39,12 +39,19 @@ class FlowRunRecord:
 
     @property
     def status(self) -> str:
-        return str(self.data.get("status", "completed"))
+        """completed, failed, running, or interrupted: a running record whose writer is gone."""
+        status = str(self.data.get("status", "completed"))
+        writer = self.data.get("writer")
+        if status == "running" and writer and writer_state(writer) == "interrupted":
+            return "interrupted"
+        return status
 
     def out_dirs(self) -> list[Path]:
-        """The stage outputs this flow run used (its fine-tuning units included, when recorded)."""
+        """The stage outputs this flow run used (its fine-tuning units included, when recorded);
+        while it runs, also those it is going to use."""
         stages = [r["out_dir"] for r in self.data.get("stages", []) if r.get("stage") != "finetune-units"]
-        return [self.local(d) for d in [*stages, *self.data.get("units", [])]]
+        planned = self.data.get("planned", []) if self.status == "running" else []
+        return list(dict.fromkeys(self.local(d) for d in [*stages, *self.data.get("units", []), *planned]))
 
     def output(self, stage: str) -> Path | None:
         """This run's output of `stage` (`local`), None when it had none."""

@@ -150,6 +150,32 @@ def test_a_second_writer_leaves_the_live_writers_record_alone(tmp_path: Path) ->
     assert json.loads((out / IN_PROGRESS_NAME).read_text())["pid"] == os.getpid()
 
 
+def test_a_live_flow_run_keeps_what_it_will_use_and_a_killed_one_reads_interrupted(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flow run records its writer and the outputs it plans to use from its first moment: while
+    it runs, cleaning an older run keeps those (pretrain/p1, which it is about to reuse); once its
+    process is gone without finishing, `bertflow runs` says interrupted, not running forever."""
+    code = "import sys, time; print('up', flush=True); time.sleep(60)"
+    live = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline() == "up\n"
+        path = _record(root, "third-run", "2026-01-03 10:00:00", {"tokenizer": root / "tokenizer" / "t1"})
+        data = json.loads(path.read_text())
+        data |= {"status": "running", "writer": {"pid": live.pid, "host": os.uname().nodename},
+                 "planned": [str(root / "tokenizer" / "t1"), str(root / "pretrain" / "p1")]}  # fmt: skip
+        path.write_text(json.dumps(data))
+        assert cli(["runs", "--run-dir", str(root)]) == 0
+        assert re.search(r"third-run .* running", capsys.readouterr().out)
+        assert cli(["runs", "clean", "first-run", "--run-dir", str(root), "--yes"]) == 0
+        assert (root / "pretrain" / "p1" / MARKER_NAME).is_file()  # the live run will reuse it
+    finally:
+        live.kill()
+        live.wait()
+    assert cli(["runs", "--run-dir", str(root)]) == 0
+    assert re.search(r"third-run .* interrupted", capsys.readouterr().out)
+
+
 def test_latest_links_follow_the_newest_flow_run(root: Path) -> None:
     (root / "pretrain" / "p2" / "model").mkdir()
     record = next((root / "flow_runs").glob("*second-run.json"))

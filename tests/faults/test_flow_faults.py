@@ -140,6 +140,12 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
     completed_before = {d.parent.parent.name: d for d in run_dir.glob("*/*/" + MARKER_NAME)}
     assert {"tokenizer", "preprocess"} <= set(completed_before)
     tok_stamp = (run_dir / "tokenizer").glob("*/" + MARKER_NAME).__next__().stat().st_mtime_ns
+    # the killed run's record: the stages it finished, and interrupted, not running forever
+    from pipelines.run_history import flow_runs
+
+    [killed] = flow_runs(run_dir)
+    assert killed.status == "interrupted"
+    assert {"verify", "tokenizer", "preprocess"} <= {r["stage"] for r in killed.data["stages"]}
 
     # the same command again: completed stages are reused, pretraining resumes, same final scores
     stdout = _run(cfg, tmp_path)
