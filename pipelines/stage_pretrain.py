@@ -23,7 +23,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
-from common.atomic import mark_in_progress, read_marker, write_marker
+from common.atomic import MARKER_NAME, mark_in_progress, read_marker, write_marker
 from common.dir_lock import exclusive_dir
 from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output
@@ -79,18 +79,23 @@ def run_pretrain_stage(
     )
     fingerprint = spec.fingerprint()
     marker = read_marker(out_dir)
-    if marker is not None:
-        if marker.get("fingerprint") == fingerprint and (out_dir / "model" / "config.json").is_file():
-            log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
-            if note := code_change_note("pretrain", [out_dir]):
-                log_line(note)
-            return out_dir / "model"
+    if marker is not None and marker.get("fingerprint") != fingerprint:
         differences = spec.differences(marker["settings"]) if "settings" in marker else []
         raise UserError(
             f"{out_dir} holds a finished pretraining run with other settings"
             + (f": {'; '.join(differences)}." if differences else "."),
             fix=f"choose a new --output directory, or delete {out_dir} to retrain it with these settings.",
         )
+    if marker is not None and (out_dir / "model" / "config.json").is_file():
+        log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
+        if note := code_change_note("pretrain", [out_dir]):
+            log_line(note)
+        return out_dir / "model"
+    if marker is not None:  # the same run, its model deleted: the ranks resume at the end and export it
+        log_line(
+            f"pretrain: {out_dir} is complete but has no model/; writing it again from the last checkpoint."
+        )
+        (out_dir / MARKER_NAME).unlink()
 
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
     with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():

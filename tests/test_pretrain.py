@@ -18,6 +18,7 @@ import psutil
 import pytest
 import torch
 
+from common.atomic import read_marker
 from common.errors import UserError
 from common.fingerprint import digest
 from common.tracking import read_metrics
@@ -200,6 +201,21 @@ def test_rerun_after_completion_is_a_no_op(ref_run, data):
         "to recompute with this code: bertflow run CONFIG --force pretrain"
     ]
     assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_finished_run_whose_model_was_deleted_writes_it_again(ref_run, data, tmp_path):
+    """Not "a finished pretraining run with other settings" (naming none) and the advice to delete
+    the whole run: the same settings resume at the end and export the model again."""
+    out, _, _ = ref_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "model")
+    lines: list[str] = []
+    run_pretrain_stage(config(), *data, copy, log_line=lines.append)
+    assert any("has no model/; writing it again from the last checkpoint" in ln for ln in lines)
+    original, again = (read_state_dict(d / "model") for d in (out, copy))
+    assert original.keys() == again.keys() and all(torch.equal(original[k], again[k]) for k in original)
+    assert read_marker(copy) is not None and read_metrics(copy) == read_metrics(out)
 
 
 def test_muon_kill_9_then_rerun_with_other_run_only_settings_reproduces_every_loss_exactly(
