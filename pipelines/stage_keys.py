@@ -106,6 +106,13 @@ def _config_file_digest(path: str | None) -> str | None:
     return content_digest(p) if p.is_file() else f"missing:{path}"
 
 
+def _checksum_file_digest(cfg: PipelineConfig) -> str:
+    from common.paths import resolve_data_path
+
+    path = resolve_data_path(cfg.verify.checksum_file, cfg.data_root)
+    return content_digest(path) if path.is_file() else f"missing:{path}"
+
+
 def _task_stamps(cfg: PipelineConfig) -> dict[str, Any]:
     """Each configured task's definition and data files (`finetuning.tasks.task_data`); a task
     that does not exist is left for the fine-tuning stage to name."""
@@ -203,7 +210,10 @@ def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str,
             if cfg.phases
             else {}
         ),
-        "tasks": cfg.finetune.tasks,
+        # the tasks' data by content, and the checksums they are verified against: a task file
+        # damaged after a verified run was not verified again, and its units trained on it
+        "tasks": cfg.finetune.tasks if earlier else fin["tasks"],
+        **({} if earlier or not cfg.verify.checksums else {"checksum_file": _checksum_file_digest(cfg)}),
         "task_config": fin["task_config"],
         "data_root": str(cfg.resolved_data_root()),
     }

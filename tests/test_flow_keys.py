@@ -141,7 +141,8 @@ def test_an_edited_task_file_moves_the_scorecards_key_as_it_moves_the_units(tmp_
     sets = ["finetune.tasks=[movies]", f"finetune.task_config={tmp_path / 'tasks.yaml'}"]
     before = stage_keys(load_config(None, sets))
     (tmp_path / "dev.tsv").write_text("review\tpolarity\nbad film\tneg\n")
-    assert _changed(before, stage_keys(load_config(None, sets))) == DOWNSTREAM["finetune"]
+    # and the verify stage: a task file damaged after a verified run is verified again
+    assert _changed(before, stage_keys(load_config(None, sets))) == DOWNSTREAM["finetune"] | {"verify"}
 
 
 def test_a_data_root_moved_keeps_the_pretraining_and_a_renamed_file_does_not(tmp_path: Path) -> None:
