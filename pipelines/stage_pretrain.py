@@ -287,8 +287,23 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     cfg = cfg.phase_config(cfg.phase_index(args.phase))
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)
-    shards = Path(args.shards) if args.shards else stage_dir(cfg, "preprocess")
-    tokenizer = Path(args.tokenizer) if args.tokenizer else stage_dir(cfg, "tokenizer")
+    flow_inputs = {"shards": stage_dir(cfg, "preprocess"), "tokenizer": stage_dir(cfg, "tokenizer")}
+    shards = Path(args.shards) if args.shards else flow_inputs["shards"]
+    tokenizer = Path(args.tokenizer) if args.tokenizer else flow_inputs["tokenizer"]
+    others = [
+        f"--{k}"
+        for k, v in (("shards", shards), ("tokenizer", tokenizer))
+        if v.resolve() != flow_inputs[k].resolve()
+    ]
+    if (
+        others and not args.output
+    ):  # the flow's directory is keyed by its own inputs: it would reuse this model
+        raise UserError(
+            f"{' and '.join(others)} other than the flow's for this config need --output: the flow's "
+            f"pretraining directory ({stage_dir(cfg, 'pretrain')}) holds the model of its own inputs, and "
+            "the flow would take one trained on others as its own.",
+            fix="add --output DIR.",
+        )
     output = Path(args.output) if args.output else stage_dir(cfg, "pretrain")
     print(
         f"pretrain: shards {shards}, tokenizer {tokenizer}, output {output} "

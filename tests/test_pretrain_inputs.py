@@ -248,3 +248,17 @@ def test_init_from_trained_at_fewer_tokens_than_the_shards(data, tmp_path, minil
     with pytest.raises(UserError, match=r"tokenizer config .*phase1/tokenizer_config.json is not valid JSON"):
         trained(phase1)
     assert _spec(load_config(None, sets), shards, tok, tmp_path / "out").init_trained_length is None
+
+
+def test_other_inputs_without_output_are_refused_before_anything_is_written(data, tmp_path):
+    """The flow's pretraining directory is keyed by the flow's own shards and tokenizer: a model
+    trained there on others would be reused by the flow as its own."""
+    shards, tok = data
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "pipelines.cli", "pretrain", "--shards", str(shards), "--tokenizer", str(tok),
+           "--set", f"run_dir={runs}"]  # fmt: skip
+    res = subprocess.run(cmd, cwd=PROJECT_ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "--shards and --tokenizer other than the flow's for this config need --output" in res.stderr
+    assert "Fix: add --output DIR." in res.stderr and "Traceback" not in res.stderr
+    assert not (runs / "pretrain").exists()
