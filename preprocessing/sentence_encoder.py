@@ -19,8 +19,12 @@ sentence is split into the words the tokenizer would see. Three routes, each exa
   form with punctuation set apart by spaces and whitespace as a space; `str.split` then gives the
   words. The one exception, a combining mark that normalization keeps (NFD may reorder it against
   its neighbours), sends its sentence to the last route.
-- Sentences holding the text of an added token (such as "[MASK]"), those with such a mark, and
-  every sentence of any other tokenizer pipeline: `encode_batch_fast` itself.
+- Sentences holding the text of a non-special added token, those with such a mark, and every
+  sentence of any other tokenizer pipeline: `encode_batch_fast` itself.
+Corpus text that spells a special token ("[MASK]", "[SEP]") is text, as in Google's
+create_pretraining_data.py: only the examples' own [CLS], [SEP] and [MASK] are special (the
+tokenizer's `encode_special_tokens`; a literal "[SEP]" in a sentence used to end its segment for
+the model, and a literal "[MASK]" was a mask with nothing to predict).
 `tests/test_sentence_encoder.py` compares the result with `encode_batch_fast` on real text.
 """
 
@@ -56,14 +60,16 @@ def bert_pipeline_lowercase(tok: Tokenizer) -> bool | None:
 
 class SentenceEncoder:
     """`encode(sentences)` → (ids, lengths): the sentences' WordPiece ids without special tokens,
-    concatenated, and each sentence's count of them; equal to `encode_batch_fast`'s ids."""
+    concatenated, and each sentence's count of them; equal to `encode_batch_fast`'s ids with
+    `encode_special_tokens` (special-token text is text)."""
 
     def __init__(self, tok: Tokenizer) -> None:
-        self.tok = tok
+        self.tok = Tokenizer.from_str(tok.to_str())  # its own: special-token text is encoded as text
+        self.tok.encode_special_tokens = True
         self.lowercase = bert_pipeline_lowercase(tok)
         alnum = "0-9a-z" if self.lowercase else "0-9A-Za-z"
         self._words = re.compile(f"[{alnum}]+|[^{alnum} ]").findall  # the separator is a word too
-        added = [t.content for t in tok.get_added_tokens_decoder().values() if t.content]
+        added = [t.content for t in tok.get_added_tokens_decoder().values() if t.content and not t.special]
         # case-insensitive: an added token may be matched after lowercasing
         self._added = re.compile("|".join(map(re.escape, added)), re.IGNORECASE).search if added else None
         self._chars = _CharTable(tok)

@@ -1,4 +1,5 @@
-"""The cached sentence encoder gives exactly `encode_batch_fast`'s ids: on real Wikipedia text, on the
+"""The cached sentence encoder gives exactly `encode_batch_fast`'s ids (special-token text encoded
+as text): on real Wikipedia text, on the
 cases its fast path must hand over (non-ASCII, control characters, added-token text), with a cased
 vocabulary, a non-BERT pipeline, and a cache that starts over."""
 
@@ -47,7 +48,23 @@ def wiki_sentences(data_dir, names: list[str]) -> list[str]:
 
 
 def reference(tok: Tokenizer, sentences: list[str]) -> list[list[int]]:
+    """`encode_batch_fast` with special-token text encoded as text (Google's data script)."""
+    tok = Tokenizer.from_str(tok.to_str())
+    tok.encode_special_tokens = True
     return [e.ids for e in tok.encode_batch_fast(sentences, add_special_tokens=False)]
+
+
+def test_special_token_text_in_the_corpus_is_text(trained):
+    """A literal "[SEP]" or "[MASK]" in a sentence is not the special token: it would end the
+    segment for the model, or be a mask with nothing to predict."""
+    encoder = SentenceEncoder(trained)
+    [ids] = encoded(encoder, ["the [MASK] token and [SEP] and [cls] in text"])
+    specials = {trained.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
+    assert not specials & set(ids)
+    assert [trained.id_to_token(i) for i in ids[:2]] == ["the", "["]
+    assert trained.encode("[MASK]", add_special_tokens=False).ids == [
+        trained.token_to_id("[MASK]")
+    ]  # untouched
 
 
 def encoded(encoder: SentenceEncoder, sentences: list[str]) -> list[list[int]]:
