@@ -207,14 +207,26 @@ def _lowercase_from_dir(directory: Path, default: bool) -> bool:
 def declared_lowercase(path: str | Path) -> bool | None:
     """`do_lower_case` of the tokenizer_config.json beside a vocab.txt (a file, or a directory
     without tokenizer.json); None when there is none, or when a tokenizer.json decides the casing."""
-    path = Path(path)
-    if path.is_dir():
-        if (path / TOKENIZER_JSON).is_file():
-            return None
-        path = path / VOCAB_NAME
+    path = tokenizer_file(path)
     if path.suffix == ".json" or not (path.parent / TOKENIZER_CONFIG).is_file():
         return None
     return _lowercase_from_dir(path.parent, True)
+
+
+def tokenizer_file(path: str | Path) -> Path:
+    """The file a tokenizer path means: itself, or in a directory its tokenizer.json, else its
+    vocab.txt (a UserError when a directory holds neither)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for name in (TOKENIZER_JSON, VOCAB_NAME):
+        if (path / name).is_file():
+            return path / name
+    raise UserError(
+        f"{path} holds neither {TOKENIZER_JSON} nor {VOCAB_NAME}.",
+        fix="pass a tokenizer directory (the output of `bertflow tokenizer` or a model directory), "
+        "a vocab.txt or a tokenizer.json.",
+    )
 
 
 def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tokenizer, bool]:
@@ -223,19 +235,7 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tok
     A `tokenizer.json` is used as is (its normalizer decides casing). A bare `vocab.txt` gets BERT's
     normalizer with `lowercase` (default: do_lower_case of a tokenizer_config.json beside it, else True).
     """
-    path = Path(path)
-    if path.is_dir():
-        directory = path
-        if (path / TOKENIZER_JSON).is_file():
-            path = path / TOKENIZER_JSON
-        elif (path / VOCAB_NAME).is_file():
-            path = path / VOCAB_NAME
-        else:
-            raise UserError(
-                f"{directory} holds neither {TOKENIZER_JSON} nor {VOCAB_NAME}.",
-                fix="pass a tokenizer directory (the output of `bertflow tokenizer` or a model directory), "
-                "a vocab.txt or a tokenizer.json.",
-            )
+    path = tokenizer_file(path)
     if not path.is_file():
         raise UserError(
             f"tokenizer file {path} does not exist.", fix="check the --vocab / tokenizer.vocab path."
