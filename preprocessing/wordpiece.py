@@ -29,7 +29,9 @@ TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 MAX_WORD_CHARS = 100  # WordPiece's max_input_chars_per_word (as BERT): a longer word is one [UNK]
 # a text that may hold such a word (normalization can lengthen a word: the check is generous)
-_LONG_RUN = re.compile(rf"\S{{{MAX_WORD_CHARS // 2 + 1},}}")
+# a run that normalization can take over MAX_WORD_CHARS: NFD splits a Hangul syllable into up to
+# three jamo (other decompositions add marks, which accent stripping removes again)
+_LONG_RUN = re.compile(rf"\S{{{MAX_WORD_CHARS // 3 + 1},}}")
 
 
 def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:

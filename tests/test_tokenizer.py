@@ -212,6 +212,11 @@ def test_a_word_wordpiece_never_splits_adds_no_vocabulary(data_dir):
     assert with_word == vocab_list(train_tokenizer(common, vocab_size=800))
     assert counts["words_skipped_over_100_chars"] == 1
     assert len("x" * MAX_WORD_CHARS) == 100  # as BERT's max_input_chars_per_word
+    # 40 Hangul syllables are 40 characters, but 120 jamo once normalized: also one [UNK], also left out
+    counts.clear()
+    hangul = "한국어" * 13 + "말"
+    train_tokenizer([*common, f"a {hangul} b"], vocab_size=800, counts=counts)
+    assert counts["words_skipped_over_100_chars"] == 1
 
 
 def test_a_vocabulary_with_a_byte_order_mark_loads(tmp_path, minilm_dir):
