@@ -69,7 +69,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # fails fast, before Prefect starts
     selected, _ = plan_stages(args.only, args.from_stage, args.force)
     check_data_paths(cfg)
-    check_pretrain_layouts(cfg)
+    if "pretrain" in selected:  # `--only preprocess` of a GPU config on a CPU machine is fine
+        check_pretrain_layouts(cfg)
     if "finetune" in selected:
         check_flow_finetune(cfg)
     if cfg.pretrain.init_from:  # its model is part of the pretrain stage's key

@@ -209,3 +209,15 @@ def test_settings_that_would_fail_at_pretraining_or_fine_tuning_are_refused_befo
     assert proc.returncode == 2, proc.stderr
     assert said in proc.stderr and "Fix:" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_flow_that_does_not_pretrain_is_not_refused_for_pretraining_settings(tmp_path: Path) -> None:
+    """`--only verify` (or preprocess) of a GPU config on a CPU machine: fp16 is for the GPU."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--only", "verify",
+         "--set", f"run_dir={tmp_path / 'runs'}", "pretrain.precision=fp16", "wandb.mode=disabled"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "runs" / "verify").is_dir()
