@@ -291,8 +291,9 @@ def adopt_result(job: Job, source: Path) -> bool:
     its W&B run stays in `source`. False when `job.out_dir` is busy in another process or finished."""
     try:
         with exclusive_dir(job.out_dir, f"unit {job.unit.name}", inside=True):
-            if finished_result(job.out_dir) is not None:
-                return False
+            source_marker = read_marker(source)
+            if finished_result(job.out_dir) is not None or source_marker is None:
+                return False  # finished meanwhile, or the source was cleaned meanwhile
             _clear_attempt(job.out_dir)
             result = json.loads((source / RESULT_FILE).read_text())
             origin = result.get("reused_from", str(source))
@@ -307,7 +308,7 @@ def adopt_result(job: Job, source: Path) -> bool:
                     "reused_from": origin,
                 },
             )
-            write_marker(job.out_dir, {**read_marker(source), "key": job.key, "reused_from": origin})
-    except UserError:  # another process holds the unit
+            write_marker(job.out_dir, {**source_marker, "key": job.key, "reused_from": origin})
+    except (UserError, FileNotFoundError):  # another process holds the unit; the source went
         return False
     return True
