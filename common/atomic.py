@@ -84,15 +84,9 @@ def mark_in_progress(directory: str | os.PathLike) -> None:
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    writer = _in_progress(directory)
-    if progress_state(directory) == "running" and writer.get("pid") != os.getpid():
-        # a second run refused by the stage's lock must not have taken the output's record first
-        # (`bertflow runs` would call the live output interrupted, and `clean --incomplete` delete it)
-        raise UserError(
-            f"{directory} is being written by another process (pid {writer.get('pid')}, since "
-            f"{writer.get('started_utc', '?')} UTC); two runs writing one directory would mix their files.",
-            fix="wait for that run to finish, or give this one another output directory (or run_dir).",
-        )
+    # a second run refused by the stage's lock must not have taken the output's record first
+    # (`bertflow runs` would call the live output interrupted, and `clean --incomplete` delete it)
+    refuse_other_writer(directory)
     atomic_write_json(
         directory / IN_PROGRESS_NAME,
         {
@@ -101,6 +95,18 @@ def mark_in_progress(directory: str | os.PathLike) -> None:
             "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         },
     )
+
+
+def refuse_other_writer(directory: str | os.PathLike) -> None:
+    """A UserError when another live process is writing `directory` (its `_IN_PROGRESS.json`)."""
+    directory = Path(directory)
+    writer = _in_progress(directory)
+    if progress_state(directory) == "running" and writer.get("pid") != os.getpid():
+        raise UserError(
+            f"{directory} is being written by another process (pid {writer.get('pid')}, since "
+            f"{writer.get('started_utc', '?')} UTC); two runs writing one directory would mix their files.",
+            fix="wait for that run to finish, or give this one another output directory (or run_dir).",
+        )
 
 
 def progress_state(directory: str | os.PathLike) -> str:

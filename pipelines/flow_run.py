@@ -22,7 +22,7 @@ from prefect import get_run_logger
 from prefect.futures import as_completed, wait
 from prefect.states import State
 
-from common.atomic import MARKER_NAME, atomic_write_json, read_marker
+from common.atomic import MARKER_NAME, atomic_write_json, read_marker, refuse_other_writer
 from common.errors import UserError
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
@@ -32,8 +32,18 @@ from pipelines.stage_keys import base_stage, code_change_note, run_root, stage_d
 from pipelines.stage_plan import SUMMARY_STAGES, plan_stages
 
 
+def complete(stage: str, out: Path) -> bool:
+    """A stage output to reuse: marked complete, and for pretraining with its model (a deleted
+    model/ is written again from the last checkpoint, `run_pretrain_stage`)."""
+    if read_marker(out) is None:
+        return False
+    return base_stage(stage) != "pretrain" or (out / "model" / "config.json").is_file()
+
+
 def clear(directory: Path) -> None:
-    """Forget a stage output: marker first (a kill midway leaves it incomplete), then the rest."""
+    """Forget a stage output: marker first (a kill midway leaves it incomplete), then the rest;
+    refused while another live process writes it (`--force` must not delete a running pretraining)."""
+    refuse_other_writer(directory)
     (directory / MARKER_NAME).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -85,7 +95,7 @@ class FlowRun:
         if stage in self.outputs:
             return self.outputs[stage]
         out = self.dirs[stage]
-        if read_marker(out) is None:
+        if not complete(stage, out):
             raise UserError(
                 f"stage {stage!r} has no complete output for this config ({out}).",
                 fix=f"run it first: `bertflow run CONFIG --only {base_stage(stage)}` or the whole flow "
@@ -121,6 +131,8 @@ class FlowRun:
         inputs_made_here = any(stage in self.made_here for _, stage in pairs)
         if base_stage(name) in self.forced or (name in SUMMARY_STAGES and inputs_made_here):
             clear(out)
+        elif read_marker(out) is not None and not complete(name, out):  # the stage resumes and exports it
+            (out / MARKER_NAME).unlink()
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "stage_key.json", stage_key_inputs(self.cfg)[name])
         wait_for = [self.outputs[s] for s in after if s in self.outputs]

@@ -165,9 +165,12 @@ def removal_plan(root: Path, targets: list[str], incomplete: bool = False) -> li
             plan.append(run.path)
         else:
             plan.append(_stage_output(root, Path(target)))
-    if incomplete:
+    if incomplete:  # not those a live flow run is about to resume (an interrupted pretraining)
+        live = {d.resolve() for r in runs if r.status == "running" for d in r.out_dirs()}
         plan += [
-            o.path.resolve() for o in stage_outputs(root, runs) if o.state in ("interrupted", "unfinished")
+            o.path.resolve()
+            for o in stage_outputs(root, runs)
+            if o.state in ("interrupted", "unfinished") and o.path.resolve() not in live
         ]
     plan = list(dict.fromkeys(plan))
     running = [p for p in plan if p.is_dir() and progress_state(p) == "running"]

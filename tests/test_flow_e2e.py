@@ -7,6 +7,7 @@ which the flow then reuses), the scorecard and the report."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from uuid import uuid4
 
@@ -264,3 +265,8 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     }, status
     fifth_finetune = Path(next(r["out_dir"] for r in fifth["stages"] if r["stage"] == "finetune"))
     assert fifth_finetune == fourth_finetune
+
+    # --- a model deleted from a complete pretraining: the flow writes it again from the last checkpoint
+    shutil.rmtree(new_pretrain / "model")
+    sixth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"])
+    assert _status(sixth)["pretrain"] == "ran" and (new_pretrain / "model" / "config.json").is_file()

@@ -18,6 +18,7 @@ from common.dir_lock import exclusive_dir, lock_file_of
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
 from pipelines.cli import main as cli
+from pipelines.flow_run import clear
 from pipelines.run_history import update_latest
 
 
@@ -142,6 +143,9 @@ def test_a_second_writer_leaves_the_live_writers_record_alone(tmp_path: Path) ->
             mark_in_progress(out)
         assert progress_state(out) == "running"
         assert json.loads((out / IN_PROGRESS_NAME).read_text())["pid"] == writer.pid
+        with pytest.raises(UserError, match="being written by another process"):  # `--force` neither
+            clear(out)
+        assert (out / IN_PROGRESS_NAME).is_file()
     finally:
         writer.kill()
         writer.wait()
@@ -162,18 +166,24 @@ def test_a_live_flow_run_keeps_what_it_will_use_and_a_killed_one_reads_interrupt
         assert live.stdout.readline() == "up\n"
         path = _record(root, "third-run", "2026-01-03 10:00:00", {"tokenizer": root / "tokenizer" / "t1"})
         data = json.loads(path.read_text())
+        killed = _stage(root, "pretrain", "p3", complete=False)  # a pretraining killed earlier
+        (killed / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 1, "host": os.uname().nodename}))
         data |= {"status": "running", "writer": {"pid": live.pid, "host": os.uname().nodename},
-                 "planned": [str(root / "tokenizer" / "t1"), str(root / "pretrain" / "p1")]}  # fmt: skip
+                 "planned": [str(root / "tokenizer" / "t1"), str(root / "pretrain" / "p1"), str(killed)]}  # fmt: skip
         path.write_text(json.dumps(data))
         assert cli(["runs", "--run-dir", str(root)]) == 0
         assert re.search(r"third-run .* running", capsys.readouterr().out)
         assert cli(["runs", "clean", "first-run", "--run-dir", str(root), "--yes"]) == 0
         assert (root / "pretrain" / "p1" / MARKER_NAME).is_file()  # the live run will reuse it
+        assert cli(["runs", "clean", "--incomplete", "--run-dir", str(root), "--yes"]) == 0
+        assert killed.is_dir()  # and resume this one
     finally:
         live.kill()
         live.wait()
     assert cli(["runs", "--run-dir", str(root)]) == 0
     assert re.search(r"third-run .* interrupted", capsys.readouterr().out)
+    assert cli(["runs", "clean", "--incomplete", "--run-dir", str(root), "--yes"]) == 0
+    assert not killed.exists()
 
 
 def test_latest_links_follow_the_newest_flow_run(root: Path) -> None:
