@@ -128,6 +128,15 @@ def test_corpus_content_is_part_of_the_key_and_its_mtime_is_not(tmp_path: Path) 
     assert _changed(before, after) == DOWNSTREAM["tokenizer"] | {"verify"}
 
 
+def test_with_checksums_an_edited_checksum_file_is_verified_again(tmp_path: Path) -> None:
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text("0" * 64 + "  wiki/summaries_en.txt\n")
+    sets = ["verify.checksums=true", f"verify.checksum_file={sums}"]
+    before = stage_keys(load_config(None, sets))
+    sums.write_text("1" * 64 + "  wiki/summaries_en.txt\n")
+    assert _changed(before, stage_keys(load_config(None, sets))) == {"verify"}
+
+
 def test_an_edited_task_file_moves_the_scorecards_key_as_it_moves_the_units(tmp_path: Path) -> None:
     """An edited dev TSV gave its units new keys (retrained) while the finetune stage, the
     scorecard, kept its key and was reused with the old scores; now both move, and the report."""
