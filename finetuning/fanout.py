@@ -307,6 +307,8 @@ def _run_job(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbT
         return run_finetune_unit(cfg, job, data_root, wandb)
     except UserError as exc:
         return failed_result(job, str(exc))
-    except Exception as exc:  # a bug or a crash in one unit must not stop the others
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # a bug or a crash in one unit (a Rust panic too) must not stop the others
         traceback.print_exc()
         return failed_result(job, f"{type(exc).__name__}: {exc} (traceback above)")

@@ -71,11 +71,11 @@ def split_articles(articles: list[list[QAExample]], n_train: int) -> tuple[list[
     return [e for a in articles[:n_train] for e in a], [e for a in articles[n_train:] for e in a]
 
 
-def _truncate_question(tok: Tokenizer, question: str) -> str:
+def _truncate_question(tok: Tokenizer, question: str, max_tokens: int) -> str:
     enc = tok.encode(question, add_special_tokens=False)
-    if len(enc.ids) <= MAX_QUERY_LENGTH:
+    if len(enc.ids) <= max_tokens:
         return question
-    return question[: enc.offsets[MAX_QUERY_LENGTH - 1][1]]
+    return question[: enc.offsets[max_tokens - 1][1]]
 
 
 def encode_windows(
@@ -90,8 +90,18 @@ def encode_windows(
     context offsets needed to map a span back to text."""
     tok.no_padding()
     stride = min(doc_stride, max(1, max_seq_length // 4))
+    # the question leaves the context more tokens than the stride ([CLS] Q [SEP] C [SEP]); with
+    # fewer, the tokenizer's windowing panics
+    max_query = min(MAX_QUERY_LENGTH, max_seq_length - 3 - stride - 1)
+    if max_query < 8:
+        raise UserError(
+            f"max_seq_length {max_seq_length} is too short for SQuAD: a question and a window of its "
+            "context do not fit.",
+            fix="use max_seq_length 64 or more for squad (BERT uses 384).",
+        )
+    tok.no_truncation()  # the question alone, untruncated, to cut it at a token boundary
+    pairs = [(_truncate_question(tok, e.question, max_query), e.context) for e in examples]
     tok.enable_truncation(max_seq_length, stride=stride, strategy="only_second")
-    pairs = [(_truncate_question(tok, e.question), e.context) for e in examples]
     features = []
     for ex_index, (enc, ex) in enumerate(zip(tok.encode_batch(pairs), examples, strict=True)):
         for window in [enc, *enc.overflowing]:
@@ -155,6 +165,12 @@ class SquadTask:
         train, dev = split_articles(read_squad(path, spec), spec.squad_train_articles)
         train, dev = train[:max_train], dev[:max_eval]
         self.dev = dev
+        if not train or not dev:
+            raise UserError(
+                f"{path}: the first {spec.squad_train_articles} articles hold {len(train)} questions to "
+                f"train on and the rest {len(dev)} to evaluate; both are needed.",
+                fix="change squad_train_articles in the task definition, or use a file with questions in both parts.",
+            )
         self.train_features = encode_windows(tok, train, max_seq_length, train=True)
         self.eval_features = encode_windows(tok, dev, max_seq_length, train=False)
         self.n_train, self.n_eval = len(train), len(dev)

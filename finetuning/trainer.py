@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.errors import UserError
 from finetuning.batching import collate, eval_batches, train_batches
 from training.optim import adamw, build_scheduler
 
@@ -74,6 +75,8 @@ def train(
     log: Callable[[dict[str, float], int], None] | None = None,
 ) -> TrainStats:
     """Train in place for `epochs` (a fraction allowed) over `features`; returns throughput."""
+    if not features:  # the step loop would wait forever for a first batch
+        raise UserError("no training examples to fine-tune on.", fix="check the task's training data.")
     generator = torch.Generator().manual_seed(seed)
     lengths = [len(f["input_ids"]) for f in features]
     steps_per_epoch = math.ceil(len(features) / batch_size)

@@ -94,3 +94,57 @@ def test_perfect_logits_decode_to_gold_answers(squad, minilm_dir, data_dir):
     assert scores["exact_match"] >= 95.0 and scores["f1"] >= 97.0
     shuffled = outputs[1:] + outputs[:1]  # logits of the wrong windows: far worse
     assert task.metrics(shuffled)["f1"] < 50.0
+
+
+@pytest.mark.parametrize("max_seq_length", [32, 48, 54, 128])
+def test_short_windows_and_long_questions_are_windowed_not_crashed(squad, minilm_dir, max_seq_length):
+    """Questions longer than the window raised a truncation error, and at 38-54 tokens the
+    tokenizer's windowing panicked (a BaseException that took the whole command down): the
+    question is cut to leave the context more than the stride."""
+    from finetuning.squad import QAExample
+
+    _, articles = squad
+    tok = load_tokenizer(minilm_dir)[0]
+    long = articles[0][0]
+    long = QAExample(
+        long.qid,
+        " ".join(["what"] * 120) + " " + long.question,
+        long.context,
+        long.answers,
+        long.answer_start,
+    )
+    examples = [*articles[0][:20], long]
+    features = encode_windows(tok, examples, max_seq_length=max_seq_length, train=True)
+    assert {f["example"] for f in features} == set(range(len(examples)))
+    assert max(len(f["input_ids"]) for f in features) <= max_seq_length
+
+
+def test_windows_too_short_for_squad_and_no_questions_are_user_errors(squad, minilm_dir, tmp_path):
+    import json
+
+    from common.errors import UserError
+    from finetuning.trainer import train
+
+    _, articles = squad
+    tok = load_tokenizer(minilm_dir)[0]
+    with pytest.raises(UserError, match="max_seq_length 12 is too short for SQuAD"):
+        encode_windows(tok, articles[0][:2], max_seq_length=12, train=True)
+    # the training part without a question: the step loop waited forever for a first batch
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps({"data": [{"paragraphs": []}] * 40 + [{"paragraphs": [{"context": "a b",
+        "qas": [{"id": "q", "question": "a?", "answers": [{"text": "b", "answer_start": 2}]}]}]}] * 10}))  # fmt: skip
+    spec = get_task("squad").model_copy(update={"train": str(path), "dev": str(path)})
+    with pytest.raises(UserError, match="hold 0 questions to train on"):
+        SquadTask(spec, tok, 128, None, None, None)
+    with pytest.raises(UserError, match="no training examples"):
+        train(
+            None,
+            [],
+            lr=1e-3,
+            epochs=1,
+            batch_size=8,
+            weight_decay=0,
+            warmup_proportion=0,
+            seed=1,
+            device=None,
+        )
