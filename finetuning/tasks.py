@@ -68,6 +68,18 @@ class TaskSpec(BaseModel):
                 raise ValueError("format tsv needs `text_a` and `label` columns")
             if not self.header and not all(isinstance(c, int) for c in self.columns()):
                 raise ValueError("without a header, columns must be 0-based indices")
+        if self.kind == "token_classification":
+            # entity F1 reads IOB2 chunks (finetuning.metrics.entity_spans): an E- or S- tag was
+            # read as O, so BIOES labels scored far below seqeval's figure
+            other = [t for t in self.labels or [] if t != "O" and not t.startswith(("B-", "I-"))]
+            if other:
+                raise ValueError(
+                    f"labels {other[:3]} are not IOB2 tags (O, B-X, I-X); convert BIOES/IOBES tags to IOB2"
+                )
+            if self.format == "conll" and not isinstance(self.label, int):
+                raise ValueError(
+                    "format conll takes `label` as a 0-based column index (e.g. 3 for CoNLL-2003's NER tag)"
+                )
         return self
 
     def columns(self) -> list[str | int]:

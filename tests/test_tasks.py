@@ -126,6 +126,16 @@ def test_bad_task_configs(tmp_path, data_dir):
         load_task_specs(str(tmp_path / "missing.yaml"))
     with pytest.raises(UserError, match="unknown task 'nope'"):
         get_task("nope")
+    # token classification reads IOB2 chunks: BIOES tags (an S- or E- tag was read as O) and a
+    # CoNLL label given by column name are refused up front
+    ner = ("ner:\n  format: conll\n  kind: token_classification\n  train: t.txt\n  dev: t.txt\n"
+           "  label: LABEL\n  labels: LABELS\n  metrics: [entity_f1]\n")  # fmt: skip
+    bad.write_text(ner.replace("LABELS", "[O, S-PER, B-PER, E-PER]").replace("LABEL", "3"))
+    with pytest.raises(UserError, match=r"labels \['S-PER', 'E-PER'\] are not IOB2 tags"):
+        load_task_specs(str(bad))
+    bad.write_text(ner.replace("LABELS", "[O, B-PER, I-PER]").replace("LABEL", "ner"))
+    with pytest.raises(UserError, match="format conll takes `label` as a 0-based column index"):
+        load_task_specs(str(bad))
 
 
 def test_conll_reader(data_dir, tmp_path):
