@@ -13,6 +13,7 @@ import torch
 from tokenizers import Tokenizer
 
 from common.errors import UserError
+from common.textfile import read_user_text
 from finetuning.batching import IGNORE_INDEX
 from finetuning.metrics import entity_f1
 from finetuning.tasks import TaskSpec, check_file
@@ -29,30 +30,34 @@ def read_conll(spec: TaskSpec, path: Path, limit: int | None = None) -> list[tup
     words: list[str] = []
     tags: list[str] = []
     width = None
-    with open(path, encoding="utf-8-sig") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            cells = line.split()
-            if not cells or cells[0] == "-DOCSTART-":
-                if words:
-                    sentences.append((words, tags))
-                    words, tags = [], []
-                    if limit is not None and len(sentences) >= limit:
-                        break
-                continue
-            width = width or len(cells)
-            if len(cells) != width or len(cells) <= column:
-                raise UserError(
-                    f"{path} line {lineno}: {len(cells)} columns, expected {width} (task {spec.name!r}).",
-                    fix="fix or remove that line.",
-                )
-            tag = cells[column]
-            if tag not in allowed:
-                raise UserError(
-                    f"{path} line {lineno}: unknown tag {tag!r} (task {spec.name!r} has {spec.labels}).",
-                    fix="fix the line or add the tag to the task's `labels`.",
-                )
-            words.append(cells[0])
-            tags.append(tag)
+    for lineno, line in enumerate(read_user_text(path, "CoNLL file").splitlines(), start=1):
+        cells = line.split()
+        if not cells or cells[0] == "-DOCSTART-":
+            if words:
+                sentences.append((words, tags))
+                words, tags = [], []
+                if limit is not None and len(sentences) >= limit:
+                    break
+            continue
+        width = width or len(cells)
+        if len(cells) != width:
+            raise UserError(
+                f"{path} line {lineno}: {len(cells)} columns, expected {width} (task {spec.name!r}).",
+                fix="fix or remove that line.",
+            )
+        if len(cells) <= column:
+            raise UserError(
+                f"{path} line {lineno}: {len(cells)} columns, so no label column {column} (task {spec.name!r}).",
+                fix="set the task's `label` to the tag's 0-based column, or fix that line.",
+            )
+        tag = cells[column]
+        if tag not in allowed:
+            raise UserError(
+                f"{path} line {lineno}: unknown tag {tag!r} (task {spec.name!r} has {spec.labels}).",
+                fix="fix the line or add the tag to the task's `labels`.",
+            )
+        words.append(cells[0])
+        tags.append(tag)
     if words and (limit is None or len(sentences) < limit):
         sentences.append((words, tags))
     if not sentences:

@@ -153,6 +153,12 @@ def test_conll_reader(data_dir, tmp_path):
     bad.write_text("EU NNP B-NP B-ORG\nrejects VBZ O\n")
     with pytest.raises(UserError, match=r"bad.txt line 2: 3 columns, expected 4"):
         read_conll(spec, bad)
+    bad.write_text("EU B-ORG\nrejects O\n")  # the tags in column 1, the task reads column 3
+    with pytest.raises(UserError, match=r"bad.txt line 1: 2 columns, so no label column 3"):
+        read_conll(spec, bad)
+    bad.write_bytes("M\xfcnchen NNP B-NP B-LOC\n".encode("latin-1"))  # CoNLL-2003 German ships Latin-1
+    with pytest.raises(UserError, match=r"CoNLL file .*bad.txt is not UTF-8 text"):
+        read_conll(spec, bad)
 
 
 def test_tokenization_matches_transformers_fast(minilm_dir, data_dir, tmp_path):
