@@ -45,22 +45,41 @@ def read_squad(path: Path, spec: TaskSpec) -> list[list[QAExample]]:
         data = json.loads(read_user_text(path, "SQuAD file"))["data"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is not a SQuAD v1.1 JSON file: {exc}", fix="use dev-v1.1.json.") from None
+    if not isinstance(data, list):
+        raise UserError(f"{path}: 'data' is not a list of articles.", fix="use the SQuAD v1.1 layout.")
     articles = []
     for a_i, article in enumerate(data):
-        examples = []
-        for paragraph in article.get("paragraphs", []):
-            context = paragraph["context"]
-            for qa in paragraph["qas"]:
-                if not qa.get("answers"):
-                    raise UserError(f"{path}: question {qa.get('id')!r} (article {a_i}) has no answers.")
-                answers = tuple(a["text"] for a in qa["answers"])
-                examples.append(
-                    QAExample(
-                        qa["id"], qa["question"].strip(), context, answers, qa["answers"][0]["answer_start"]
-                    )
-                )
-        articles.append(examples)
+        try:
+            articles.append(
+                [
+                    _example(path, a_i, p["context"], qa)
+                    for p in article.get("paragraphs", [])
+                    for qa in p["qas"]
+                ]
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise UserError(
+                f"{path}: article {a_i} is not in the SQuAD v1.1 layout ({type(exc).__name__}: {exc}).",
+                fix="each article needs paragraphs of {context, qas: [{id, question, answers: [{text, answer_start}]}]}.",
+            ) from None
     return articles
+
+
+def _example(path: Path, article: int, context: str, qa: dict[str, Any]) -> QAExample:
+    """One question; its first answer must be where `answer_start` says (it is the training span)."""
+    if not qa.get("answers"):
+        raise UserError(f"{path}: question {qa.get('id')!r} (article {article}) has no answers.")
+    first = qa["answers"][0]
+    start = first["answer_start"]
+    if not isinstance(start, int) or context[start : start + len(first["text"])] != first["text"]:
+        raise UserError(
+            f"{path}: question {qa['id']!r} (article {article}): answer {first['text']!r} is not at "
+            f"answer_start {start!r} of its context.",
+            fix="fix that answer's answer_start (a character offset into the context) or its text.",
+        )
+    return QAExample(
+        qa["id"], qa["question"].strip(), context, tuple(a["text"] for a in qa["answers"]), start
+    )
 
 
 def split_articles(articles: list[list[QAExample]], n_train: int) -> tuple[list[QAExample], list[QAExample]]:

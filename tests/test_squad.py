@@ -148,3 +148,23 @@ def test_windows_too_short_for_squad_and_no_questions_are_user_errors(squad, min
             seed=1,
             device=None,
         )
+
+
+def test_malformed_squad_files_name_the_article_or_question(tmp_path):
+    """A missing field was a bare KeyError; an answer_start that does not point at the answer
+    trained on the wrong span without a word (BERT's run_squad warns and skips it)."""
+    import json
+
+    from common.errors import UserError
+
+    spec = get_task("squad")
+    path = tmp_path / "squad.json"
+    qa = {"id": "q1", "question": "which?", "answers": [{"text": "gamma", "answer_start": 0}]}
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "alpha beta gamma", "qas": [qa]}]}]}))
+    with pytest.raises(
+        UserError, match=r"question 'q1' \(article 0\): answer 'gamma' is not at answer_start 0"
+    ):
+        read_squad(path, spec)
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"qas": [qa]}]}]}))
+    with pytest.raises(UserError, match=r"article 0 is not in the SQuAD v1.1 layout \(KeyError: 'context'\)"):
+        read_squad(path, spec)
