@@ -186,6 +186,7 @@ def build_scorecard(
     said = {
         "squad_split": "SQuAD:",
         "pooler": "{name}: pooler",
+        "eval_words_truncated": "{name}: CoNLL dev words past max_seq_length, scored as O:",
     }  # a unit's notes, as the Notes list says them
     notes = sorted(
         {

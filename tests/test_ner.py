@@ -36,3 +36,22 @@ def test_metric_reads_predictions_at_first_subtokens(minilm_dir, data_dir):
     assert task.metrics(perfect)["entity_f1"] == 100.0
     all_o = [[0] * len(f["labels"]) for f in task.eval_features]
     assert task.metrics(all_o)["entity_f1"] == 0.0
+
+
+def test_words_cut_by_the_sequence_length_are_counted_and_said_in_the_scorecard(
+    minilm_dir, data_dir, tmp_path
+):
+    """They are scored as O, which caps the reachable F1 (99.5 at 64 tokens, 94 at 32): the
+    count was in each unit's result only."""
+    from finetuning.scorecard import build_scorecard
+
+    tok = load_tokenizer(minilm_dir)[0]
+    task = TokenTask(get_task("conll2003"), tok, 32, max_train=4, max_eval=200, data_root=str(data_dir))
+    cut = task.notes["eval_words_truncated"]
+    assert cut > 0
+    result = {"unit": "conll2003-lr1e-3-s1", "task": "conll2003", "metric_names": ["entity_f1"],
+              "metrics": {"entity_f1": 50.0}, "score": 50.0, "lr": 1e-3, "seed": 1, "checkpoint": "random:tiny",
+              "checkpoint_label": "random:tiny", "checkpoint_kind": "random", "glue": False, "n_train": 4,
+              "n_eval": 200, "epochs": 1.0, "max_seq_length": 32, "train_examples_per_s": 1.0, "notes": task.notes}  # fmt: skip
+    card = build_scorecard([result], tmp_path)
+    assert any(f"CoNLL dev words past max_seq_length, scored as O: {cut}" in n for n in card["notes"])
