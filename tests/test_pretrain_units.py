@@ -441,3 +441,49 @@ def test_arch_list_with_hopper_suffix_is_rewritten_into_what_deepspeeds_jit_buil
     assert os.environ["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0+PTX"
     builder.compute_capability_args()  # parses now
     assert deepspeed_arch_list("8.6+PTX") == "8.6+PTX" and deepspeed_arch_list("sm_90") == "sm_90"
+
+
+def test_the_slurm_template_runs_bertflow_pretrain_on_every_node_with_its_rank(tmp_path):
+    """infra/slurm/pretrain.sbatch, run with stand-ins for srun (one task per node, SLURM_NODEID
+    set in each), scontrol and the bertflow entry point (which records its arguments): every node
+    gets a command the CLI parses, with its own --node-rank and the first node as master_addr."""
+    import stat
+    import subprocess
+
+    from common.paths import PROJECT_ROOT
+    from pipelines.cli import build_parser
+    from pipelines.config import load_config
+    from pipelines.stage_pretrain import check_nodes
+
+    def executable(path, text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+    fake = tmp_path / "bin"
+    executable(fake / "scontrol", "#!/bin/sh\nprintf 'gpu-a\\ngpu-b\\n'\n")
+    executable(
+        fake / "srun",
+        '#!/bin/sh\nshift\nfor i in $(seq 0 $((SLURM_NNODES - 1))); do SLURM_NODEID=$i "$@" || exit 1; done\n',
+    )
+    executable(
+        tmp_path / ".venv" / "bin" / "bertflow", '#!/bin/sh\nprintf "%s\\n" "$@" > "args-$SLURM_NODEID"\n'
+    )
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_GPUS_ON_NODE": "4"}  # fmt: skip
+    sbatch = PROJECT_ROOT / "infra" / "slurm" / "pretrain.sbatch"
+    proc = subprocess.run(["bash", str(sbatch), "configs/default.yaml", "/s", "/t", "/o"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        argv = (tmp_path / f"args-{rank}").read_text().splitlines()
+        args = build_parser("pretrain").parse_args(argv)
+        assert (args.config, args.shards, args.tokenizer, args.output) == (
+            "configs/default.yaml",
+            "/s",
+            "/t",
+            "/o",
+        )
+        assert (args.nnodes, args.node_rank, args.num_processes) == (2, rank, "4")
+        assert args.set == ["pretrain.master_addr=gpu-a", "pretrain.master_port=29500"]
+        check_nodes(load_config(PROJECT_ROOT / args.config, [*args.set, "pretrain.nnodes=2"]), args.node_rank)
