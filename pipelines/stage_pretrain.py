@@ -60,7 +60,7 @@ def run_pretrain_stage(
     from training import launch, preflight
     from training.ranks import resolve_ranks, split_text, visible_gpus
 
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # the launcher runs in the project root, not the caller's directory
     cfg = with_phase_init(cfg)  # a phase after the first starts from the one before's model
     check_own_output(out_dir, "pretrain", {"shards": shards_dir, "tokenizer": tokenizer_dir})
     on_gpu, bf16_ok = _device_caps()
@@ -106,7 +106,14 @@ def run_pretrain_stage(
         port = p.master_port or launch.free_port()
         local = p.num_processes if p.nnodes > 1 else world
         cmd = launch.build_command(
-            p.launcher, local, spec_path, port, p.hostfile, p.nnodes, node_rank, p.master_addr
+            p.launcher,
+            local,
+            spec_path,
+            port,
+            p.hostfile and str(Path(p.hostfile).resolve()),
+            p.nnodes,
+            node_rank,
+            p.master_addr,
         )
         notice = jit_build_notice(on_gpu)
         if notice:

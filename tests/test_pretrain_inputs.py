@@ -262,3 +262,19 @@ def test_other_inputs_without_output_are_refused_before_anything_is_written(data
     assert "--shards and --tokenizer other than the flow's for this config need --output" in res.stderr
     assert "Fix: add --output DIR." in res.stderr and "Traceback" not in res.stderr
     assert not (runs / "pretrain").exists()
+
+
+def test_a_relative_output_works_from_any_directory(data, tmp_path):
+    """The launcher runs in the project root: a relative --output given elsewhere made every rank
+    look for its run spec there ("launcher exit code 1")."""
+    from tests.pretrain_runs import settings
+
+    shards, tok = data
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    sets = [x for s in settings("pretrain.max_steps=2", "pretrain.checkpoint_every=2") for x in ("--set", s)]
+    cmd = [sys.executable, "-m", "pipelines.cli", "pretrain", "--shards", str(shards), "--tokenizer", str(tok),
+           "--output", "relative_run", *sets]  # fmt: skip
+    res = subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert (cwd / "relative_run" / "model" / "model.safetensors").is_file()
