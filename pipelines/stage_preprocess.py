@@ -372,6 +372,13 @@ def main(args: argparse.Namespace) -> int:
     # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
 
     vocab = Path(args.vocab) if args.vocab else stage_dir(cfg, "tokenizer")
+    if args.vocab and not args.output and vocab.resolve() != stage_dir(cfg, "tokenizer").resolve():
+        # the flow's shard directory is keyed by the flow's own tokenizer
+        raise UserError(
+            "--vocab other than the flow's tokenizer for this config needs --output: the flow's shard "
+            f"directory ({stage_dir(cfg, 'preprocess')}) holds shards of its own tokenizer.",
+            fix="add --output DIR.",
+        )
     out = (
         (args.output if storage.is_remote(args.output) else Path(args.output))
         if args.output

@@ -237,6 +237,13 @@ def test_cli_help_and_user_errors(tmp_path, minilm_dir):
     assert r.returncode == 2 and "matches no file" in r.stderr and "Traceback" not in r.stderr
     r = cli("tokenizer", "--bogus-flag=1")
     assert r.returncode == 2 and "unrecognized" in r.stderr
+    # another vocabulary into the flow's shard directory, which the flow would take as its own
+    r = cli("preprocess", "--vocab", str(minilm_dir), "--set", f"run_dir={tmp_path / 'runs'}")
+    assert (
+        r.returncode == 2
+        and "--vocab other than the flow's tokenizer for this config needs --output" in r.stderr
+    )
+    assert "Traceback" not in r.stderr and not (tmp_path / "runs" / "preprocess").exists()
 
 
 @pytest.mark.slow
