@@ -106,6 +106,13 @@ def _config_file_digest(path: str | None) -> str | None:
     return content_digest(p) if p.is_file() else f"missing:{path}"
 
 
+def _hostfile_ranks(path: str) -> dict[str, Any]:
+    """What a hostfile decides about the weights: the number of ranks (its slots)."""
+    from training.launch import hostfile_slots
+
+    return {"slots": hostfile_slots(Path(path))} if Path(path).is_file() else {"missing": path}
+
+
 def _checksum_file_digest(cfg: PipelineConfig) -> str:
     from common.paths import resolve_data_path
 
@@ -137,12 +144,16 @@ def _task_stamps(cfg: PipelineConfig) -> dict[str, Any]:
 RUN_ONLY_SINCE = ("stop_grace_s",)
 
 
-def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str, dict[str, Any]]:
+def stage_key_inputs(
+    cfg: PipelineConfig, *, earlier: bool = False, hostfile_by_file: bool = False
+) -> dict[str, dict[str, Any]]:
     """What each stage's key is a hash of (written next to the outputs as `stage_key.json`): each
     section without its run-only settings (`Section.run_only`: workers, logging cadence, ports...),
     so changing one of those finds the same output, and the corpus files by label and content.
     `earlier`: the inputs as bertflow hashed them before 2026-11-25, with the run-only settings and
-    the corpus files' absolute paths, to find the outputs it made (`stage_dirs`)."""
+    the corpus files' absolute paths, to find the outputs it made (`stage_dirs`). A pretraining
+    hostfile enters by the ranks it gives, not by its path and hosts (a run requeued on other nodes
+    is the same run); `hostfile_by_file` (and `earlier`): by path and content, as before 2026-11-27."""
 
     def settings(section: Section) -> dict[str, Any]:
         if earlier:
@@ -168,12 +179,18 @@ def stage_key_inputs(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str,
             "tokenizer": tok_key,
         }
         prep_key = digest(prep, KEY_LENGTH)
+        hostfile, by_file = phase.pretrain.hostfile, earlier or hostfile_by_file
         pre = {
             "stage": "pretrain",
-            "config": settings(phase.pretrain),
+            "config": {
+                **settings(phase.pretrain),
+                **({"hostfile": None} if hostfile and not by_file else {}),
+            },
             "model": settings(cfg.model),
             "deepspeed_config": _config_file_digest(phase.pretrain.deepspeed_config),
-            "hostfile": _config_file_digest(phase.pretrain.hostfile),
+            "hostfile": _config_file_digest(hostfile)
+            if by_file or not hostfile
+            else _hostfile_ranks(hostfile),
             "init_from": init_from,
             "preprocess": prep_key,
             "tokenizer": tok_key,
@@ -255,9 +272,12 @@ def with_phase_init(cfg: PipelineConfig) -> PipelineConfig:
     return cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"init_from": str(previous)})})
 
 
-def stage_keys(cfg: PipelineConfig, *, earlier: bool = False) -> dict[str, str]:
-    """stage name → key, for every stage in `STAGES` (`earlier`: see `stage_key_inputs`)."""
-    inputs = stage_key_inputs(cfg, earlier=earlier)
+def stage_keys(
+    cfg: PipelineConfig, *, earlier: bool = False, hostfile_by_file: bool = False
+) -> dict[str, str]:
+    """stage name → key, for every stage in `STAGES` (`earlier`, `hostfile_by_file`: see
+    `stage_key_inputs`)."""
+    inputs = stage_key_inputs(cfg, earlier=earlier, hostfile_by_file=hostfile_by_file)
     return {stage: digest(stage_inputs, KEY_LENGTH) for stage, stage_inputs in inputs.items()}
 
 
@@ -284,6 +304,11 @@ def stage_dirs(cfg: PipelineConfig) -> dict[str, Path]:
     if all(d.exists() or not d.parent.is_dir() for d in dirs.values()):
         return dirs  # nothing an earlier output could be: no second round of corpus stamps
     earlier = [stage_keys(cfg, earlier=True)]
+    if (
+        any(cfg.phase_section(i, "pretrain").hostfile for i in range(len(cfg.phases)))
+        or cfg.pretrain.hostfile
+    ):
+        earlier.append(stage_keys(cfg, hostfile_by_file=True))
     earlier += [
         stage_keys(config, earlier=when) for config in explicit_layouts(cfg) for when in (False, True)
     ]

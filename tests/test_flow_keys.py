@@ -218,3 +218,29 @@ def test_outputs_of_the_shipped_configs_from_before_num_processes_auto_are_found
         (tmp_path / "pretrain" / old[s]).mkdir(parents=True)
     dirs = stage_dirs(now)
     assert {s: dirs[s] for s in stages} == {s: tmp_path / "pretrain" / old[s] for s in stages}
+
+
+def test_a_hostfile_enters_the_key_by_its_ranks_not_its_hosts(tmp_path: Path) -> None:
+    """A multi-node run requeued onto other nodes (another hostfile, same slots) is the same run
+    and resumes; it used to get a new key and start from step 0. Outputs keyed by the hostfile's
+    path and content (before 2026-11-27) are found."""
+    from pipelines.stage_keys import stage_dirs
+
+    def hostfile(name: str, hosts: list[str], slots: int = 8) -> str:
+        path = tmp_path / name
+        path.write_text("".join(f"{h} slots={slots}\n" for h in hosts))
+        return f"pretrain.hostfile={path}"
+
+    runs = f"run_dir={tmp_path / 'runs'}"
+    first = stage_keys(load_config(None, [runs, hostfile("a", ["gpu-1", "gpu-2"])]))
+    requeued = stage_keys(load_config(None, [runs, hostfile("b", ["gpu-7", "gpu-9"])]))
+    assert requeued == first
+    bigger = stage_keys(load_config(None, [runs, hostfile("c", ["gpu-1", "gpu-2"], slots=4)]))
+    assert _changed(first, bigger) == DOWNSTREAM["pretrain"]  # other ranks: another run
+    assert stage_keys(load_config(None, [runs])) != first
+    # made by the previous version, keyed by path and content: still found
+    cfg = load_config(None, [runs, hostfile("a", ["gpu-1", "gpu-2"])])
+    before = stage_keys(cfg, hostfile_by_file=True)
+    made_then = tmp_path / "runs" / "pretrain" / before["pretrain"]
+    made_then.mkdir(parents=True)
+    assert before["pretrain"] != first["pretrain"] and stage_dirs(cfg)["pretrain"] == made_then
