@@ -101,7 +101,8 @@ def refuse_other_writer(directory: str | os.PathLike) -> None:
     """A UserError when another live process is writing `directory` (its `_IN_PROGRESS.json`)."""
     directory = Path(directory)
     writer = _in_progress(directory)
-    if progress_state(directory) == "running" and writer.get("pid") != os.getpid():
+    running = read_marker(directory) is None and writer_state(writer) == "running"
+    if running and writer.get("pid") != os.getpid():
         raise UserError(
             f"{directory} is being written by another process (pid {writer.get('pid')}, since "
             f"{writer.get('started_utc', '?')} UTC); two runs writing one directory would mix their files.",

@@ -42,10 +42,15 @@ def stage_of(directory: str | os.PathLike) -> str | None:
     return None
 
 
+def has_model(pretrain_dir: str | os.PathLike) -> bool:
+    """Whether a pretraining output holds its exported model (`model/config.json`)."""
+    return (Path(pretrain_dir) / "model" / "config.json").is_file()
+
+
 def model_dir_hint(directory: str | os.PathLike) -> str:
     """' (DIR is a pretrain output: its model is DIR/model)' where that is so, else ''."""
     directory = Path(directory)
-    if stage_of(directory) == "pretrain" or (directory / "model" / "config.json").is_file():
+    if stage_of(directory) == "pretrain" or has_model(directory):
         return f" ({directory} is a pretraining output directory: its model is {directory / 'model'})"
     return ""
 

@@ -46,7 +46,6 @@ from finetuning.units import (
     adopt_result,
     failed_result,
     finetune_units,
-    finished_result,
     run_finetune_unit,
 )
 from model.hf_io import TOKENIZER_FILES
@@ -101,16 +100,11 @@ def reuse_random_init_units(jobs: list[Job]) -> int:
     copied from it, not retrained. Returns how many were."""
     reused = 0
     for job in jobs:
-        if job.random_init_key is None or finished_result(job.out_dir) is not None:
+        if job.random_init_key is None or read_marker(job.out_dir) is not None:
             continue
         for candidate in sorted(job.out_dir.parent.glob(_slug(f"{job.unit.name}__random:") + "*")):
-            marker = read_marker(candidate)
-            if (
-                candidate != job.out_dir
-                and marker is not None
-                and marker.get("random_init_key") == job.random_init_key
-                and finished_result(candidate) is not None
-            ):
+            marker = read_marker(candidate)  # written last: its result is complete
+            if candidate != job.out_dir and (marker or {}).get("random_init_key") == job.random_init_key:
                 reused += adopt_result(job, candidate)
                 break
     return reused

@@ -24,6 +24,7 @@ from prefect.states import State
 
 from common.atomic import MARKER_NAME, atomic_write_json, read_marker, refuse_other_writer
 from common.errors import UserError
+from common.stage_output import has_model
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import stage_record, write_record
@@ -37,7 +38,7 @@ def complete(stage: str, out: Path) -> bool:
     model/ is written again from the last checkpoint, `run_pretrain_stage`)."""
     if read_marker(out) is None:
         return False
-    return base_stage(stage) != "pretrain" or (out / "model" / "config.json").is_file()
+    return base_stage(stage) != "pretrain" or has_model(out)
 
 
 def clear(directory: Path) -> None:

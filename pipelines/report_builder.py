@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_write_text
+from common.stage_output import has_model
 from common.tracking import WandbTarget, read_metrics
 from model.model_card import CardFacts
 from pipelines.config import PipelineConfig
@@ -98,10 +99,7 @@ def gather(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any]) -> Report
 
 def _card(pretrain_dir: Path) -> CardFacts | None:
     """The facts of a complete pretraining output (None while it has no model)."""
-    if (
-        not (pretrain_dir / "run_spec.json").is_file()
-        or not (pretrain_dir / "model" / "config.json").is_file()
-    ):
+    if not (pretrain_dir / "run_spec.json").is_file() or not has_model(pretrain_dir):
         return None
     from pipelines.pretrain_card import pretraining_card
 

@@ -23,7 +23,7 @@ from common.disk_space import disk_full_error, full_disk_path
 from common.errors import UserError
 from common.stage_output import check_own_output
 from pipelines.preprocess_progress import watch_preprocess
-from pipelines.stage_keys import code_change_note, stage_code, stage_dir
+from pipelines.stage_keys import code_change_note, stage_code, stage_dirs
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels
@@ -371,18 +371,19 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"invalid preprocess settings: {validation_message(exc, 'preprocess')}") from None
     # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
 
-    vocab = Path(args.vocab) if args.vocab else stage_dir(cfg, "tokenizer")
-    if args.vocab and not args.output and vocab.resolve() != stage_dir(cfg, "tokenizer").resolve():
+    flow = stage_dirs(cfg.model_copy(update={"preprocess": pcfg}))
+    vocab = Path(args.vocab) if args.vocab else flow["tokenizer"]
+    if args.vocab and not args.output and vocab.resolve() != flow["tokenizer"].resolve():
         # the flow's shard directory is keyed by the flow's own tokenizer
         raise UserError(
             "--vocab other than the flow's tokenizer for this config needs --output: the flow's shard "
-            f"directory ({stage_dir(cfg, 'preprocess')}) holds shards of its own tokenizer.",
+            f"directory ({flow['preprocess']}) holds shards of its own tokenizer.",
             fix="add --output DIR.",
         )
     out = (
         (args.output if storage.is_remote(args.output) else Path(args.output))
         if args.output
-        else stage_dir(cfg.model_copy(update={"preprocess": pcfg}), "preprocess")
+        else flow["preprocess"]
     )
     from pipelines.beam_console import beam_log_path, quiet_beam
 

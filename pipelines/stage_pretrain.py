@@ -26,11 +26,11 @@ from pathlib import Path
 from common.atomic import MARKER_NAME, mark_in_progress, read_marker, write_marker
 from common.dir_lock import exclusive_dir
 from common.errors import UserError, sigterm_as_interrupt
-from common.stage_output import check_own_output
+from common.stage_output import check_own_output, has_model
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig, load_config
 from pipelines.pretrain_card import steps_before
-from pipelines.stage_keys import code_change_note, phase_stage, stage_code, stage_dir, with_phase_init
+from pipelines.stage_keys import code_change_note, phase_stage, stage_code, stage_dirs, with_phase_init
 
 
 def _device_caps() -> tuple[bool, bool]:
@@ -86,7 +86,7 @@ def run_pretrain_stage(
             + (f": {'; '.join(differences)}." if differences else "."),
             fix=f"choose a new --output directory, or delete {out_dir} to retrain it with these settings.",
         )
-    if marker is not None and (out_dir / "model" / "config.json").is_file():
+    if marker is not None and has_model(out_dir):
         log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
         if note := code_change_note("pretrain", [out_dir]):
             log_line(note)
@@ -294,24 +294,26 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     cfg = cfg.phase_config(cfg.phase_index(args.phase))
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)
-    flow_inputs = {"shards": stage_dir(cfg, "preprocess"), "tokenizer": stage_dir(cfg, "tokenizer")}
-    shards = Path(args.shards) if args.shards else flow_inputs["shards"]
-    tokenizer = Path(args.tokenizer) if args.tokenizer else flow_inputs["tokenizer"]
+    flow = stage_dirs(cfg)
+    shards = Path(args.shards) if args.shards else flow["preprocess"]
+    tokenizer = Path(args.tokenizer) if args.tokenizer else flow["tokenizer"]
     others = [
-        f"--{k}"
-        for k, v in (("shards", shards), ("tokenizer", tokenizer))
-        if v.resolve() != flow_inputs[k].resolve()
+        flag
+        for flag, path, own in (
+            ("--shards", shards, flow["preprocess"]),
+            ("--tokenizer", tokenizer, flow["tokenizer"]),
+        )
+        if path.resolve() != own.resolve()
     ]
-    if (
-        others and not args.output
-    ):  # the flow's directory is keyed by its own inputs: it would reuse this model
+    # the flow's directory is keyed by its own inputs: it would take a model of others as its own
+    if others and not args.output:
         raise UserError(
             f"{' and '.join(others)} other than the flow's for this config need --output: the flow's "
-            f"pretraining directory ({stage_dir(cfg, 'pretrain')}) holds the model of its own inputs, and "
+            f"pretraining directory ({flow['pretrain']}) holds the model of its own inputs, and "
             "the flow would take one trained on others as its own.",
             fix="add --output DIR.",
         )
-    output = Path(args.output) if args.output else stage_dir(cfg, "pretrain")
+    output = Path(args.output) if args.output else flow["pretrain"]
     print(
         f"pretrain: shards {shards}, tokenizer {tokenizer}, output {output} "
         f"(every line of the ranks, DeepSpeed's warnings included: {output / 'launcher.log'})",
