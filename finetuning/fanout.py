@@ -48,6 +48,7 @@ from finetuning.units import (
     finetune_units,
     run_finetune_unit,
 )
+from model.config import BertConfig
 from model.hf_io import TOKENIZER_FILES
 from training.ranks import visible_gpus
 
@@ -111,27 +112,32 @@ def reuse_random_init_units(jobs: list[Job]) -> int:
 
 
 def check_model_limits(cfg: FinetuneConfig, checkpoint: str, tasks: set[str]) -> None:
-    """Settings the checkpoint's architecture cannot serve, refused before any unit runs: longer
-    sequences than its position table, or sentence pairs without a second token type."""
-    from model.config import BertConfig
+    """Settings the checkpoint's architecture cannot serve, refused before any unit runs."""
     from model.hf_io import read_config
 
     target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
     model = read_config(Path(target)) if "/" in target else BertConfig.from_preset(target)
-    if cfg.max_seq_length > model.max_position_embeddings:
+    check_architecture(cfg, model, f"checkpoint {checkpoint}", tasks)
+
+
+def check_architecture(cfg: FinetuneConfig, model: BertConfig, name: str, tasks: set[str]) -> None:
+    """Longer sequences than `model`'s position table, or sentence pairs without a second token
+    type, are refused; `name` says which model (a checkpoint, or the one a flow will pretrain)."""
+    positions = model.max_position_embeddings
+    if cfg.max_seq_length > positions:
         raise UserError(
-            f"finetune.max_seq_length {cfg.max_seq_length} exceeds the {model.max_position_embeddings} "
-            f"positions of checkpoint {checkpoint}; longer inputs would index past its position table.",
-            fix=f"use --max-seq-length {model.max_position_embeddings} or less.",
+            f"finetune.max_seq_length {cfg.max_seq_length} exceeds the {positions} positions of "
+            f"{name} (model.max_position_embeddings); longer inputs would index past its position table.",
+            fix=f"set finetune.max_seq_length (--max-seq-length) to {positions} or less.",
         )
     pairs = sorted(
         t for t in tasks if (s := get_task(t, cfg.task_config)).text_b is not None or s.format == "squad"
     )
     if pairs and model.type_vocab_size < 2:
         raise UserError(
-            f"checkpoint {checkpoint} has type_vocab_size {model.type_vocab_size}, but the tasks "
+            f"{name} has type_vocab_size {model.type_vocab_size}, but the tasks "
             f"{pairs} feed sentence pairs (token type 1).",
-            fix="drop those tasks for this checkpoint, or use a checkpoint with two token types.",
+            fix="drop those tasks for this model, or use a model with two token types.",
         )
 
 

@@ -125,18 +125,13 @@ def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig
 
 def check_flow_finetune(cfg: PipelineConfig) -> None:
     """The flow's fine-tuning settings that cannot work, refused before its first stage instead
-    of after pretraining: unknown tasks, and sequences longer than the model's positions."""
+    of after pretraining: unknown tasks, and settings the pretrained model's shape cannot serve."""
+    from finetuning.fanout import check_architecture
     from finetuning.units import finetune_units
-    from pipelines.stage_pretrain import model_positions
+    from pipelines.stage_pretrain import model_shape
 
-    finetune_units(cfg.finetune)
-    positions = model_positions(cfg)
-    if cfg.finetune.max_seq_length > positions:
-        raise UserError(
-            f"finetune.max_seq_length {cfg.finetune.max_seq_length} exceeds the pretrained model's "
-            f"{positions} positions (model.max_position_embeddings).",
-            fix=f"set finetune.max_seq_length to {positions} or less.",
-        )
+    tasks = {u.task for u in finetune_units(cfg.finetune)}
+    check_architecture(cfg.finetune, model_shape(cfg), "the pretrained model", tasks)
 
 
 def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list[Job]:

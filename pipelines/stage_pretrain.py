@@ -28,6 +28,7 @@ from common.dir_lock import exclusive_dir
 from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output, has_model
 from common.tracking import WandbTarget
+from model.config import BertConfig
 from pipelines.config import PipelineConfig, load_config
 from pipelines.pretrain_card import steps_before
 from pipelines.stage_keys import code_change_note, phase_stage, stage_code, stage_dirs, with_phase_init
@@ -205,20 +206,22 @@ def check_pretrain_layouts(cfg: PipelineConfig) -> None:
             raise UserError(f"{prefix}{err}") from None
 
 
-def model_positions(cfg: PipelineConfig) -> int:
-    """The positions of the model `cfg` pretrains: model.max_position_embeddings, or those of
-    pretrain.init_from's model."""
+def model_shape(cfg: PipelineConfig) -> BertConfig:
+    """The architecture of the model `cfg` pretrains, before its tokenizer exists: model.preset
+    with model.max_position_embeddings, or pretrain.init_from's model."""
     if not cfg.pretrain.init_from:
-        return cfg.model.max_position_embeddings
+        return BertConfig.from_preset(
+            cfg.model.preset, max_position_embeddings=cfg.model.max_position_embeddings
+        )
     from model.hf_io import read_config
     from training.preflight import check_init_from
 
-    return read_config(check_init_from(cfg.pretrain.init_from)).max_position_embeddings
+    return read_config(check_init_from(cfg.pretrain.init_from))
 
 
 def check_positions(cfg: PipelineConfig) -> None:
     """Preprocessed sequences no longer than the model's positions."""
-    positions = model_positions(cfg)
+    positions = model_shape(cfg).max_position_embeddings
     if cfg.preprocess.max_seq_length > positions:
         raise UserError(
             f"preprocess.max_seq_length {cfg.preprocess.max_seq_length} exceeds the model's {positions} "

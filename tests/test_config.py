@@ -195,7 +195,14 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
             "preprocess.max_seq_length 128 exceeds the model's 64 positions",
         ),
         ("finetune.tasks=[sst-2]", "unknown task(s) ['sst-2']"),
-        ("finetune.max_seq_length=600", "finetune.max_seq_length 600 exceeds the pretrained model's 512"),
+        (
+            "finetune.max_seq_length=600",
+            "finetune.max_seq_length 600 exceeds the 512 positions of the pretrained model",
+        ),
+        (
+            "pretrain.init_from=ONE_TOKEN_TYPE",
+            "the pretrained model has type_vocab_size 1, but the tasks ['mrpc', 'rte', 'stsb']",
+        ),
     ],
 )
 def test_settings_that_would_fail_at_pretraining_or_fine_tuning_are_refused_before_any_stage(
@@ -205,7 +212,14 @@ def test_settings_that_would_fail_at_pretraining_or_fine_tuning_are_refused_befo
     pretraining have run."""
     template = tmp_path / "zero2_with_optimizer.json"
     template.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Adam"}}))
-    proc = _run_cpu_hour(tmp_path / "runs", setting.replace("TEMPLATE", str(template)))
+    one_token_type = tmp_path / "one_token_type"  # a model without sentence-pair token types
+    one_token_type.mkdir()
+    shape = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512}
+    (one_token_type / "config.json").write_text(
+        json.dumps({"model_type": "bert", "vocab_size": 16384, "type_vocab_size": 1, **shape})
+    )
+    setting = setting.replace("TEMPLATE", str(template)).replace("ONE_TOKEN_TYPE", str(one_token_type))
+    proc = _run_cpu_hour(tmp_path / "runs", setting)
     assert proc.returncode == 2, proc.stderr
     assert said in proc.stderr and "Fix:" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
