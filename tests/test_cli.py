@@ -141,3 +141,25 @@ def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path) 
     )
     text = end_summary({**summary, "stages": cached})
     assert "default-x" not in text and "nothing new logged" in text  # no group in which no run was written
+
+
+def test_make_run_goes_online_with_a_wandb_api_key_as_the_readme_says(tmp_path) -> None:
+    """README: offline by default, online with WANDB_API_KEY, WANDB_MODE wins. The Makefile used
+    to export WANDB_MODE=offline, so under `make run` the key never took effect."""
+    import os
+
+    show = (
+        "show-wandb-mode: ; @$(PY) -c 'from common.tracking import WandbTarget as T;"
+        ' print(T(mode="offline").resolved_mode())\''
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+
+    def mode_under_make(**extra: str) -> str:
+        cmd = ["make", "-s", "-o", "install", "--eval", show, "show-wandb-mode"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, env={**env, **extra})
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert mode_under_make() == "offline"
+    assert mode_under_make(WANDB_API_KEY="x" * 40) == "online"
+    assert mode_under_make(WANDB_API_KEY="x" * 40, WANDB_MODE="disabled") == "disabled"
