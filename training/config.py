@@ -65,7 +65,7 @@ class PretrainConfig(Section):
         ge=0,
         lt=1,
         description="hidden and attention dropout while pretraining (None: the model section's); the "
-        "exported config.json keeps the model section's values, which fine-tuning uses",
+        "exported config.json keeps the model section's values; fine-tuning sets its own (finetune.dropout)",
     )
     mlm_bias_init: Literal["unigram", "zero"] = Field(
         "unigram",
