@@ -19,20 +19,35 @@ class FinetuneConfig(Section):
     # scheduling, not a unit's result
     run_only: ClassVar[tuple[str, ...]] = ("concurrency", "units_per_gpu", "threads")
 
-    tasks: list[str] = Field(default_factory=lambda: ["sst2", "mrpc", "rte", "cola", "stsb"])
+    tasks: list[str] = Field(
+        default_factory=lambda: ["sst2", "mrpc", "rte", "cola", "stsb"],
+        description="finetuning/tasks.yaml names (GLUE, conll2003, squad) or task_config's",
+    )
     task_config: str | None = Field(None, description="YAML with extra task definitions")
     baselines: list[str] = Field(
         default_factory=lambda: ["random"], description="other checkpoints to score: 'random' or an HF dir"
     )
-    max_train_examples: int | None = Field(2000, ge=1)
-    max_eval_examples: int | None = Field(None, ge=1)
-    epochs: float = Field(3.0, gt=0, le=1000)
-    lrs: list[LearningRate] = Field(default_factory=lambda: [5e-5], min_length=1)
-    seeds: list[Seed] = Field(default_factory=lambda: [42], min_length=1)
-    batch_size: int = Field(32, ge=1)
-    max_seq_length: int = Field(128, gt=8)
-    warmup_proportion: float = Field(0.1, ge=0, le=1)
-    weight_decay: float = Field(0.01, ge=0, le=1)
+    max_train_examples: int | None = Field(
+        2000, ge=1, description="the first N training examples of each task (null: all)"
+    )
+    max_eval_examples: int | None = Field(None, ge=1, description="the first N dev examples (null: all)")
+    epochs: float = Field(3.0, gt=0, le=1000, description="passes over the training examples")
+    lrs: list[LearningRate] = Field(
+        default_factory=lambda: [5e-5],
+        min_length=1,
+        description="one unit per lr; the scorecard keeps each task's best",
+    )
+    seeds: list[Seed] = Field(
+        default_factory=lambda: [42],
+        min_length=1,
+        description="one unit per seed; the scorecard gives mean and spread",
+    )
+    batch_size: int = Field(32, ge=1, description="training examples per step")
+    max_seq_length: int = Field(
+        128, gt=8, description="longer inputs are truncated (SQuAD: split into windows)"
+    )
+    warmup_proportion: float = Field(0.1, ge=0, le=1, description="share of the steps with linear lr warmup")
+    weight_decay: float = Field(0.01, ge=0, le=1, description="decoupled; not on biases and LayerNorm")
     concurrency: int = Field(2, ge=1, description="fine-tuning units at a time on a machine without GPUs")
     units_per_gpu: int = Field(
         1,

@@ -34,15 +34,21 @@ class ModelSection(Section):
     preset: str | None = Field(
         "tiny", description="null (or unset, with pretrain.init_from): init_from's shape"
     )
-    hidden_dropout_prob: float = Field(0.1, ge=0, lt=1)
-    attention_probs_dropout_prob: float = Field(0.1, ge=0, lt=1)
-    max_position_embeddings: int = Field(512, gt=0)
+    hidden_dropout_prob: float = Field(
+        0.1, ge=0, lt=1, description="written into config.json; pretraining uses pretrain.dropout if set"
+    )
+    attention_probs_dropout_prob: float = Field(0.1, ge=0, lt=1, description="as hidden_dropout_prob")
+    max_position_embeddings: int = Field(
+        512, gt=0, description="position table size: the longest sequence the model can read"
+    )
 
 
 class WandbSection(Section):
-    project: str = "bertflow"
-    mode: Literal["offline", "online", "disabled"] = Field("offline", description="WANDB_MODE wins")
-    entity: str | None = None
+    project: str = Field("bertflow", description="W&B project of every run")
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="WANDB_MODE wins; WANDB_API_KEY turns offline into online"
+    )
+    entity: str | None = Field(None, description="W&B team or user (null: the API key's default)")
 
     def target(self, group: str | None) -> WandbTarget:
         """Where the runs of one flow run (or one stage command) go: this section plus a group."""
@@ -50,7 +56,7 @@ class WandbSection(Section):
 
 
 class ReportSection(Section):
-    title: str = "BERT pipeline report"
+    title: str = Field("BERT pipeline report", description="the report page's heading")
 
 
 class VerifySection(Section):
@@ -60,7 +66,7 @@ class VerifySection(Section):
 
 class FlowSection(Section):
     retries: int = Field(1, ge=0, description="retries of a stage task after a transient failure")
-    retry_delay_seconds: float = Field(10.0, ge=0, le=86400)
+    retry_delay_seconds: float = Field(10.0, ge=0, le=86400, description="wait before such a retry")
 
 
 class PhaseSection(Section):
@@ -75,9 +81,15 @@ class PhaseSection(Section):
 
 
 class PipelineConfig(Section):
-    name: str = "default"
-    run_dir: str = "runs"
-    data_root: str | None = None
+    name: str = Field(
+        "default", description="names the W&B groups (NAME-<flow run>) and the report's config line"
+    )
+    run_dir: str = Field(
+        "runs", description="every stage writes run_dir/<stage>/<key>/ (relative: to the current directory)"
+    )
+    data_root: str | None = Field(
+        None, description="where data: paths point; null: $BERTFLOW_DATA or ../shared/data"
+    )
     wandb: WandbSection = Field(default_factory=WandbSection)
     flow: FlowSection = Field(default_factory=FlowSection)
     verify: VerifySection = Field(default_factory=VerifySection)

@@ -235,3 +235,16 @@ def test_a_flow_that_does_not_pretrain_is_not_refused_for_pretraining_settings(t
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (tmp_path / "runs" / "verify").is_dir()
+
+
+def test_docs_config_md_is_the_schema_and_every_key_is_described() -> None:
+    """docs/config.md is written from the schema; a key added without a description, or a schema
+    change without regenerating the file, fails here."""
+    from pipelines.config_reference import reference
+
+    text = reference()
+    undescribed = [line for line in text.splitlines() if line.startswith("| `") and line.endswith("|  |")]
+    assert not undescribed, f"schema fields without a description: {undescribed}"
+    assert (PROJECT_ROOT / "docs" / "config.md").read_text() == text, (
+        "docs/config.md is stale: python -m pipelines.config_reference > docs/config.md"
+    )

@@ -34,15 +34,21 @@ class PretrainConfig(Section):
     num_processes: int | Literal["auto"] = Field(
         2, description="ranks on this node; auto: one per visible GPU, or 2 on a machine without one"
     )
-    micro_batch_size: int = Field(16, ge=1)
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    micro_batch_size: int = Field(
+        16, ge=1, description="examples per rank and forward pass (at most, with global_batch_size)"
+    )
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="micro batches per optimizer step (follows from global_batch_size when set)"
+    )
     global_batch_size: int | None = Field(
         None,
         ge=1,
         description="examples per optimizer step whatever the ranks: the accumulation steps and the micro "
         "batch (at most micro_batch_size) follow from the world size (training/ranks.py resolve_ranks)",
     )
-    max_steps: int = Field(200, ge=1)
+    max_steps: int = Field(
+        200, ge=1, description="optimizer steps of the run (lr decays linearly to 0 at the last)"
+    )
     optimizer: Literal["adamw", "lamb", "muon"] = Field(
         "adamw",
         description="lamb: DeepSpeed's FusedLamb on GPU and the same update on CPU (training/optim.py Lamb); "
@@ -59,7 +65,7 @@ class PretrainConfig(Section):
         description="optimizer muon: lr of the encoder's weight matrices (momentum 0.95, no weight decay); "
         "follows the same warmup and decay as lr",
     )
-    weight_decay: float = Field(0.01, ge=0, le=1)
+    weight_decay: float = Field(0.01, ge=0, le=1, description="decoupled; not on biases and LayerNorm")
     dropout: float | None = Field(
         None,
         ge=0,
@@ -72,14 +78,20 @@ class PretrainConfig(Section):
         description="initial MLM output bias of a new model: log frequency of each token among the training "
         "split's masked tokens (the best context-free prediction), or zero as in BERT's code; see docs/quality.md",
     )
-    warmup_steps: int = Field(20, ge=0)
-    gradient_clipping: float = Field(1.0, ge=0)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    dynamic_masking: bool = False
-    checkpoint_every: int = Field(50, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    eval_every: int = Field(50, ge=1)
-    log_every: int = Field(10, ge=1)
+    warmup_steps: int = Field(20, ge=0, description="linear lr warmup from 0")
+    gradient_clipping: float = Field(1.0, ge=0, description="max global gradient norm (0: off)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on a GPU that has it, else fp32; fp16 (dynamic loss scale) GPU only"
+    )
+    dynamic_masking: bool = Field(
+        False, description="draw new masks each pass over the shards, with their own masking rules"
+    )
+    checkpoint_every: int = Field(
+        50, ge=1, description="steps between checkpoints (and at the end, and on SIGTERM)"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="newest verified checkpoints kept")
+    eval_every: int = Field(50, ge=1, description="steps between held-out evaluations (and at the end)")
+    log_every: int = Field(10, ge=1, description="steps between metric lines")
     seed: Seed = 42
     compile: bool = Field(False, description="torch.compile the model (GPU fast path; off on CPU)")
     init_from: str | None = Field(
@@ -123,7 +135,7 @@ class PretrainConfig(Section):
     peak_tflops: float | None = Field(
         None, gt=0, le=1e6, description="MFU denominator override (dense TFLOP/s)"
     )
-    prefetch_batches: int = Field(4, ge=1)
+    prefetch_batches: int = Field(4, ge=1, description="batches the loader thread collates ahead")
 
     @property
     def derived_layout(self) -> bool:
