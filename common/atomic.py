@@ -76,6 +76,17 @@ def clear_in_progress(directory: str | os.PathLike) -> None:
     (Path(directory) / IN_PROGRESS_NAME).unlink(missing_ok=True)
 
 
+def release_in_progress(directory: str | os.PathLike) -> None:
+    """This process stops writing `directory` without finishing it (its stage failed): its record
+    goes, so the output reads 'unfinished', not 'interrupted' as after a kill; a record of another
+    writer stays."""
+    writer = _in_progress(Path(directory))
+    import socket
+
+    if writer.get("pid") == os.getpid() and writer.get("host") == socket.gethostname():
+        clear_in_progress(directory)
+
+
 def mark_in_progress(directory: str | os.PathLike) -> None:
     """Say, in the directory itself, that a process is writing it (who, where, since when), so an
     unfinished output never looks like a finished one; `write_marker` removes it."""

@@ -26,6 +26,7 @@ from common.atomic import (
     clear_in_progress,
     mark_in_progress,
     read_marker,
+    release_in_progress,
     remove_temp_files,
     write_marker,
 )
@@ -79,8 +80,12 @@ def run_in_dir(
     mark_in_progress(out)
     remove_temp_files(out)
     started = time.time()
-    with stage_logs_to(logger):
-        result = body(out) or {}
+    try:
+        with stage_logs_to(logger):
+            result = body(out) or {}
+    except Exception:  # failed, not killed: `bertflow runs` says unfinished, not interrupted
+        release_in_progress(out)
+        raise
     seconds = time.time() - started
     if wandb is not None:
         log_stage_run(out, wandb, stage, {**result, "seconds": seconds})

@@ -96,3 +96,21 @@ def test_retries_skip_bad_input_but_not_transient_failures() -> None:
     assert retry_unless_user_error(None, None, Failed(data=UserError("bad shard"))) is False
     opts = pretrain_task.with_options(retries=2, retry_delay_seconds=1)
     assert opts.retries == 2 and opts.retry_condition_fn is retry_unless_user_error
+
+
+def test_a_stage_that_fails_leaves_its_output_unfinished_not_interrupted(tmp_path: Path) -> None:
+    """A stage refused for bad input mid-flow is not a killed one: its directory loses the writer's
+    `_IN_PROGRESS.json` (`bertflow runs stages` says unfinished; interrupted is for kills)."""
+    from common.atomic import IN_PROGRESS_NAME, progress_state
+    from pipelines.config import load_config
+    from pipelines.flow import bert_pipeline
+    from pipelines.stage_keys import stage_dir
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"\x00\x01binary\x00" * 100)
+    overrides = [f"run_dir={tmp_path / 'runs'}", f"tokenizer.input=[{corpus}]", "flow.retries=0"]
+    with pytest.raises(UserError, match="no documents|binary"):
+        bert_pipeline(config=None, overrides=overrides, only="tokenizer")
+    out = stage_dir(load_config(None, overrides), "tokenizer")
+    assert out.is_dir() and not (out / IN_PROGRESS_NAME).exists()
+    assert progress_state(out) == "unfinished"
