@@ -59,25 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     apply_env_defaults()
-    from common.paths import check_output_dir
     from pipelines.config import load_config
-    from pipelines.stage_finetune import check_flow_finetune
+    from pipelines.flow_preflight import check_flow
     from pipelines.stage_plan import plan_stages
-    from pipelines.stage_pretrain import check_pretrain_layouts
-    from pipelines.verify_data import check_data_paths
 
     cfg = load_config(args.config, args.overrides)  # fails fast, before Prefect starts
     selected, _ = plan_stages(args.only, args.from_stage, args.force)
-    check_data_paths(cfg)
-    if "pretrain" in selected:  # `--only preprocess` of a GPU config on a CPU machine is fine
-        check_pretrain_layouts(cfg)
-    if "finetune" in selected:
-        check_flow_finetune(cfg)
-    if cfg.pretrain.init_from:  # its model is part of the pretrain stage's key
-        from training.preflight import check_init_from
-
-        check_init_from(cfg.pretrain.init_from)
-    check_output_dir(cfg.run_dir, "run_dir")
+    check_flow(cfg, selected)
 
     from pipelines.flow import bert_pipeline
     from pipelines.prefect_server import start_temporary_server, stop_prefect

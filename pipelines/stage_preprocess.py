@@ -16,6 +16,7 @@ import math
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.atomic import MARKER_NAME, TMP_PREFIX
 from common.dir_lock import exclusive_dir
@@ -28,6 +29,9 @@ from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels
 from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, schema_description
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 log = logging.getLogger("bertflow.preprocess")
 
@@ -171,6 +175,21 @@ def data_warnings(stats: dict, cfg: PreprocessConfig) -> list[str]:
     return found
 
 
+def check_preprocess_settings(cfg: PreprocessConfig, beam_args: list[str] | None = None) -> PipelineOptions:
+    """Settings the job cannot run with, refused before it reads anything (and by `bertflow run`
+    before its first stage): more predictions than maskable tokens, an unknown runner or Beam
+    option. Returns the job's Beam options."""
+    from preprocessing.beam_job import pipeline_options
+
+    if cfg.max_predictions_per_seq > cfg.max_seq_length - 3:
+        raise UserError(
+            f"preprocess.max_predictions_per_seq={cfg.max_predictions_per_seq} exceeds the "
+            f"{cfg.max_seq_length - 3} maskable tokens of max_seq_length={cfg.max_seq_length}.",
+            fix="use 20 at 128 or 80 at 512.",
+        )
+    return pipeline_options(cfg.runner, cfg.workers, [*cfg.beam_options, *(beam_args or [])])
+
+
 def run_preprocess_stage(
     cfg: PreprocessConfig,
     tokenizer_path: Path,
@@ -180,7 +199,7 @@ def run_preprocess_stage(
 ) -> dict:
     """Write the shard directory `out_dir` (a local path or a URL); returns the stats (also in
     stats.json)."""
-    from preprocessing.beam_job import pipeline_options, run_pipeline
+    from preprocessing.beam_job import run_pipeline
     from preprocessing.examples import ExampleParams
     from preprocessing.masking import MaskingSpec
     from preprocessing.wordpiece import SPECIAL_TOKENS, load_tokenizer, vocab_list
@@ -188,13 +207,7 @@ def run_preprocess_stage(
     out_dir = str(out_dir)
     if not storage.is_remote(out_dir):
         check_own_output(out_dir, "preprocess", {"tokenizer": Path(tokenizer_path)})
-    if cfg.max_predictions_per_seq > cfg.max_seq_length - 3:
-        raise UserError(
-            f"preprocess.max_predictions_per_seq={cfg.max_predictions_per_seq} exceeds the "
-            f"{cfg.max_seq_length - 3} maskable tokens of max_seq_length={cfg.max_seq_length}.",
-            fix="use 20 at 128 or 80 at 512.",
-        )
-    options = pipeline_options(cfg.runner, cfg.workers, [*cfg.beam_options, *(beam_args or [])])
+    options = check_preprocess_settings(cfg, beam_args)
     storage.use_options(options)  # the driver's own reads and writes (S3 endpoint, credentials)
     files = [str(p) for p in expand_inputs(cfg.input, data_root, remote_ok=True)]
     if all(storage.size(p) == 0 for p in files):

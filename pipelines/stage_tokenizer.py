@@ -49,14 +49,20 @@ def _check_declared_case(source: Path, lowercase: bool) -> None:
         )
 
 
+def vocab_source(cfg: TokenizerConfig, data_root: str | None) -> Path:
+    """The file `tokenizer.vocab` names, its declared casing checked against `tokenizer.lowercase`."""
+    source = resolve_data_path(cfg.vocab, data_root)
+    _check_declared_case(source, cfg.lowercase)
+    return source
+
+
 def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None) -> Path:
     from preprocessing.wordpiece import load_tokenizer, save_tokenizer, train_tokenizer
 
     out_dir = Path(out_dir)
     check_own_output(out_dir, "tokenizer", {})
     if cfg.vocab:
-        source = resolve_data_path(cfg.vocab, data_root)
-        _check_declared_case(source, cfg.lowercase)
+        source = vocab_source(cfg, data_root)
         identity = None  # loading is cheap: always redone
     else:
         files = expand_inputs(cfg.input, data_root)

@@ -148,7 +148,7 @@ def _run_cpu_hour(runs: Path, setting: str) -> subprocess.CompletedProcess[str]:
     """`bertflow run configs/cpu-hour.yaml` into `runs` with one setting changed."""
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "run", "configs/cpu-hour.yaml",
-         "--set", f"run_dir={runs}", "--set", setting],
+         "--set", f"run_dir={runs}", "--set", *setting.split()],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
@@ -200,6 +200,20 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
             "finetune.max_seq_length 600 exceeds the 512 positions of the pretrained model",
         ),
         (
+            "preprocess.max_predictions_per_seq=200",
+            "preprocess.max_predictions_per_seq=200 exceeds the 125 maskable tokens",
+        ),
+        ("preprocess.runner=FooRunner", "preprocess.runner 'FooRunner' is not a Beam runner"),
+        (
+            "phases.seq32.preprocess.max_predictions_per_seq=40",
+            "phase seq32: preprocess.max_predictions_per_seq=40 exceeds the 29 maskable tokens",
+        ),
+        ("tokenizer.vocab=NO_MASK/vocab.txt", "the vocabulary lacks the special tokens [MASK]"),
+        (
+            "tokenizer.vocab=OTHER_VOCAB_MODEL/tokenizer/vocab.txt pretrain.init_from=OTHER_VOCAB_MODEL",
+            "was trained with another vocabulary than",
+        ),
+        (
             "pretrain.init_from=ONE_TOKEN_TYPE",
             "the pretrained model has type_vocab_size 1, but the tasks ['mrpc', 'rte', 'stsb']",
         ),
@@ -218,7 +232,17 @@ def test_settings_that_would_fail_at_pretraining_or_fine_tuning_are_refused_befo
     (one_token_type / "config.json").write_text(
         json.dumps({"model_type": "bert", "vocab_size": 16384, "type_vocab_size": 1, **shape})
     )
-    setting = setting.replace("TEMPLATE", str(template)).replace("ONE_TOKEN_TYPE", str(one_token_type))
+    no_mask = tmp_path / "no_mask"  # a vocabulary without [MASK]
+    no_mask.mkdir()
+    (no_mask / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\nof\n")
+    other_vocab = tmp_path / "other_vocab_model"  # a model whose vocab.txt orders the same tokens otherwise
+    (other_vocab / "tokenizer").mkdir(parents=True)
+    (other_vocab / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nof\n")
+    (other_vocab / "tokenizer" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nof\nthe\n")
+    (other_vocab / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 7, **shape}))
+    for name, path in (("TEMPLATE", template), ("ONE_TOKEN_TYPE", one_token_type), ("NO_MASK", no_mask)):
+        setting = setting.replace(name, str(path))
+    setting = setting.replace("OTHER_VOCAB_MODEL", str(other_vocab))
     proc = _run_cpu_hour(tmp_path / "runs", setting)
     assert proc.returncode == 2, proc.stderr
     assert said in proc.stderr and "Fix:" in proc.stderr and "Traceback" not in proc.stderr

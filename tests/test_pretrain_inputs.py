@@ -99,6 +99,20 @@ def test_settings_that_cannot_work(data, tmp_path, sets, match):
     _fails(config(*sets), *data, tmp_path / "out", match)
 
 
+def test_init_from_a_model_of_another_vocabulary_of_the_same_size(data, tmp_path):
+    """Its embedding rows are its own vocab.txt's ids: the same number of other tokens (here two
+    swapped) trained it on the wrong words without a word; only the sizes were compared."""
+    shards, tok = data
+    vocab = (tok / "vocab.txt").read_text().splitlines()
+    vocab[1000], vocab[1001] = vocab[1001], vocab[1000]
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    shape = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512}
+    (init / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": len(vocab), **shape}))
+    _fails(config(f"pretrain.init_from={init}"), shards, tok, tmp_path / "out", "another vocabulary than")
+
+
 def test_checkpoint_of_another_model_shape(data, tmp_path):
     out = tmp_path / "out"
     tag = out / "checkpoints" / "global_step4"

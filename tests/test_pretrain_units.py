@@ -323,10 +323,10 @@ def test_phase_2_starts_from_phase_1_weights(tmp_path, minilm_dir):
     phase1 = tiny_model()
     write_hf_dir(phase1, tmp_path / "p1")  # no tokenizer: its 30,522 tokens exceed this model's 500
     cfg = load_config(None, [f"pretrain.init_from={tmp_path / 'p1'}", "model.hidden_dropout_prob=0.0"])
-    mcfg = model_config(cfg, 500, minilm_dir)
+    mcfg = model_config(cfg, [f"t{i}" for i in range(500)], minilm_dir)
     assert mcfg.hidden_size == 128 and mcfg.hidden_dropout_prob == 0.0
     with pytest.raises(UserError, match="vocab_size 500"):
-        model_config(cfg, 30522, minilm_dir)
+        model_config(cfg, [f"t{i}" for i in range(30522)], minilm_dir)
     pretrain = cfg.pretrain.model_copy(update={"seed": 3})
     model = build_model(mcfg, pretrain, resuming=False)
     ref = phase1.state_dict()

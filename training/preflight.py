@@ -145,26 +145,39 @@ def shorter_init_length(init_from: str | None, seq: int | None) -> int | None:
     return trained if trained is not None and trained < seq else None
 
 
-def model_config(cfg, vocab_size: int, tokenizer_dir: Path) -> BertConfig:
+def check_init_vocabulary(init_dir: Path, vocab: list[str], source: Path) -> None:
+    """The rows of init_from's embeddings are the ids of its own vocab.txt: a tokenizer with other
+    tokens, or the same ones in another order, would train them on the wrong words."""
+    own = init_dir / "vocab.txt"
+    if own.is_file() and read_user_text(own, "vocabulary").splitlines() != vocab:
+        raise UserError(
+            f"pretrain.init_from {init_dir} was trained with another vocabulary than {source} "
+            "(its vocab.txt differs): its embeddings would be read as the wrong tokens.",
+            fix=f"pretrain with init_from's own tokenizer: tokenizer.vocab: {own} (bertflow pretrain --tokenizer {init_dir}).",
+        )
+
+
+def model_config(cfg, vocab: list[str], tokenizer_dir: Path) -> BertConfig:
     m = cfg.model
     if cfg.pretrain.init_from:
         from model.hf_io import read_config
 
         init_dir = check_init_from(cfg.pretrain.init_from)
         base = read_config(init_dir)
-        if base.vocab_size != vocab_size:
+        if base.vocab_size != len(vocab):
             raise UserError(
                 f"pretrain.init_from {init_dir} has vocab_size {base.vocab_size}, the tokenizer "
-                f"{tokenizer_dir} has {vocab_size}.",
-                fix="use the tokenizer of phase 1 for phase 2.",
+                f"{tokenizer_dir} has {len(vocab)}.",
+                fix=f"pretrain with init_from's own tokenizer ({init_dir}, or the tokenizer of the phase before).",
             )
+        check_init_vocabulary(init_dir, vocab, tokenizer_dir)
         check_init_shape(m, base, init_dir)
         base.hidden_dropout_prob = m.hidden_dropout_prob
         base.attention_probs_dropout_prob = m.attention_probs_dropout_prob
         return base
     return BertConfig.from_preset(
         m.preset,
-        vocab_size=vocab_size,
+        vocab_size=len(vocab),
         hidden_dropout_prob=m.hidden_dropout_prob,
         attention_probs_dropout_prob=m.attention_probs_dropout_prob,
         max_position_embeddings=m.max_position_embeddings,
@@ -274,7 +287,7 @@ def build_spec(
     shards_dir, tokenizer_dir, out_dir = (Path(p).resolve() for p in (shards_dir, tokenizer_dir, out_dir))
     vocab = read_vocab(tokenizer_dir)
     manifest = check_shards(shards_dir, tokenizer_dir, len(vocab))
-    mcfg = model_config(cfg, len(vocab), tokenizer_dir)
+    mcfg = model_config(cfg, vocab, tokenizer_dir)
     seq = (manifest.get("config") or {}).get("max_seq_length")
     if isinstance(seq, int) and seq > mcfg.max_position_embeddings:
         raise UserError(

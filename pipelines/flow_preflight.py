@@ -1,0 +1,72 @@
+"""What `bertflow run` checks before Prefect starts: every setting a selected stage would refuse,
+refused now instead of after the stages before it have run (on a real corpus, hours of tokenizing
+and preprocessing). Each check is the stage's own, applied to the config (and to each phase)."""
+
+from __future__ import annotations
+
+from common.errors import UserError
+from pipelines.config import PipelineConfig
+
+
+def check_flow(cfg: PipelineConfig, selected: list[str]) -> None:
+    """Raises the UserError the first failing stage would raise. `selected`: the stages that run
+    (`--only preprocess` of a GPU config on a CPU machine is not refused for its pretraining)."""
+    from common.paths import check_output_dir
+    from pipelines.stage_finetune import check_flow_finetune
+    from pipelines.stage_pretrain import check_pretrain_layouts
+    from pipelines.verify_data import check_data_paths
+
+    check_data_paths(cfg)
+    if "tokenizer" in selected and cfg.tokenizer.vocab:
+        configured_vocab(cfg)
+    if "preprocess" in selected:
+        check_flow_preprocess(cfg)
+    if "pretrain" in selected:
+        check_pretrain_layouts(cfg)
+        check_flow_init_vocabulary(cfg)
+    if "finetune" in selected:
+        check_flow_finetune(cfg)
+    if cfg.pretrain.init_from:  # its model is part of the pretrain stage's key
+        from training.preflight import check_init_from
+
+        check_init_from(cfg.pretrain.init_from)
+    check_output_dir(cfg.run_dir, "run_dir")
+
+
+def configured_vocab(cfg: PipelineConfig) -> list[str]:
+    """The tokens of `tokenizer.vocab`, loaded as the tokenizer stage loads it."""
+    from pipelines.stage_tokenizer import vocab_source
+    from preprocessing.wordpiece import load_tokenizer, vocab_list
+
+    tok, _ = load_tokenizer(vocab_source(cfg.tokenizer, cfg.data_root), lowercase=cfg.tokenizer.lowercase)
+    return vocab_list(tok)
+
+
+def check_flow_preprocess(cfg: PipelineConfig) -> None:
+    """Each phase's preprocess settings, then the main ones."""
+    from pipelines.stage_preprocess import check_preprocess_settings
+
+    prefixes = [f"phase {ph.name}: " for ph in cfg.phases] + [""]
+    for index, prefix in enumerate(prefixes):
+        try:
+            check_preprocess_settings(cfg.phase_config(index).preprocess)
+        except UserError as err:
+            raise UserError(f"{prefix}{err}") from None
+
+
+def check_flow_init_vocabulary(cfg: PipelineConfig) -> None:
+    """`pretrain.init_from`'s vocabulary against the flow's: `tokenizer.vocab`, or the tokenizer
+    the flow trained earlier (one it has yet to train is checked when pretraining starts)."""
+    if not cfg.pretrain.init_from:
+        return
+    from common.atomic import read_marker
+    from pipelines.stage_keys import stage_dir
+    from training.preflight import check_init_from, check_init_vocabulary, read_vocab
+
+    init_dir = check_init_from(cfg.pretrain.init_from)
+    if cfg.tokenizer.vocab:
+        check_init_vocabulary(init_dir, configured_vocab(cfg), cfg.data_path(cfg.tokenizer.vocab))
+        return
+    trained = stage_dir(cfg, "tokenizer")
+    if read_marker(trained) is not None:
+        check_init_vocabulary(init_dir, read_vocab(trained), trained)
