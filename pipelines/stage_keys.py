@@ -354,3 +354,14 @@ def explicit_layouts(cfg: PipelineConfig) -> list[PipelineConfig]:
 
 def is_complete(directory: str | os.PathLike) -> bool:
     return read_marker(directory) is not None
+
+
+def flow_input(directory: Path, stage: str, flag: str) -> Path:
+    """A stage command's default input: the flow's output of `stage` for its CONFIG, which must be
+    complete (a UserError says how to make it, or which flag names another)."""
+    if not is_complete(directory):
+        raise UserError(
+            f"the flow has no complete {stage} output for this config ({directory}).",
+            fix=f"run `bertflow run CONFIG --only {stage}` (or the stages before it) first, or pass {flag} DIR.",
+        )
+    return directory

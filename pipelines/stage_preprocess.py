@@ -24,7 +24,7 @@ from common.disk_space import disk_full_error, full_disk_path
 from common.errors import UserError
 from common.stage_output import check_own_output
 from pipelines.preprocess_progress import watch_preprocess
-from pipelines.stage_keys import code_change_note, stage_code, stage_dirs
+from pipelines.stage_keys import code_change_note, flow_input, stage_code, stage_dirs
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels
@@ -385,7 +385,7 @@ def main(args: argparse.Namespace) -> int:
     # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
 
     flow = stage_dirs(cfg.model_copy(update={"preprocess": pcfg}))
-    vocab = Path(args.vocab) if args.vocab else flow["tokenizer"]
+    vocab = Path(args.vocab) if args.vocab else flow_input(flow["tokenizer"], "tokenizer", "--vocab")
     if args.vocab and not args.output and vocab.resolve() != flow["tokenizer"].resolve():
         # the flow's shard directory is keyed by the flow's own tokenizer
         raise UserError(

@@ -31,7 +31,14 @@ from common.tracking import WandbTarget
 from model.config import BertConfig
 from pipelines.config import PipelineConfig, load_config
 from pipelines.pretrain_card import steps_before
-from pipelines.stage_keys import code_change_note, phase_stage, stage_code, stage_dirs, with_phase_init
+from pipelines.stage_keys import (
+    code_change_note,
+    flow_input,
+    phase_stage,
+    stage_code,
+    stage_dirs,
+    with_phase_init,
+)
 
 
 def _device_caps() -> tuple[bool, bool]:
@@ -298,8 +305,10 @@ def main(args: argparse.Namespace) -> int:
     cfg = cfg.phase_config(cfg.phase_index(args.phase))
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)
     flow = stage_dirs(cfg)
-    shards = Path(args.shards) if args.shards else flow["preprocess"]
-    tokenizer = Path(args.tokenizer) if args.tokenizer else flow["tokenizer"]
+    tokenizer = (
+        Path(args.tokenizer) if args.tokenizer else flow_input(flow["tokenizer"], "tokenizer", "--tokenizer")
+    )
+    shards = Path(args.shards) if args.shards else flow_input(flow["preprocess"], "preprocess", "--shards")
     others = [
         flag
         for flag, path, own in (

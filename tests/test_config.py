@@ -272,3 +272,21 @@ def test_docs_config_md_is_the_schema_and_every_key_is_described() -> None:
     assert (PROJECT_ROOT / "docs" / "config.md").read_text() == text, (
         "docs/config.md is stale: python -m pipelines.config_reference > docs/config.md"
     )
+
+
+@pytest.mark.parametrize("command,stage", [("preprocess", "tokenizer"), ("pretrain", "tokenizer")])
+def test_a_stage_command_before_the_flow_made_its_input_says_which_stage_to_run(
+    tmp_path: Path, command: str, stage: str
+) -> None:
+    """`bertflow preprocess CONFIG` before the tokenizer stage ran for CONFIG said "tokenizer file …
+    does not exist. Fix: check the --vocab path", a flag nobody had given."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", command, "configs/default.yaml",
+         "--set", f"run_dir={tmp_path / 'runs'}"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert f"the flow has no complete {stage} output for this config" in proc.stderr
+    assert f"bertflow run CONFIG --only {stage}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
