@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.errors import UserError
 from common.fingerprint import content_stamp
 from common.paths import resolve_data_path
 from common.textfile import read_user_text
+from common.yamlfile import read_user_yaml
 
 BUILTIN_TASKS_FILE = Path(__file__).with_name("tasks.yaml")
 METRICS_BY_KIND = {
@@ -95,9 +95,11 @@ class TaskSpec(BaseModel):
 
 def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
     try:
-        raw = yaml.safe_load(read_user_text(path, "task config")) or {}
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"task config {path} cannot be read: {exc}", fix="pass a valid YAML file.") from None
+        raw = read_user_yaml(path, "task config") or {}
+    except OSError as exc:
+        raise UserError(
+            f"task config {path} cannot be read: {exc}", fix="pass a readable YAML file."
+        ) from None
     if not isinstance(raw, dict):
         raise UserError(
             f"task config {path} must map task names to definitions.", fix="see finetuning/tasks.yaml."

@@ -22,8 +22,8 @@ from pydantic import Field, ValidationError
 from common.errors import UserError
 from common.paths import data_root, resolve_data_path
 from common.settings import Section
-from common.textfile import read_user_text
 from common.tracking import WandbTarget
+from common.yamlfile import read_user_yaml
 from finetuning.config import FinetuneConfig
 from model.config import PRESETS
 from preprocessing.config import PreprocessConfig, TokenizerConfig
@@ -304,13 +304,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             raise UserError(
                 f"config file {p} does not exist.", fix="pass an existing YAML, e.g. configs/default.yaml."
             )
-        try:
-            raw = yaml.safe_load(read_user_text(p, "config file")) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).replace("\n", " ")
-            raise UserError(f"config file {p} is not valid YAML{at}: {problem}.") from None
+        raw = read_user_yaml(p, "config file") or {}
         if not isinstance(raw, dict):
             raise UserError(f"config file {p} must hold a mapping of sections, got {type(raw).__name__}.")
     over = parse_overrides(overrides)

@@ -62,6 +62,8 @@ def inputs(tmp_path_factory, data_dir, minilm_dir) -> dict[str, Path]:
         "movies:\n  format: tsv\n  kind: classification\n  train: m.tsv\n  dev: m.tsv\n"
         "  text_a: text\n  label: sentiment\n  labels: [neg, pos]\n  metricz: [accuracy]\n"
     )
+    f["task_invalid_yaml"] = root / "task_invalid_yaml.yaml"
+    f["task_invalid_yaml"].write_text("movies:\n  format: [tsv\n")
     decoder = root / "hf_decoder"  # issue 14 item 5: an option this BERT does not compute
     decoder.mkdir()
     (decoder / "config.json").write_text(
@@ -296,6 +298,11 @@ CASES = [
         _finetune("--tasks", "sst2", "--task-config", "{root}/no_tasks.yaml"),
         lambda f: ["no_tasks.yaml"],
     ),  # noqa: E501
+    Case(
+        "task-config-invalid-yaml",  # PyYAML's multi-line excerpt before, as the config file's was
+        _finetune("--tasks", "movies", "--task-config", "{task_invalid_yaml}"),
+        lambda f: [str(f["task_invalid_yaml"]), "not valid YAML at line 3, column 1"],
+    ),
     Case(
         "import-hf-missing-dir",
         lambda f: ["import-hf", str(f["root"] / "no_hf"), str(f["root"] / "imp0")],
