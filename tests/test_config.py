@@ -84,6 +84,20 @@ def test_missing_config_file_and_bad_yaml(tmp_path: Path) -> None:
         load_config(_write(tmp_path, "pretrain: [unclosed\n"))
 
 
+def test_a_key_written_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys: a second `pretrain:` dropped the first one's settings."""
+    cases = {
+        "pretrain:\n  max_steps: 10\nmodel:\n  preset: tiny\npretrain:\n  lr: 0.1\n": "key 'pretrain' appears twice (lines 1 and 5)",
+        "pretrain:\n  max_steps: 10\n  max_steps: 20\n": "key 'pretrain.max_steps' appears twice (lines 2 and 3)",
+        "phases:\n  - name: a\n    pretrain: {max_steps: 1, max_steps: 2}\n": "key 'phases[0].pretrain.max_steps' appears twice (line 3)",
+    }  # fmt: skip
+    for text, words in cases.items():
+        path = _write(tmp_path, text)
+        with pytest.raises(UserError) as exc:
+            load_config(path)
+        assert f"config file {path}: {words}" in str(exc.value)
+
+
 def test_missing_data_path_names_key_and_path(tmp_path: Path, data_dir: Path) -> None:
     cfg = load_config(None, ["preprocess.input=[data:wiki/no_such_corpus.txt]"])
     with pytest.raises(UserError) as exc:

@@ -86,6 +86,12 @@ def test_user_task_from_config(tmp_path, data_dir):
     assert load_task_specs(str(relative))["movies"].path("dev") == tsv
 
 
+def test_a_task_written_twice_is_refused(tmp_path, data_dir):
+    cfg, _ = _user_task(tmp_path, data_dir, USER_TASK + USER_TASK.replace("[accuracy, f1]", "[f1]"))
+    with pytest.raises(UserError, match=r"tasks.yaml: key 'movies' appears twice \(lines 2 and 12\)"):
+        load_task_specs(str(cfg))
+
+
 @pytest.mark.parametrize(
     "rows, words",
     [

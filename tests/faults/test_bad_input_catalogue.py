@@ -53,6 +53,7 @@ def inputs(tmp_path_factory, data_dir, minilm_dir) -> dict[str, Path]:
         "cfg_not_mapping": "- just\n- a list\n",
         "cfg_invalid_yaml": "pretrain:\n  max_steps: [1, 2\n",
         "cfg_unknown_preset": "model:\n  preset: huge\n",
+        "cfg_duplicate_section": "pretrain:\n  max_steps: 10\nmodel:\n  preset: tiny\npretrain:\n  lr: 0.1\n",
     }
     for name, text in configs.items():
         f[name] = root / f"{name}.yaml"
@@ -339,6 +340,11 @@ CASES = [
         _tokenizer("{cfg_invalid_yaml}"),
         lambda f: [str(f["cfg_invalid_yaml"]), "not valid YAML"],
     ),  # noqa: E501
+    Case(
+        "config-duplicate-section",  # YAML kept the second `pretrain:` only, dropping max_steps
+        _tokenizer("{cfg_duplicate_section}"),
+        lambda f: [str(f["cfg_duplicate_section"]), "key 'pretrain' appears twice (lines 1 and 5)"],
+    ),
     Case(
         "set-without-equals",
         _tokenizer("--set", "pretrain.max_steps"),
