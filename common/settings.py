@@ -9,10 +9,13 @@ their own bounds (`Field(gt=0, le=1)`); seeds use `Seed`.
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 INT_MAX = 2**31 - 1
 Seed = Annotated[int, Field(ge=0, le=INT_MAX, description="random seed, 0 .. 2**31-1")]
@@ -39,6 +42,18 @@ class Section(BaseModel):
         defaulted = {name for name in self.added_later if getattr(self, name) == fields[name].default}
         return self.model_dump(mode="json", exclude=set(left_out) | defaulted)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(item, bool) for item in items) and _numbers_not_booleans(annotation):
+            raise PydanticCustomError(
+                "bool_for_number",
+                "Input should be a number, not a boolean (YAML reads yes/no, on/off, true/false as booleans)",
+            )
+        return value
+
     @field_validator("*", mode="after")
     @classmethod
     def _ints_fit_a_c_int(cls, value: Any) -> Any:
@@ -46,3 +61,19 @@ class Section(BaseModel):
             if isinstance(item, int) and not isinstance(item, bool) and abs(item) > INT_MAX:
                 raise ValueError(f"must be at most {INT_MAX}")
         return value
+
+
+def _numbers_not_booleans(annotation: Any) -> bool:
+    """Whether a field of this type takes numbers (int or float, also in a list or an Optional) and
+    no boolean: pydantic's lax mode turns true into 1, so `max_steps: yes` ran one step."""
+    leaves = _leaf_types(annotation)
+    return bool(leaves & {int, float}) and bool not in leaves
+
+
+def _leaf_types(annotation: Any) -> set[Any]:
+    """The types inside unions, Optionals, lists and Annotated of `annotation`."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, list, typing.Annotated):
+        args = typing.get_args(annotation)
+        return set().union(*(_leaf_types(a) for a in (args[:1] if origin is typing.Annotated else args)))
+    return {annotation}

@@ -231,6 +231,11 @@ CASES = [
     Case("micro-batch-zero", _pretrain("--micro-batch-size", "0"), lambda f: ["micro_batch_size"]),
     Case("epochs-zero", _finetune("--tasks", "sst2", "--epochs", "0"), lambda f: ["epochs"]),
     Case(
+        "num-shards-yes",  # pydantic read the boolean as 1: one shard
+        _preprocess("--input", "{good_txt}", "--set", "preprocess.num_shards=yes", "--output", "{root}/o9"),
+        lambda f: ["preprocess.num_shards", "not a boolean"],
+    ),
+    Case(
         "num-shards-zero",
         _preprocess("--input", "{good_txt}", "--num-shards", "0", "--output", "{root}/o7"),
         lambda f: ["num_shards"],

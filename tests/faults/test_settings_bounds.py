@@ -63,6 +63,27 @@ def test_bad_numbers_are_refused_naming_the_key(
         assert f"{section}.{name}" in str(exc.value), (value, str(exc.value))
 
 
+@pytest.mark.parametrize(
+    ("section", "name", "kinds", "is_list"), SETTINGS, ids=[f"{s}.{n}" for s, n, *_ in SETTINGS]
+)
+def test_a_boolean_is_not_a_number(section: str, name: str, kinds: set[type], is_list: bool) -> None:
+    """pydantic's lax mode read true as 1: `--set pretrain.max_steps=yes` trained one step."""
+    for value in ("yes", "true", "off"):
+        text = f"[{value}]" if is_list else value
+        with pytest.raises(UserError) as exc:
+            load_config(None, [f"{section}.{name}={text}"])
+        assert f"{section}.{name}" in str(exc.value), (value, str(exc.value))
+
+
+def test_numbers_of_the_other_kind_still_load() -> None:
+    """An int where a float is expected stays a float; booleans stay booleans where they belong."""
+    cfg = load_config(
+        None, ["finetune.epochs=3", "pretrain.lr=1", "finetune.lrs=[1]", "verify.checksums=yes"]
+    )
+    assert cfg.finetune.epochs == 3.0 and cfg.pretrain.lr == 1.0 and cfg.finetune.lrs == [1.0]
+    assert cfg.verify.checksums is True
+
+
 def test_finetune_flags_are_checked_the_same_way() -> None:
     """A negative fine-tuning lr used to fail inside every unit with a traceback."""
     import argparse
