@@ -25,9 +25,27 @@ def data_root(override: str | os.PathLike | None = None) -> Path:
     return (PROJECT_ROOT.parent / "shared" / "data").resolve()
 
 
-def resolve_data_path(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
-    """`data:wiki/summaries_en.txt` → <data root>/wiki/summaries_en.txt; other paths unchanged."""
+EMPTY_DATA_PATH = (
+    "'data:' with no path after it names the whole data root, the GLUE, SQuAD and CoNLL evaluation "
+    "files included (an unset variable in data:$VAR?). Fix: name a file, folder or glob after data:, "
+    "e.g. data:wiki/summaries_en.txt"
+)
+
+
+def is_empty_data_path(path: str | os.PathLike) -> bool:
+    """Whether `path` is `data:` naming nothing below the data root (`data:`, `data:.`, `data: `)."""
     text = str(path)
+    return text.startswith("data:") and text[len("data:") :].strip() in ("", ".", "./")
+
+
+def resolve_data_path(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """`data:wiki/summaries_en.txt` → <data root>/wiki/summaries_en.txt; other paths unchanged.
+    An empty `data:` path is a UserError (config keys refuse it first, naming the key)."""
+    text = str(path)
+    if is_empty_data_path(text):
+        from common.errors import UserError
+
+        raise UserError(f"data path {text!r}: {EMPTY_DATA_PATH}.")
     if text.startswith("data:"):
         return data_root(root) / text[len("data:") :]
     return Path(text).expanduser()

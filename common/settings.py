@@ -14,11 +14,23 @@ import typing
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
+
+from common.paths import EMPTY_DATA_PATH, is_empty_data_path
 
 INT_MAX = 2**31 - 1
 Seed = Annotated[int, Field(ge=0, le=INT_MAX, description="random seed, 0 .. 2**31-1")]
+
+
+def _not_an_empty_data_path(path: str) -> str:
+    if is_empty_data_path(path):
+        raise PydanticCustomError("empty_data_path", EMPTY_DATA_PATH)
+    return path
+
+
+# a path that may start with `data:` (relative to the data root), refused when nothing follows it
+DataPath = Annotated[str, AfterValidator(_not_an_empty_data_path)]
 
 
 class Section(BaseModel):

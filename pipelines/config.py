@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError
 
 from common.errors import UserError
 from common.paths import data_root, resolve_data_path
-from common.settings import Section
+from common.settings import DataPath, Section
 from common.tracking import WandbTarget
 from common.yamlfile import read_user_yaml
 from finetuning.config import FinetuneConfig
@@ -61,7 +61,7 @@ class ReportSection(Section):
 
 class VerifySection(Section):
     checksums: bool = Field(False, description="also compare sha256 of every input with the checksum file")
-    checksum_file: str = Field("data:SHA256SUMS", description="`sha256sum` format, paths relative to it")
+    checksum_file: DataPath = Field("data:SHA256SUMS", description="`sha256sum` format, paths relative to it")
 
 
 class FlowSection(Section):

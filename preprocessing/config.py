@@ -6,15 +6,17 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from common.settings import Section, Seed
+from common.settings import DataPath, Section, Seed
 
 
 class TokenizerConfig(Section):
-    input: list[str] = Field(
+    input: list[DataPath] = Field(
         default_factory=lambda: ["data:wiki/summaries_en.txt"],
         description="corpus files or globs; 'data:' = the data root",
     )
-    vocab: str | None = Field(None, description="use this vocab.txt / tokenizer.json instead of training")
+    vocab: DataPath | None = Field(
+        None, description="use this vocab.txt / tokenizer.json instead of training"
+    )
     vocab_size: int = Field(30522, gt=5, description="WordPieces to train, special tokens included")
     lowercase: bool = Field(True, description="uncased: lowercase and strip accents (BERT-uncased)")
     min_frequency: int = Field(2, ge=1, description="a merge must occur this often in the corpus")
@@ -27,7 +29,7 @@ class PreprocessConfig(Section):
     # the shards are byte-identical for any number of workers or runner (preprocessing/beam_job.py)
     run_only: ClassVar[tuple[str, ...]] = ("workers", "runner", "beam_options")
 
-    input: list[str] = Field(
+    input: list[DataPath] = Field(
         default_factory=lambda: ["data:wiki/summaries_en.txt"],
         description="corpus files, folders or globs (plain text, WikiExtractor or JSONL, gzip or not)",
     )

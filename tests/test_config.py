@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
-from common.paths import PROJECT_ROOT
+from common.paths import PROJECT_ROOT, data_root, resolve_data_path
 from pipelines.config import load_config
 from pipelines.verify_data import check_data_paths, verify_data
 from tests.forbid_imports import env_forbidding
@@ -96,6 +96,28 @@ def test_a_key_written_twice_is_refused_naming_both_lines(tmp_path: Path) -> Non
         with pytest.raises(UserError) as exc:
             load_config(path)
         assert f"config file {path}: {words}" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "tokenizer.input=['data:']",
+        "preprocess.input=[data:wiki/summaries_en.txt, 'data:']",
+        "tokenizer.vocab=data:.",
+    ],
+)
+def test_an_empty_data_path_is_refused_naming_the_key(setting: str) -> None:
+    """`data:` with nothing after it (an unset variable) was the whole data root: the corpus then
+    held the GLUE, SQuAD and CoNLL evaluation files."""
+    with pytest.raises(UserError) as exc:
+        load_config(None, [setting])
+    assert f"{setting.split('=')[0]}" in str(exc.value) and "whole data root" in str(exc.value)
+
+
+def test_an_empty_data_path_is_refused_where_it_is_resolved() -> None:
+    with pytest.raises(UserError, match="data path 'data:': .* whole data root"):
+        resolve_data_path("data:")
+    assert resolve_data_path("data:wiki") == data_root() / "wiki"
 
 
 def test_missing_data_path_names_key_and_path(tmp_path: Path, data_dir: Path) -> None:

@@ -145,6 +145,12 @@ CASES = [
         lambda f: ["nothing*.txt", "matches no file"],
     ),  # noqa: E501
     Case(
+        "corpus-empty-data-path",  # read the whole data root, evaluation files included (a small
+        # root here, so that without the check the run ends quickly instead of reading the real one)
+        _tokenizer("--input", "data:", "--set", "data_root={tok}"),
+        lambda f: ["tokenizer.input", "'data:'", "whole data root"],
+    ),
+    Case(
         "corpus-glob-nothing-preprocess",
         _preprocess("--input", "{root}/nope/*.gz", "--output", "{root}/o2"),
         lambda f: ["nope/*.gz"],
