@@ -55,13 +55,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _root(args: argparse.Namespace) -> Path:
     if args.run_dir:
-        return Path(args.run_dir).expanduser().resolve()
+        return _existing_run_dir(Path(args.run_dir).expanduser().resolve(), "--run-dir")
     if args.config:
         from pipelines.config import load_config
         from pipelines.stage_keys import run_root
 
-        return run_root(load_config(args.config))
-    return Path("runs").resolve()
+        return _existing_run_dir(run_root(load_config(args.config)), "run_dir", missing_ok=True)
+    return _existing_run_dir(Path("runs").resolve(), "the run directory", missing_ok=True)
+
+
+def _existing_run_dir(root: Path, key: str, missing_ok: bool = False) -> Path:
+    """`root`, a folder; a file is a UserError naming `key`, and so is a missing folder given with
+    --run-dir (a typo there read as "no flow runs yet"; a config's run_dir may not exist before
+    its first flow run)."""
+    from common.errors import UserError
+
+    fix = "pass the folder a flow run wrote into (a config's run_dir; ./runs by default), or --config CONFIG."
+    if root.exists() and not root.is_dir():
+        raise UserError(f"{key} {root} is a file, not a run directory.", fix=fix)
+    if not root.exists() and not missing_ok:
+        raise UserError(f"{key} {root} does not exist.", fix=fix)
+    return root
 
 
 def _duration(seconds: float | None) -> str:

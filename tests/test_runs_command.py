@@ -127,6 +127,20 @@ def test_clean_incomplete_and_refusals(root: Path, capsys: pytest.CaptureFixture
     assert "did you mean second-run?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("action", ["list", "show", "stages"])
+def test_a_run_dir_that_is_missing_or_a_file_is_refused(
+    tmp_path: Path, action: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It read "no flow runs yet", exit 0: a typo in --run-dir looked like an empty run directory."""
+    (tmp_path / "a_file").write_text("x")
+    for run_dir, words in ((tmp_path / "typo", "does not exist"), (tmp_path / "a_file", "is a file")):
+        assert cli(["runs", action, "--run-dir", str(run_dir)]) == 2
+        assert f"--run-dir {run_dir} {words}" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()  # an existing run directory without runs keeps its message
+    assert cli(["runs", "list", "--run-dir", str(tmp_path / "empty")]) == 0
+    assert "no flow runs yet" in capsys.readouterr().out
+
+
 def test_a_second_writer_leaves_the_live_writers_record_alone(tmp_path: Path) -> None:
     """A run refused on an output another live process writes must not replace that process's
     in-progress record: `runs stages` would call the live output interrupted, and

@@ -387,6 +387,16 @@ CASES = [
         lambda f: ["run_dir", str(f["regular_file"]), "is a file"],
     ),
     Case(
+        "runs-run-dir-missing",  # read "no flow runs yet", exit 0
+        lambda f: ["runs", "--run-dir", str(f["root"] / "no_runs")],
+        lambda f: ["--run-dir", str(f["root"] / "no_runs"), "does not exist"],
+    ),
+    Case(
+        "runs-run-dir-is-a-file",
+        lambda f: ["runs", "--run-dir", str(f["regular_file"])],
+        lambda f: ["--run-dir", str(f["regular_file"]), "is a file"],
+    ),
+    Case(
         "import-hf-output-under-a-file",
         lambda f: ["import-hf", str(f["minilm"]), str(f["regular_file"] / "m")],
         lambda f: [str(f["regular_file"])],
