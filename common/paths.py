@@ -85,9 +85,7 @@ def check_output_dir(path: str | os.PathLike, key: str) -> None:
     from common.errors import UserError
 
     path = Path(path).expanduser()
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = _nearest_existing(path)
     if not existing.is_dir():
         where = "is a file" if existing == path else f"lies below the file {existing}"
         raise UserError(
@@ -96,3 +94,29 @@ def check_output_dir(path: str | os.PathLike, key: str) -> None:
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{key} {path}: {existing} is not writable.", fix=f"set {key} to a writable folder.")
+
+
+def check_output_file(path: str | os.PathLike, key: str) -> None:
+    """A file a command will write must not be a folder, and its folder must be one
+    `check_output_dir` accepts (it is made when missing). Raises a UserError naming `key`."""
+    from common.errors import UserError
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserError(
+            f"{key} {path} is a folder, not a file.",
+            fix=f"give {key} a file name, e.g. {path / 'result.json'}.",
+        )
+    existing = _nearest_existing(path.parent)
+    if not existing.is_dir():
+        raise UserError(
+            f"{key} {path} lies below the file {existing}.", fix=f"set {key} to a file in a folder."
+        )
+    check_output_dir(path.parent, key)
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or its nearest parent that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path

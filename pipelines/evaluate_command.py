@@ -19,6 +19,7 @@ import numpy as np
 
 from common.atomic import atomic_write_json
 from common.errors import UserError
+from common.paths import check_output_file
 from pipelines.model_commands_export import resolve_model
 
 
@@ -133,6 +134,8 @@ def format_result(r: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.json is not None:  # before the evaluation, not after it
+        check_output_file(args.json, "--json")
     result = evaluate_checkpoint(args.checkpoint, args.shards, args.split, args.max_examples, args.batch_size)
     print(format_result(result))
     if args.json is not None:

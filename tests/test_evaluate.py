@@ -164,3 +164,20 @@ def test_a_checkpoint_without_tokenizer_files_is_evaluated_with_a_note(
     assert result["vocabulary_checked"] is False
     assert "could not be compared with the shards' tokenizer" in format_result(result)
     assert evaluate_checkpoint(model_dir, shards, max_examples=16)["vocabulary_checked"] is True
+
+
+def test_a_json_target_that_cannot_be_a_file_is_refused_before_evaluating(
+    model_dir, shards_and_tokenizer, tmp_path, capsys
+):
+    """A folder as --json evaluated first, then ended in an IsADirectoryError traceback."""
+    shards, _ = shards_and_tokenizer
+    (tmp_path / "a_file").write_text("x")
+    for target, words in (
+        (tmp_path, "is a folder, not a file"),
+        (tmp_path / "a_file" / "e.json", "lies below"),
+    ):
+        argv = ["evaluate", str(model_dir), "--shards", str(shards), "--json", str(target)]
+        assert cli_main(argv) == 2
+        out, err = capsys.readouterr()
+        assert f"--json {target} {words}" in err and "Traceback" not in err
+        assert "masked LM" not in out  # nothing was evaluated

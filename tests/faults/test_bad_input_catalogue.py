@@ -397,6 +397,11 @@ CASES = [
         lambda f: ["--run-dir", str(f["regular_file"]), "is a file"],
     ),
     Case(
+        "evaluate-json-is-a-folder",  # evaluated, then an IsADirectoryError traceback
+        lambda f: ["evaluate", str(f["minilm"]), "--shards", str(f["shards"]), "--json", str(f["root"])],
+        lambda f: ["--json", str(f["root"]), "is a folder"],
+    ),
+    Case(
         "import-hf-output-under-a-file",
         lambda f: ["import-hf", str(f["minilm"]), str(f["regular_file"] / "m")],
         lambda f: [str(f["regular_file"])],
