@@ -51,6 +51,7 @@ def evaluate_checkpoint(
 
     if batch_size < 1 or (max_examples is not None and max_examples < 1):
         raise UserError("--batch-size and --max-examples must be positive integers.")
+    _check_split_has_examples(shards, split)
     resolved = resolve_model(checkpoint)
     heads = [n for n in resolved.fresh if n.startswith("cls.predictions")]
     has_nsp_head = not any(n.startswith("cls.seq_relationship") for n in resolved.fresh)
@@ -103,6 +104,25 @@ def evaluate_checkpoint(
         # False: the checkpoint has no tokenizer files, so only the ids' range could be checked
         "vocabulary_checked": resolved.tokenizer_dir is not None,
     }
+
+
+def _check_split_has_examples(shards: Path, split: str) -> None:
+    """Before the checkpoint is loaded: an empty split (a tiny corpus cut into many shards leaves
+    validation without a document) has no figures to print."""
+    from preprocessing.shard_format import split_size
+
+    if split_size(shards, split) > 0:
+        return
+    other = "train" if split == "validation" else "validation"
+    raise UserError(
+        f"the {split} split of {shards} is empty (0 examples): there is nothing to evaluate.",
+        fix=f"use --split {other}, or preprocess again with more documents"
+        + (
+            " or a larger preprocess.validation_fraction (--set preprocess.validation_fraction=0.05)."
+            if split == "validation"
+            else "."
+        ),
+    )
 
 
 def format_result(r: dict[str, Any]) -> str:

@@ -138,12 +138,8 @@ def shard_paths(directory: str | os.PathLike, split: str = "train", verify: bool
     """The shard files of one split, in order; with verify, each must exist with its recorded
     size of rows and sha256 (a truncated or bit-flipped shard is named, with what to do)."""
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    entries = manifest.get("splits", {}).get(split)
-    if entries is None:
-        raise UserError(f"{directory / MANIFEST_NAME} has no {split!r} split.")
     paths = []
-    for entry in entries:
+    for entry in _split_entries(directory, split):
         p = directory / split / entry["path"]
         if not p.is_file():
             raise UserError(
@@ -157,6 +153,18 @@ def shard_paths(directory: str | os.PathLike, split: str = "train", verify: bool
             )
         paths.append(p)
     return paths
+
+
+def split_size(directory: str | os.PathLike, split: str) -> int:
+    """The examples of one split, as the manifest records them (no shard is read)."""
+    return sum(int(entry.get("num_examples", 0)) for entry in _split_entries(Path(directory), split))
+
+
+def _split_entries(directory: Path, split: str) -> list[dict[str, Any]]:
+    entries = read_manifest(directory).get("splits", {}).get(split)
+    if entries is None:
+        raise UserError(f"{directory / MANIFEST_NAME} has no {split!r} split.")
+    return entries
 
 
 def read_shard(path: str | os.PathLike) -> pa.Table:

@@ -181,3 +181,31 @@ def test_a_json_target_that_cannot_be_a_file_is_refused_before_evaluating(
         out, err = capsys.readouterr()
         assert f"--json {target} {words}" in err and "Traceback" not in err
         assert "masked LM" not in out  # nothing was evaluated
+
+
+def test_an_empty_split_is_refused_before_the_checkpoint_is_loaded(
+    model_dir, shards_and_tokenizer, tmp_path, capsys, monkeypatch
+):
+    """A tiny corpus cut into many shards leaves the validation split empty (one shard of 0 rows,
+    as preprocess writes it): evaluating it ended in KeyError 'val_mlm_acc' after loading."""
+    import json
+
+    from preprocessing import shard_format
+
+    shards = tmp_path / "shards"
+    shutil.copytree(shards_and_tokenizer[0], shards)
+    shutil.rmtree(shards / "validation")
+    name = shard_format.shard_name(0, 1)
+    empty = shard_format.write_shard(shards / "validation" / name, shard_format.rows_to_table([]))
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["splits"]["validation"] = [empty]
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded")
+
+    monkeypatch.setattr("pipelines.evaluate_command.resolve_model", no_loading)
+    assert cli_main(["evaluate", str(model_dir), "--shards", str(shards)]) == 2
+    err = capsys.readouterr().err
+    assert f"the validation split of {shards} is empty" in err and "--split train" in err
+    assert "preprocess.validation_fraction" in err and "Traceback" not in err
