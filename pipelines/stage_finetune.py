@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from common.atomic import read_marker, write_marker
 from common.errors import UserError
+from common.paths import check_output_dir
 from finetuning.config import FinetuneConfig
 from pipelines.config import PipelineConfig, load_config
 from pipelines.stage_keys import code_change_note, run_root, stage_code, stage_dir
@@ -171,6 +172,7 @@ def _plan_from_args(
             "--checkpoint needs --output DIR.",
             fix="pass --output DIR (without --checkpoint the command fine-tunes the flow's own model).",
         )
+    check_output_dir(args.output, "--output")
     baselines = _csv(args.baselines) if args.baselines is not None else cfg.baselines
     checkpoints = with_baselines(args.checkpoint, baselines, cfg_all.data_root)
     tokenizer = Path(args.tokenizer) if args.tokenizer else None

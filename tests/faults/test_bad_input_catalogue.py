@@ -402,6 +402,11 @@ CASES = [
         lambda f: ["--json", str(f["root"]), "is a folder"],
     ),
     Case(
+        "finetune-output-is-a-file",  # a NotADirectoryError traceback in every unit
+        _finetune("--tasks", "rte", "--output", "{regular_file}"),  # the last --output wins
+        lambda f: ["--output", str(f["regular_file"]), "is a file"],
+    ),
+    Case(
         "import-hf-output-under-a-file",
         lambda f: ["import-hf", str(f["minilm"]), str(f["regular_file"] / "m")],
         lambda f: [str(f["regular_file"])],
