@@ -50,6 +50,7 @@ from finetuning.units import (
 )
 from model.config import BertConfig
 from model.hf_io import TOKENIZER_FILES
+from preprocessing.wordpiece import load_tokenizer
 from training.ranks import visible_gpus
 
 # Fine-tuning settings left out of a unit's key: they pick which units run and how they are
@@ -72,6 +73,8 @@ def plan(
     (task, lr, seed) of `cfg`. Bad checkpoints, tasks or tokenizers are UserErrors, raised here,
     before any unit runs."""
     units = finetune_units(cfg) if units is None else units
+    if tokenizer_dir is not None:  # once here, not as a failure of every unit
+        load_tokenizer(tokenizer_dir, key="--tokenizer")
     units_dir = Path(root) / "units"
     jobs = []
     for checkpoint in (normalize_checkpoint(c) for c in checkpoints):

@@ -19,6 +19,7 @@ from tokenizers.models import WordPiece
 
 from common.atomic import atomic_write_json, atomic_write_text
 from common.errors import UserError
+from common.stage_output import model_dir_hint
 from common.textfile import read_user_text
 from common.tokenizer_config import normalizer_settings
 
@@ -26,6 +27,7 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_JSON = "tokenizer.json"
+VOCAB_KEY = "--vocab / tokenizer.vocab"  # where a tokenizer path comes from, unless a caller says
 TOKENIZER_CONFIG = "tokenizer_config.json"
 MAX_WORD_CHARS = 100  # WordPiece's max_input_chars_per_word (as BERT): a longer word is one [UNK]
 # a text that may hold such a word (normalization can lengthen a word: the check is generous)
@@ -215,9 +217,10 @@ def declared_lowercase(path: str | Path) -> bool | None:
     return _lowercase_from_dir(path.parent, True)
 
 
-def tokenizer_file(path: str | Path) -> Path:
+def tokenizer_file(path: str | Path, key: str = VOCAB_KEY) -> Path:
     """The file a tokenizer path means: itself, or in a directory its tokenizer.json, else its
-    vocab.txt (a UserError when a directory holds neither)."""
+    vocab.txt (a UserError naming `key`, the flag or setting that gave it, when a directory
+    holds neither)."""
     path = Path(path)
     if not path.is_dir():
         return path
@@ -225,23 +228,24 @@ def tokenizer_file(path: str | Path) -> Path:
         if (path / name).is_file():
             return path / name
     raise UserError(
-        f"{path} holds neither {TOKENIZER_JSON} nor {VOCAB_NAME}.",
-        fix="pass a tokenizer directory (the output of `bertflow tokenizer` or a model directory), "
-        "a vocab.txt or a tokenizer.json.",
+        f"{key} {path} holds neither {TOKENIZER_JSON} nor {VOCAB_NAME}{model_dir_hint(path)}.",
+        fix=f"point {key} to a tokenizer directory (the output of `bertflow tokenizer` or a model "
+        "directory), a vocab.txt or a tokenizer.json.",
     )
 
 
-def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> tuple[Tokenizer, bool]:
+def load_tokenizer(
+    path: str | Path, lowercase: bool | None = None, key: str = VOCAB_KEY
+) -> tuple[Tokenizer, bool]:
     """Load a tokenizer dir, `tokenizer.json` or `vocab.txt`; returns (tokenizer, lowercase).
+    Errors name `key`, the flag or setting that gave the path.
 
     A `tokenizer.json` is used as is (its normalizer decides casing). A bare `vocab.txt` gets BERT's
     normalizer with `lowercase` (default: do_lower_case of a tokenizer_config.json beside it, else True).
     """
-    path = tokenizer_file(path)
+    path = tokenizer_file(path, key)
     if not path.is_file():
-        raise UserError(
-            f"tokenizer file {path} does not exist.", fix="check the --vocab / tokenizer.vocab path."
-        )
+        raise UserError(f"tokenizer file {path} does not exist.", fix=f"check the {key} path.")
     default_lower = _lowercase_from_dir(path.parent, True) if lowercase is None else lowercase
     if path.suffix == ".json":
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -113,11 +114,30 @@ def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
     assert not {j.out_dir for j in longer} & {j.out_dir for j in jobs}
     other_vocab = tmp_path / "vocab"
     other_vocab.mkdir()
-    (other_vocab / "vocab.txt").write_text((minilm_dir / "vocab.txt").read_text() + "extra\n")
+    (other_vocab / "vocab.txt").write_text((minilm_dir / "vocab.txt").read_text() + "bertflowtesttoken\n")
     retokenized = plan(cfg, checkpoints, tmp_path, tokenizer_dir=other_vocab)
     assert not {j.out_dir for j in retokenized} & {j.out_dir for j in jobs}
     with pytest.raises(UserError, match="has no vocabulary"):
         plan(cfg, ["random:tiny"], tmp_path)  # before any unit runs
+
+
+def test_a_tokenizer_that_does_not_load_is_refused_by_the_plan_naming_the_flag(tmp_path, minilm_dir):
+    """A missing --tokenizer, a folder without vocab.txt / tokenizer.json or a pretraining output
+    failed every unit (exit 1, a unit folder left behind) with a fix naming --vocab."""
+    cfg = FinetuneConfig(tasks=["rte"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    pretrain_out = tmp_path / "pretrain_out"
+    shutil.copytree(minilm_dir, pretrain_out / "model")
+    (pretrain_out / "run_spec.json").write_text("{}")
+    for tokenizer, words in (
+        (tmp_path / "missing", "does not exist. Fix: check the --tokenizer path"),
+        (empty, f"--tokenizer {empty} holds neither tokenizer.json nor vocab.txt"),
+        (pretrain_out, f"its model is {pretrain_out / 'model'}"),
+    ):
+        with pytest.raises(UserError, match=re.escape(words)):
+            plan(cfg, ["random:tiny"], tmp_path / "out", tokenizer_dir=tokenizer)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_units_data_enter_its_key_by_content_not_by_place(tmp_path, minilm_dir):

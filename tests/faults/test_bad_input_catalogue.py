@@ -299,6 +299,16 @@ CASES = [
         ],
         lambda f: ["no_model"],
     ),  # noqa: E501
+    Case(
+        "finetune-tokenizer-missing",  # was a failed unit (exit 1) whose fix named --vocab
+        _finetune("--tasks", "rte", "--tokenizer", "{root}/no_tok"),
+        lambda f: [str(f["root"] / "no_tok"), "does not exist", "--tokenizer"],
+    ),
+    Case(
+        "finetune-tokenizer-is-a-pretrain-output",
+        _finetune("--tasks", "rte", "--tokenizer", "{pretrain_out}"),
+        lambda f: [f"--tokenizer {f['pretrain_out']} holds neither", str(f["pretrain_out"] / "model")],
+    ),
     Case("finetune-unknown-task", _finetune("--tasks", "sst3"), lambda f: ["sst3"]),
     Case(
         "task-config-unknown-key",
