@@ -190,6 +190,23 @@ def check_preprocess_settings(cfg: PreprocessConfig, beam_args: list[str] | None
     return pipeline_options(cfg.runner, cfg.workers, [*cfg.beam_options, *(beam_args or [])])
 
 
+def nothing_to_predict(stats: dict, files: list[str], tokenizer_path: Path) -> UserError:
+    """Shards in which no example has a masked position give masked-LM pretraining nothing to learn
+    (its loss is NaN at the first step): [UNK] is never chosen for prediction."""
+    unk = stats.get("unk_token_ratio")
+    share = (
+        f"{unk:.1%} of its {stats.get('tokens')} tokens are [UNK]" if unk is not None else "it has no tokens"
+    )
+    return UserError(
+        f"the corpus {', '.join(map(str, files))} gives no masked-LM target with the vocabulary "
+        f"{tokenizer_path}: {share}, and [UNK] is never chosen for prediction, so none of the "
+        f"{stats.get('examples')} examples has a masked position and pretraining would have nothing to "
+        "learn; the vocabulary does not fit the corpus. No shards were written.",
+        fix="train the tokenizer on this corpus (bertflow tokenizer --input CORPUS) or pass a vocabulary "
+        "that covers it (check the lowercase setting).",
+    )
+
+
 def run_preprocess_stage(
     cfg: PreprocessConfig,
     tokenizer_path: Path,
@@ -285,6 +302,9 @@ def run_preprocess_stage(
                 fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
             )
         stats = _summarize(counts, input_bytes, seconds, entries)
+        if counts.get("masked_positions", 0) == 0:
+            _clear_outputs(out_dir, work_dir)
+            raise nothing_to_predict(stats, files, tokenizer_path)
         stats["warnings"] = data_warnings(stats, cfg)
         for line in stats["warnings"]:
             log.warning("WARNING (%s): %s", out_dir, line)

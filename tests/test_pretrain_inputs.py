@@ -85,6 +85,32 @@ def test_shard_with_a_foreign_schema(data, tmp_path):
     _fails(config(), copy, tok, tmp_path / "out", "does not have the bertflow example schema")
 
 
+def test_shards_without_masked_positions(data, tmp_path):
+    """Train shards with no MLM target (a vocabulary that made every token [UNK]) are refused
+    before a rank starts: the masked-LM loss would be NaN at step 1."""
+    shards, tok = data
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    manifest = json.loads((copy / shard_format.MANIFEST_NAME).read_text())
+    for entry in manifest["splits"]["train"]:
+        path = copy / "train" / entry["path"]
+        table = pq.read_table(path)
+        for column in ("masked_lm_positions", "masked_lm_ids"):
+            field = table.schema.field(column)
+            empty = pa.array([[]] * table.num_rows, type=field.type)
+            table = table.set_column(table.schema.get_field_index(column), field, empty)
+        pq.write_table(table, path)
+        entry["sha256"] = sha256_file(path)
+    _rewrite_manifest(copy, splits=manifest["splits"])
+    _fails(
+        config(),
+        copy,
+        tok,
+        tmp_path / "out",
+        r"training split of .* has no masked-LM targets.*Fix: preprocess again",
+    )
+
+
 @pytest.mark.parametrize(
     "sets,match",
     [

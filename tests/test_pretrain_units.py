@@ -487,3 +487,23 @@ def test_the_slurm_template_runs_bertflow_pretrain_on_every_node_with_its_rank(t
         assert (args.nnodes, args.node_rank, args.num_processes) == (2, rank, "4")
         assert args.set == ["pretrain.master_addr=gpu-a", "pretrain.master_port=29500"]
         check_nodes(load_config(PROJECT_ROOT / args.config, [*args.set, "pretrain.nnodes=2"]), args.node_rank)
+
+
+def test_a_nan_loss_without_a_checkpoint_claims_none_to_resume():
+    """Only a checkpoint is resumed: a NaN before the first one must not send the user to "resume
+    from that checkpoint"; at step 1 no update has been applied, so the lr is not the cause."""
+    from pathlib import Path
+
+    from training.train import check_finite
+
+    with pytest.raises(FloatingPointError) as first:
+        check_finite(float("nan"), 1, None, "fp32")
+    assert "resumes from that checkpoint" not in str(first.value)
+    assert "learning rate is not the cause" in str(first.value) and "masked-LM" in str(first.value)
+    with pytest.raises(FloatingPointError) as later:
+        check_finite(float("nan"), 7, None, "fp32")
+    assert "resumes from that checkpoint" not in str(later.value)
+    assert "starts again from step 0" in str(later.value) and "pretrain.lr" in str(later.value)
+    with pytest.raises(FloatingPointError, match=r"global_step4\).*resumes from that checkpoint"):
+        check_finite(float("nan"), 7, Path("ckpt/global_step4"), "fp32")
+    check_finite(2.5, 1, None, "fp32")  # a finite loss passes

@@ -75,6 +75,39 @@ def _column_max(meta: pq.FileMetaData, column: str) -> int | None:
     return best
 
 
+def _column_values(meta: pq.FileMetaData, column: str) -> int | None:
+    """How many values a list<int> column holds in all, from row-group statistics (None if not
+    recorded): 0 when every row's list is empty."""
+    total = 0
+    for rg in range(meta.num_row_groups):
+        group = meta.row_group(rg)
+        for c in range(group.num_columns):
+            col = group.column(c)
+            if col.path_in_schema.split(".")[0] == column:
+                if col.statistics is None:
+                    return None
+                total += col.statistics.num_values
+    return total
+
+
+def require_mlm_targets(shards_dir: Path, train: list[pq.FileMetaData]) -> None:
+    """Refuse a training split without a single masked position: its masked-LM loss is 0/0, NaN at
+    the first step (a vocabulary that makes every token [UNK], which is never chosen for
+    prediction). Read from the shards' Parquet statistics, so no example is loaded."""
+    counts = [_column_values(meta, "masked_lm_positions") for meta in train]
+    if not train or any(c is None or c > 0 for c in counts):
+        return
+    examples = sum(meta.num_rows for meta in train)
+    raise UserError(
+        f"the training split of {shards_dir} has no masked-LM targets: none of its {examples} examples "
+        "has a masked position, so the masked-LM loss is undefined (NaN at the first step). [UNK] is "
+        "never chosen for prediction, so a vocabulary that does not fit the corpus leaves nothing to predict "
+        f"({shards_dir / shard_format.STATS_NAME} gives the [UNK] share, unk_token_ratio).",
+        fix="preprocess again with a vocabulary that covers the corpus (train the tokenizer on it with "
+        "`bertflow tokenizer --input CORPUS`, or check the lowercase setting).",
+    )
+
+
 def check_shards(shards_dir: Path, tokenizer_dir: Path, vocab_size: int) -> dict[str, Any]:
     manifest = shard_format.read_manifest(shards_dir)
     recorded = manifest.get("tokenizer_sha256")
@@ -93,6 +126,7 @@ def check_shards(shards_dir: Path, tokenizer_dir: Path, vocab_size: int) -> dict
     paths = shard_format.shard_paths(shards_dir, "train", verify=False)
     if not paths:
         raise UserError(f"{shards_dir / shard_format.MANIFEST_NAME} lists no train shards.")
+    train_meta = []
     for split in shard_format.SPLITS:
         for p in (
             shard_format.shard_paths(shards_dir, split, verify=False)
@@ -118,6 +152,9 @@ def check_shards(shards_dir: Path, tokenizer_dir: Path, vocab_size: int) -> dict
                         f"{tokenizer_dir} has only {vocab_size} entries.",
                         fix="pretrain with the tokenizer the shards were made with.",
                     )
+            if split == "train":
+                train_meta.append(f.metadata)
+    require_mlm_targets(shards_dir, train_meta)
     return manifest
 
 

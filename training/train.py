@@ -346,14 +346,35 @@ def forward_backward(
 def check_finite(mean_loss: float, step: int, last_tag: Path | None, precision: str) -> None:
     if np.isfinite(mean_loss):
         return
-    where = f"last good checkpoint: {last_tag}" if last_tag else "no checkpoint was written yet"
-    # a resume is exact, so the same settings meet the same step again; other settings are a new run
     raise FloatingPointError(
-        f"loss is {mean_loss} at step {step}; stopping before the update is applied ({where}). "
-        "Rerunning with the same settings resumes from that checkpoint and will most likely diverge "
-        "at the same step. Rerun with a lower pretrain.lr or more pretrain.warmup_steps"
-        + (", or precision bf16 instead of fp16," if precision == "fp16" else "")
-        + " into a new output directory (this one's checkpoints belong to these settings)."
+        f"loss is {mean_loss} at step {step}; stopping before the update is applied "
+        + nonfinite_advice(step, last_tag, precision)
+    )
+
+
+def nonfinite_advice(step: int, last_tag: Path | None, precision: str) -> str:
+    """What a non-finite loss at `step` means for a rerun: only a checkpoint is resumed (a resume
+    is exact, so the same settings meet the same step again), and the loss of step 1 is computed
+    before any update, so no learning rate can have caused it."""
+    bf16 = ", or precision bf16 instead of fp16," if precision == "fp16" else ""
+    if last_tag is not None:
+        return (
+            f"(last good checkpoint: {last_tag}). Rerunning with the same settings resumes from that "
+            "checkpoint and will most likely diverge at the same step. Rerun with a lower pretrain.lr "
+            f"or more pretrain.warmup_steps{bf16} into a new output directory (this one's checkpoints "
+            "belong to these settings)."
+        )
+    if step == 1:
+        return (
+            "(no checkpoint was written). The loss of the first step is computed before any update, so "
+            "the learning rate is not the cause: check the shards (a batch without masked-LM targets, "
+            "e.g. a vocabulary that turns the corpus into [UNK]; see the shards' stats.json) and the "
+            f"initial weights (pretrain.init_from){bf16.rstrip(',')}."
+        )
+    return (
+        "(no checkpoint was written, so nothing is resumed: a rerun starts again from step 0 and will "
+        f"most likely diverge at the same step with the same settings). Rerun with a lower pretrain.lr "
+        f"or more pretrain.warmup_steps{bf16.rstrip(',')}."
     )
 
 

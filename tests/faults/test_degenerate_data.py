@@ -65,3 +65,20 @@ def test_a_vocabulary_that_does_not_cover_the_corpus_is_a_warning(tmp_path, corp
     )
     assert stats["unk_token_ratio"] > 0.5
     assert any("are [UNK]" in w for w in stats["warnings"])
+
+
+def test_a_vocabulary_that_leaves_nothing_to_predict_is_refused(tmp_path, corpus):
+    """Every token [UNK] (never chosen for prediction): shards without a masked position would
+    make pretraining's loss NaN at its first step, so preprocess refuses instead of publishing
+    them with a warning, and leaves no shards behind."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(t + "\n" for t in [*SPECIAL_TOKENS, "zzz"]))
+    out = tmp_path / "o"
+    cfg = PreprocessConfig(input=[str(corpus)], workers=1, num_shards=1)
+    with pytest.raises(
+        UserError,
+        match=r"100\.0% of its \d+ tokens are \[UNK\].*none of the \d+ examples has a masked position.*Fix: train the tokenizer",
+    ):
+        run_preprocess_stage(cfg, vocab, out)
+    assert not (out / "_COMPLETE.json").exists() and not (out / "manifest.json").exists()
+    assert not (out / "train").exists()
