@@ -68,9 +68,17 @@ def checkpoint_label(checkpoint: str) -> str:
 
 
 def tokenizer_dir_for(checkpoint: str, tokenizer_dir: Path | None) -> Path:
-    """The given tokenizer, else the checkpoint's own (`random:PRESET` has none: an error)."""
+    """The given tokenizer, else the checkpoint's own (`random:PRESET` has none: an error). A
+    model directory with a tokenizer of its own is read with it: a given one that tokenizes
+    differently is refused (random weights, `random:DIR`, have no vocabulary to contradict)."""
+    from model.hf_io import has_tokenizer
+    from preprocessing.wordpiece import refuse_other_tokenizer
+
     if tokenizer_dir is not None:
-        return Path(tokenizer_dir).expanduser().resolve()
+        given = Path(tokenizer_dir).expanduser().resolve()
+        if not is_random(checkpoint) and has_tokenizer(Path(checkpoint)):
+            refuse_other_tokenizer(checkpoint, Path(checkpoint), given)
+        return given
     if is_random(checkpoint) and "/" in checkpoint:
         return Path(checkpoint.split(":", 1)[1])
     if is_random(checkpoint):

@@ -233,6 +233,10 @@ def write_hf_dir(
     return out
 
 
+def has_tokenizer(directory: Path) -> bool:
+    return any((Path(directory) / n).is_file() for n in TOKENIZER_FILES)
+
+
 def copy_tokenizer_files(
     src: Path, out: Path, vocab_size: int | None = None, model_max_length: int | None = None
 ) -> None:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from common.errors import UserError
 from model.heads import BertForPreTraining
-from model.hf_io import TOKENIZER_FILES, load_checkpoint
+from model.hf_io import has_tokenizer, load_checkpoint
 from model.model_dir import publish_model_dir
+from preprocessing.wordpiece import refuse_other_tokenizer
 
 
 @dataclass
@@ -33,8 +34,9 @@ def resolve_model(ckpt: Path) -> ResolvedModel:
     e.g. `if is_deepspeed_checkpoint(ckpt): return ResolvedModel(consolidate(ckpt), ...)`."""
     if (ckpt / "config.json").is_file() or not ckpt.is_dir():
         loaded = load_checkpoint(ckpt)  # our model dir or any HF BERT dir; errors name the file
-        has_tok = any((ckpt / n).is_file() for n in TOKENIZER_FILES)
-        return ResolvedModel(loaded.model, ckpt if has_tok else None, loaded.fresh, "model directory")
+        return ResolvedModel(
+            loaded.model, ckpt if has_tokenizer(ckpt) else None, loaded.fresh, "model directory"
+        )
     if _looks_like_deepspeed(ckpt):
         from training.consolidate import load_model_from_deepspeed_checkpoint
 
@@ -55,17 +57,13 @@ def _run_tokenizer(ckpt: Path) -> Path | None:
 
     runs = [d for d in (ckpt, ckpt.parent, ckpt.parent.parent) if (d / "run_spec.json").is_file()]
     for run in runs:
-        if _has_tokenizer(run / "model"):
+        if has_tokenizer(run / "model"):
             return run / "model"
     for run in runs:
         tok = Path(RunSpec.read(run / "run_spec.json").tokenizer_dir)
-        if _has_tokenizer(tok):
+        if has_tokenizer(tok):
             return tok
     return None
-
-
-def _has_tokenizer(directory: Path) -> bool:
-    return any((directory / n).is_file() for n in TOKENIZER_FILES)
 
 
 def _looks_like_deepspeed(path: Path) -> bool:
@@ -84,7 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("out_dir", type=Path, help="where to write the Hugging Face directory")
     p.add_argument(
-        "--tokenizer", type=Path, help="tokenizer dir (vocab.txt or tokenizer.json) if CKPT has none"
+        "--tokenizer",
+        type=Path,
+        help="tokenizer dir (vocab.txt or tokenizer.json) if CKPT has none (one differing from CKPT's own is refused)",
     )
     p.add_argument(
         "--encoder-only",
@@ -95,6 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     resolved = resolve_model(args.ckpt)
+    if args.tokenizer is not None and resolved.tokenizer_dir is not None:
+        refuse_other_tokenizer(args.ckpt, resolved.tokenizer_dir, args.tokenizer)
     tokenizer_dir = args.tokenizer or resolved.tokenizer_dir
     if tokenizer_dir is None:
         raise UserError(

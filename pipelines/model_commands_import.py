@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from model.hf_io import TOKENIZER_FILES, load_checkpoint
+from model.hf_io import has_tokenizer, load_checkpoint
 from model.model_dir import publish_model_dir
 
 
@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     loaded = load_checkpoint(args.hf_dir)
     tokenizer_dir = args.tokenizer
-    if tokenizer_dir is None and any((args.hf_dir / n).is_file() for n in TOKENIZER_FILES):
+    if tokenizer_dir is None and has_tokenizer(args.hf_dir):
         tokenizer_dir = args.hf_dir
     out = publish_model_dir(
         loaded.model,

@@ -303,3 +303,39 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path, lowercase: bool) -> None
             "mask_token": MASK,
         },
     )
+
+
+def tokenizer_difference(a: Path, b: Path) -> str | None:
+    """How the tokenizers at `a` and `b` (dirs or files) tokenize differently, in words: their
+    vocabularies (ids) or their lowercasing; None when alike (identical copies, or the same
+    vocabulary once as vocab.txt and once as tokenizer.json)."""
+    (tok_a, lower_a), (tok_b, lower_b) = load_tokenizer(a), load_tokenizer(b)
+    vocab_a, vocab_b = vocab_list(tok_a), vocab_list(tok_b)
+    if len(vocab_a) != len(vocab_b):
+        return f"{len(vocab_a)} vs {len(vocab_b)} tokens"
+    differ = next((i for i, (x, y) in enumerate(zip(vocab_a, vocab_b, strict=True)) if x != y), None)
+    if differ is not None:
+        return f"token id {differ} is {vocab_a[differ]!r} vs {vocab_b[differ]!r}"
+    if lower_a != lower_b:
+        return f"lowercase {lower_a} vs {lower_b}"
+    return None
+
+
+def refuse_other_tokenizer(checkpoint: str | Path, own: Path, given: Path) -> None:
+    """A checkpoint's weights belong to its own vocabulary: a `--tokenizer` that tokenizes
+    differently from the one the checkpoint carries (`own`) is refused, not silently used
+    (an identical copy is fine)."""
+    try:
+        load_tokenizer(own)
+    except UserError:
+        return  # unreadable: then the given one is the way to read the checkpoint
+    differs = tokenizer_difference(own, given)
+    if differs is not None:
+        raise UserError(
+            f"checkpoint {checkpoint} has a tokenizer of its own ({own}) and --tokenizer {given} "
+            f"differs from it ({differs}); the checkpoint's weights were trained with its own "
+            "vocabulary, so the given one would feed them other token ids.",
+            fix="drop --tokenizer to use the checkpoint's own (--tokenizer is for a checkpoint without "
+            "one, such as random:PRESET); a baseline with a vocabulary of its own is scored alone with "
+            "`bertflow finetune --checkpoint DIR --output OUT`.",
+        )

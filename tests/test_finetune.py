@@ -115,7 +115,9 @@ def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
     other_vocab = tmp_path / "vocab"
     other_vocab.mkdir()
     (other_vocab / "vocab.txt").write_text((minilm_dir / "vocab.txt").read_text() + "bertflowtesttoken\n")
-    retokenized = plan(cfg, checkpoints, tmp_path, tokenizer_dir=other_vocab)
+    retokenized = plan(
+        cfg, checkpoints[1:], tmp_path, tokenizer_dir=other_vocab
+    )  # random init: any vocabulary
     assert not {j.out_dir for j in retokenized} & {j.out_dir for j in jobs}
     with pytest.raises(UserError, match="has no vocabulary"):
         plan(cfg, ["random:tiny"], tmp_path)  # before any unit runs
@@ -138,6 +140,28 @@ def test_a_tokenizer_that_does_not_load_is_refused_by_the_plan_naming_the_flag(t
         with pytest.raises(UserError, match=re.escape(words)):
             plan(cfg, ["random:tiny"], tmp_path / "out", tokenizer_dir=tokenizer)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_other_than_the_checkpoints_own_is_refused(tmp_path, minilm_dir):
+    """A model directory is read with its own vocabulary: a --tokenizer that tokenizes otherwise was
+    silently used (and the scorecard named the pretrained model); now refused before any unit,
+    naming both. A copy of the checkpoint's own (vocab.txt alone, too) is fine, and so is any
+    vocabulary for random weights (random:DIR)."""
+    cfg = FinetuneConfig(tasks=["rte"])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "vocab.txt").write_text(
+        (minilm_dir / "vocab.txt").read_text().replace("\nzebra\n", "\nzebras\n")
+    )
+    with pytest.raises(UserError, match="has a tokenizer of its own") as refused:
+        plan(cfg, [str(minilm_dir)], tmp_path, tokenizer_dir=other)
+    assert str(minilm_dir.resolve()) in str(refused.value) and str(other) in str(refused.value)
+    assert "'zebra' vs 'zebras'" in str(refused.value) and "drop --tokenizer" in str(refused.value)
+    same = tmp_path / "same"
+    same.mkdir()
+    (same / "vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes())
+    assert [j.tokenizer_dir for j in plan(cfg, [str(minilm_dir)], tmp_path, tokenizer_dir=same)] == [same]
+    assert len(plan(cfg, [f"random:{minilm_dir}"], tmp_path, tokenizer_dir=other)) == 1
 
 
 def test_a_units_data_enter_its_key_by_content_not_by_place(tmp_path, minilm_dir):

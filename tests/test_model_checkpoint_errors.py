@@ -122,6 +122,26 @@ def test_tokenizer_missing_or_too_large_for_the_model(good, minilm_dir, tmp_path
     assert not (tmp_path / "o").exists()
 
 
+def test_a_tokenizer_other_than_the_checkpoints_own_is_refused(good, tmp_path, capsys):
+    """--tokenizer is for a checkpoint without one: a different one used to replace the
+    checkpoint's vocabulary in the export silently; an identical copy is accepted."""
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(59))]
+    own, other, copy = tmp_path / "own", tmp_path / "other", tmp_path / "copy"
+    for directory, vocab in ((own, words), (other, [*words[:-1], "zebra"]), (copy, words)):
+        directory.mkdir()
+        (directory / "vocab.txt").write_text("".join(w + "\n" for w in vocab))
+    ckpt = tmp_path / "ckpt"
+    write_hf_dir(load_checkpoint(good).model, ckpt, own)
+    out = tmp_path / "o"
+    argv = ["export-hf", str(ckpt), str(out), "--tokenizer"]
+    expect_cli_error(
+        [*argv, str(other)], capsys, str(ckpt), str(other), "'w58' vs 'zebra'", "drop --tokenizer"
+    )
+    assert not out.exists()
+    assert cli([*argv, str(copy)]) == 0
+    assert (out / "vocab.txt").read_text() == (own / "vocab.txt").read_text()
+
+
 def test_nan_weights_are_not_exported(good, minilm_dir, tmp_path, capsys):
     model = load_checkpoint(good).model
     with torch.no_grad():
