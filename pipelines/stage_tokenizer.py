@@ -24,6 +24,8 @@ from preprocessing.corpus import expand_inputs, iter_texts
 
 log = logging.getLogger("bertflow.tokenizer")
 OUTPUT_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
+# settings of training a vocabulary, which loading one (tokenizer.vocab) does not use
+TRAINING_ONLY = ("input", "vocab_size", "min_frequency", "limit_alphabet")
 
 
 def _files_intact(out_dir: Path, checksums: dict[str, str] | None) -> bool:
@@ -56,6 +58,48 @@ def vocab_source(cfg: TokenizerConfig, data_root: str | None) -> Path:
     return source
 
 
+def vocab_size_warning(cfg: TokenizerConfig, tok) -> str | None:
+    """A trained vocabulary whose size is not tokenizer.vocab_size, and why (None when it is)."""
+    from preprocessing.wordpiece import SPECIAL_TOKENS, vocab_list
+
+    got = tok.get_vocab_size()
+    if got == cfg.vocab_size:
+        return None
+    if got > cfg.vocab_size:
+        chars = [t for t in vocab_list(tok) if len(t) == 1 or (len(t) == 3 and t.startswith("##"))]
+        return (
+            f"tokenizer.vocab_size is {cfg.vocab_size}, but the trained vocabulary has {got} tokens: the "
+            f"{len(SPECIAL_TOKENS)} special tokens and the corpus's alphabet ({len(chars)} entries: its "
+            "characters and their ## continuations, up to tokenizer.limit_alphabet characters) are always "
+            f"kept. Raise vocab_size to at least {got}, or lower limit_alphabet ({cfg.limit_alphabet})."
+        )
+    return (
+        f"tokenizer.vocab_size is {cfg.vocab_size}, but the corpus gave only {got} tokens: the trainer "
+        "found no further merge (each remaining pair of pieces occurs fewer than tokenizer.min_frequency "
+        f"({cfg.min_frequency}) times, or is already a whole word). Use a larger corpus or a lower "
+        "min_frequency, or set vocab_size to what it gives."
+    )
+
+
+def unused_training_settings(cfg: TokenizerConfig) -> str | None:
+    """With tokenizer.vocab (a vocabulary loaded, not trained), the training settings that differ
+    from their defaults are not used: said, not refused (a config may keep them from a template;
+    the command-line flags are refused in `main`)."""
+    if not cfg.vocab:
+        return None
+    unused = [
+        f"tokenizer.{k} {getattr(cfg, k)}"
+        for k in TRAINING_ONLY
+        if k != "input" and getattr(cfg, k) != TokenizerConfig.model_fields[k].default
+    ]
+    if not unused:
+        return None
+    return (
+        f"{', '.join(unused)} not used: the vocabulary is loaded from tokenizer.vocab {cfg.vocab}, not "
+        "trained (drop tokenizer.vocab to train one with these settings)."
+    )
+
+
 def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None) -> Path:
     from preprocessing.wordpiece import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -79,9 +123,11 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         (out_dir / MARKER_NAME).unlink(missing_ok=True)
         remove_temp_files(out_dir)  # leftovers of a killed run's writes
         counts: Counter = Counter()
+        warnings: list[str] = []
         if cfg.vocab:
             tok, lowercase = load_tokenizer(source, lowercase=cfg.lowercase)
             log.info("loaded %s (%d tokens)", source, tok.get_vocab_size())
+            warnings.append(unused_training_settings(cfg))
         else:
             log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
             tok = train_tokenizer(
@@ -108,6 +154,10 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
                 raise UserError(
                     "the trained vocabulary is empty.", fix="use a larger corpus or lower min_frequency."
                 )
+            warnings.append(vocab_size_warning(cfg, tok))
+        warnings = [w for w in warnings if w]
+        for line in warnings:
+            log.warning("WARNING (%s): %s", out_dir, line)
         save_tokenizer(tok, out_dir, lowercase)
         sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
         write_marker(
@@ -119,6 +169,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
                 "vocab_size": tok.get_vocab_size(),
                 "tokenizer_sha256": sha,
                 "corpus": dict(counts),
+                "warnings": warnings,
                 "code": stage_code("tokenizer"),
             },
         )
@@ -165,6 +216,7 @@ def main(args: argparse.Namespace) -> int:
         tcfg = TokenizerConfig.model_validate(section)
     except ValidationError as exc:
         raise UserError(f"invalid tokenizer settings: {validation_message(exc, 'tokenizer')}") from None
+    refuse_training_flags(args, tcfg)
     if args.output:
         out = Path(args.output)
     else:  # where the flow puts it for this config (pipelines.stage_keys)
@@ -172,6 +224,27 @@ def main(args: argparse.Namespace) -> int:
     run_tokenizer_stage(tcfg, out, cfg.data_root)
     print(out)
     return 0
+
+
+def refuse_training_flags(args: argparse.Namespace, tcfg: TokenizerConfig) -> None:
+    """Flags that only apply when training (--input, --vocab-size, --set tokenizer.KEY of
+    TRAINING_ONLY) next to a loaded vocabulary would be silently ignored: refused, naming them."""
+    if not tcfg.vocab:
+        return
+    flags = (("--input", bool(args.input)), ("--vocab-size", args.vocab_size is not None))
+    given = [flag for flag, present in flags if present]
+    given += [
+        f"--set {item}"
+        for item in args.set or []
+        if item.split("=", 1)[0].strip() in {f"tokenizer.{k}" for k in TRAINING_ONLY}
+    ]
+    if given:
+        raise UserError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only when training a "
+            f"vocabulary, but this one is loaded from "
+            f"{tcfg.vocab} (--vocab / tokenizer.vocab): they would be ignored.",
+            fix="drop them to load the vocabulary, or drop --vocab (and tokenizer.vocab) to train one with them.",
+        )
 
 
 class _Corpus:

@@ -258,3 +258,42 @@ def test_an_exported_tokenizer_config_says_what_the_tokenizer_json_does(tmp_path
         TokenizerConfig(vocab=str(src / "tokenizer.json"), lowercase=False), tmp_path / "t"
     )
     assert AutoTokenizer.from_pretrained(str(staged))(text)["input_ids"] == tok.encode(text).ids
+
+
+def test_a_vocab_size_the_training_cannot_give_is_said(tmp_path, data_dir, caplog):
+    """vocab_size 50 gave 159 tokens without a word (the alphabet alone is larger): now a warning in
+    the log and in the marker's `warnings`, naming both sizes and why; the vocabulary is unchanged."""
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 300)), encoding="utf-8")
+    out = run_tokenizer_stage(TokenizerConfig(input=[str(src)], vocab_size=50), tmp_path / "tok")
+    got = len((out / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    assert got > 50
+    [warning] = read_marker(out)["warnings"]
+    assert f"vocab_size is 50, but the trained vocabulary has {got} tokens" in warning
+    assert "alphabet" in warning and warning in caplog.text
+
+
+def test_training_flags_next_to_a_loaded_vocab_are_refused(tmp_path, minilm_dir, capsys):
+    """--vocab-size / --input / --set tokenizer.vocab_size only apply when training: next to --vocab
+    they were silently ignored. Refused before anything is written; in a YAML (kept from a template)
+    they are a warning."""
+    from pipelines.cli import main as cli
+
+    out = tmp_path / "tok"
+    vocab = ["--vocab", str(minilm_dir / "vocab.txt"), "--output", str(out)]
+    for extra, named in (
+        (["--vocab-size", "30522"], "--vocab-size"),
+        (["--input", str(minilm_dir / "vocab.txt")], "--input"),
+        (["--set", "tokenizer.vocab_size=100"], "--set tokenizer.vocab_size=100"),
+    ):
+        assert cli(["tokenizer", *vocab, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"{named} applies only when training a vocabulary" in err and "Fix: drop them" in err
+        assert not out.exists()
+    config = tmp_path / "cfg.yaml"
+    config.write_text(f"tokenizer:\n  vocab: {minilm_dir / 'vocab.txt'}\n  vocab_size: 8192\n")
+    assert cli(["tokenizer", str(config), "--output", str(out)]) == 0
+    assert read_marker(out)["warnings"] == [
+        f"tokenizer.vocab_size 8192 not used: the vocabulary is loaded from tokenizer.vocab "
+        f"{minilm_dir / 'vocab.txt'}, not trained (drop tokenizer.vocab to train one with these settings)."
+    ]
