@@ -27,7 +27,7 @@ from pipelines.preprocess_progress import watch_preprocess
 from pipelines.stage_keys import code_change_note, flow_input, stage_code, stage_dirs
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
-from preprocessing.corpus import expand_inputs, file_labels
+from preprocessing.corpus import encoding_warnings, expand_inputs, file_labels
 from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, schema_description
 
 if TYPE_CHECKING:
@@ -292,8 +292,9 @@ def run_preprocess_stage(
             _clear_outputs(out_dir, work_dir)
             raise UserError(
                 f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
-                f"{ {k: v for k, v in counts.items() if k != 'files_read'} }).",
-                fix="check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
+                f"{ {k: v for k, v in counts.items() if k != 'files_read' and ':' not in k} }).",
+                fix=" ".join(encoding_warnings(counts))
+                or "check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
             )
         if counts.get("examples", 0) == 0:
             _clear_outputs(out_dir, work_dir)
@@ -305,7 +306,7 @@ def run_preprocess_stage(
         if counts.get("masked_positions", 0) == 0:
             _clear_outputs(out_dir, work_dir)
             raise nothing_to_predict(stats, files, tokenizer_path)
-        stats["warnings"] = data_warnings(stats, cfg)
+        stats["warnings"] = data_warnings(stats, cfg) + encoding_warnings(counts)
         for line in stats["warnings"]:
             log.warning("WARNING (%s): %s", out_dir, line)
         splits = {

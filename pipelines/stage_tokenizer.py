@@ -20,7 +20,7 @@ from common.paths import resolve_data_path
 from common.stage_output import check_own_output
 from pipelines.stage_keys import code_change_note, stage_code, stage_dir
 from preprocessing.config import TokenizerConfig
-from preprocessing.corpus import expand_inputs, iter_texts
+from preprocessing.corpus import encoding_warnings, expand_inputs, iter_texts
 
 log = logging.getLogger("bertflow.tokenizer")
 OUTPUT_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
@@ -148,13 +148,14 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
             if counts["documents_read"] == 0:
                 raise UserError(
                     f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
-                    fix="check --input (plain text needs non-empty lines; WikiExtractor files <doc> blocks).",
+                    fix=" ".join(encoding_warnings(counts))
+                    or "check --input (plain text needs non-empty lines; WikiExtractor files <doc> blocks).",
                 )
             if tok.get_vocab_size() < 6:
                 raise UserError(
                     "the trained vocabulary is empty.", fix="use a larger corpus or lower min_frequency."
                 )
-            warnings.append(vocab_size_warning(cfg, tok))
+            warnings += [vocab_size_warning(cfg, tok), *encoding_warnings(counts)]
         warnings = [w for w in warnings if w]
         for line in warnings:
             log.warning("WARNING (%s): %s", out_dir, line)

@@ -3,8 +3,9 @@
 Files may be gzip-compressed, on local disk or on any filesystem Beam knows (`s3://`, `gs://`,
 `hdfs://`): every read goes through `preprocessing.storage` (Beam's FileSystems). Every irregularity is counted in a `Counter` (it ends up in
 stats.json) and logged, never silently dropped, never a traceback:
-non-UTF-8 bytes (replaced), empty and binary files, lines over 1 MB, unclosed `<doc>` tags,
-text outside `<doc>`, bad JSON lines, empty documents.
+non-UTF-8 bytes (replaced), UTF-16/32 files, empty and binary files, lines over 1 MB, unclosed
+`<doc>` tags, text outside `<doc>`, bad JSON lines, empty documents. A file of another encoding is
+said by name with the iconv command that converts it (`encoding_warnings`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import posixpath
 import re
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -32,6 +33,18 @@ READ_BLOCK_BYTES = 1 << 20
 UTF8_BOM = b"\xef\xbb\xbf"
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 SNIFF_BYTES = 8192
+# UTF-16/32 byte-order marks (0xFF and 0xFE never occur in UTF-8), longest first
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+# per-file counts of encoding trouble, keyed by the file (kept out of stats.json's `skipped`):
+NOT_UTF8_KEY = "not_utf8:"  # not_utf8:ENCODING:PATH = 1, a UTF-16/32 file (skipped)
+REPLACED_KEY = "utf8_replaced_lines:"  # utf8_replaced_lines:PATH = lines with invalid UTF-8 replaced
+TEXT_LINES_KEY = "text_lines:"  # text_lines:PATH = its non-blank lines (counted only beside the above)
+INVALID_UTF8_WARN_SHARE = 0.01  # of a file's lines: more is another encoding, not a stray byte
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
 _TITLE = re.compile(r'title="([^"]*)"')
@@ -192,6 +205,52 @@ def _raw_lines(fh: BinaryIO, on_long_line: Callable[[], None]) -> Iterator[bytes
         yield pending[:-1] if pending.endswith(b"\r") else pending
 
 
+def wide_encoding(head: bytes) -> str | None:
+    """UTF-16 or UTF-32 (iconv's name) when a file's first bytes are such text: a byte-order mark,
+    or, without one, NUL bytes at every other position around printable text (UTF-16LE/BE of
+    mostly ASCII text). None for UTF-8 and for binary data."""
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            return name
+    even = head[: len(head) // 2 * 2]
+    if len(even) < 8:
+        return None
+    for name, zeros in (("UTF-16LE", even[1::2]), ("UTF-16BE", even[0::2])):
+        if zeros.count(0) >= 0.9 * len(zeros):
+            text = even.decode(name.lower(), errors="replace")
+            if sum(c.isprintable() or c in "\t\n\r" for c in text) >= 0.95 * len(text):
+                return name
+    return None
+
+
+def _utf8_name(path: str) -> str:
+    return (path[:-4] if path.endswith(".txt") else path) + ".utf8.txt"
+
+
+def encoding_warnings(counts: Mapping[str, int]) -> list[str]:
+    """One line per corpus file of another encoding than UTF-8 (a UTF-16/32 file, skipped; or a
+    meaningful share of lines with invalid UTF-8, replaced), naming it and the iconv command."""
+    found = []
+    for key, n in sorted(counts.items()):
+        if key.startswith(NOT_UTF8_KEY):
+            encoding, path = key[len(NOT_UTF8_KEY) :].split(":", 1)
+            found.append(
+                f"{path} is {encoding} text, not UTF-8, and was skipped: convert it with "
+                f"`iconv -f {encoding} -t UTF-8 {path} > {_utf8_name(path)}` and use that file."
+            )
+        elif key.startswith(REPLACED_KEY):
+            path = key[len(REPLACED_KEY) :]
+            lines = counts.get(TEXT_LINES_KEY + path, 0)
+            if lines and n / lines >= INVALID_UTF8_WARN_SHARE:
+                found.append(
+                    f"{path}: {n} of {lines} lines ({n / lines:.0%}) are not valid UTF-8; their bad bytes "
+                    "were replaced by U+FFFD, so their accented letters are lost (the file is likely "
+                    f"Latin-1 / Windows-1252): convert it with `iconv -f latin1 -t utf-8 {path} > "
+                    f"{_utf8_name(path)}` and use that file."
+                )
+    return found
+
+
 def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[str]:
     """Decoded lines (without newline) of one file; handles binary, long lines, bad bytes."""
     warn = (lambda *a: None) if quiet else log.warning
@@ -202,11 +261,22 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
     with fh:
         try:
             head = fh.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(fh, "peek") else b""
+            if encoding := wide_encoding(head):
+                counts["files_skipped_not_utf8"] += 1
+                counts[f"{NOT_UTF8_KEY}{encoding}:{path}"] = 1
+                warn(
+                    "skipping %s: %s text, not UTF-8 (convert it with iconv -f %s -t UTF-8)",
+                    path,
+                    encoding,
+                    encoding,
+                )
+                return
             if b"\x00" in head:
                 counts["files_skipped_binary"] += 1
                 warn("skipping %s: binary file (NUL bytes)", path)
                 return
             any_content = False
+            lines = replaced = 0  # non-blank lines, and those with invalid UTF-8
 
             def long_line() -> None:
                 counts["lines_skipped_over_1mb"] += 1
@@ -223,8 +293,14 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                 except UnicodeDecodeError:
                     line = raw.decode("utf-8", errors="replace")
                     counts["lines_with_invalid_utf8_replaced"] += 1
-                any_content = any_content or bool(line.strip())
+                    replaced += 1
+                text = bool(line.strip())
+                lines += text
+                any_content = any_content or text
                 yield line
+            if replaced:  # per file: encoding_warnings says which files hold another encoding
+                counts[f"{REPLACED_KEY}{path}"] += replaced
+                counts[f"{TEXT_LINES_KEY}{path}"] += lines
         except (EOFError, OSError, zlib.error) as exc:
             counts["files_truncated_or_corrupt"] += 1
             log.warning(

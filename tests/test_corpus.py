@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
-from preprocessing.corpus import detect_format, expand_inputs, file_labels, read_documents
+from preprocessing.corpus import detect_format, encoding_warnings, expand_inputs, file_labels, read_documents
 from preprocessing.sentences import split_sentences
 
 
@@ -198,3 +198,38 @@ def test_an_existing_file_whose_name_looks_like_a_glob_is_that_file(tmp_path: Pa
     path.write_text("Hello there.\n")
     assert expand_inputs([str(path)]) == [path]
     assert storage.size(str(path)) == path.stat().st_size
+
+
+def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
+    """A UTF-16 file was 'binary file (NUL bytes)'; a Latin-1 file's replaced lines were only a
+    count. Now each is a warning naming the file, its encoding and the iconv command; a stray bad
+    byte in a UTF-8 file (under 1% of its lines) and real binary data are what they were."""
+    text = "Café au lait is a drink. It has milk.\n\nAnother document here. It ends.\n\n" * 20
+    (tmp_path / "bom16.txt").write_bytes(text.encode("utf-16"))
+    (tmp_path / "le16.txt").write_bytes(text.encode("utf-16-le"))  # no byte-order mark
+    (tmp_path / "latin1.txt").write_bytes(text.encode("latin-1"))
+    good = "A fine line. It is UTF-8.\n" * 300
+    (tmp_path / "stray.txt").write_bytes(good.encode() + b"One caf\xe9 here. Then more.\n")
+    (tmp_path / "nuls.bin").write_bytes(b"\x00\x01" * 5000)
+
+    def read(name):
+        counts: Counter = Counter()
+        return list(read_documents(tmp_path / name, counts)), counts
+
+    for name, encoding in (("bom16.txt", "UTF-16"), ("le16.txt", "UTF-16LE")):
+        docs, counts = read(name)
+        path = tmp_path / name
+        assert docs == [] and counts["files_skipped_not_utf8"] == 1 and not counts["files_skipped_binary"]
+        assert encoding_warnings(counts) == [
+            f"{path} is {encoding} text, not UTF-8, and was skipped: convert it with "
+            f"`iconv -f {encoding} -t UTF-8 {path} > {tmp_path / name.replace('.txt', '.utf8.txt')}` and use that file."
+        ]
+    docs, counts = read("latin1.txt")
+    assert len(docs) == 40 and counts["lines_with_invalid_utf8_replaced"] == 20
+    [warning] = encoding_warnings(counts)
+    assert warning.startswith(f"{tmp_path / 'latin1.txt'}: 20 of 40 lines (50%) are not valid UTF-8")
+    assert f"iconv -f latin1 -t utf-8 {tmp_path / 'latin1.txt'}" in warning
+    docs, counts = read("stray.txt")
+    assert counts["lines_with_invalid_utf8_replaced"] == 1 and encoding_warnings(counts) == []
+    docs, counts = read("nuls.bin")
+    assert counts["files_skipped_binary"] == 1 and encoding_warnings(counts) == []

@@ -173,10 +173,12 @@ def test_dask_cluster_on_s3_writes_the_directrunner_shards_byte_for_byte(
     assert manifest["config"].pop("input") == [f"s3://{BUCKET}/corpus/*"]
     local_manifest["config"].pop("input")
     assert manifest == local_manifest
-    timing = ("seconds", "mb_per_second")
+    timing = ("seconds", "mb_per_second", "warnings")  # warnings name each run's own input path
     assert {k: v for k, v in stats.items() if k not in timing} == {
         k: v for k, v in local_stats.items() if k not in timing
     }
+    s3_corpus, local_corpus = f"s3://{BUCKET}/corpus", str(corpus)
+    assert [w.replace(s3_corpus, local_corpus) for w in stats["warnings"]] == local_stats["warnings"]
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])}
     assert "shards/_COMPLETE.json" in keys
     assert not [k for k in keys if k.startswith("tmp/")]  # the work files under temp_location are gone

@@ -297,3 +297,22 @@ def test_training_flags_next_to_a_loaded_vocab_are_refused(tmp_path, minilm_dir,
         f"tokenizer.vocab_size 8192 not used: the vocabulary is loaded from tokenizer.vocab "
         f"{minilm_dir / 'vocab.txt'}, not trained (drop tokenizer.vocab to train one with these settings)."
     ]
+
+
+def test_a_corpus_in_another_encoding_is_said_by_name(tmp_path, data_dir, caplog):
+    """A Latin-1 corpus trained with rc 0 and its count only in the marker; a UTF-16 one failed as
+    'no documents' with a fix about non-empty lines. Now: a warning naming the file and the iconv
+    command (log and marker), and the UTF-16 refusal says UTF-16 and how to convert it."""
+    text = "\n\n".join(real_lines(data_dir, 200))
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes(text.encode("latin-1", errors="replace").replace(b"e", b"\xe9"))
+    out = run_tokenizer_stage(TokenizerConfig(input=[str(latin)], vocab_size=300), tmp_path / "tok")
+    [warning] = [w for w in read_marker(out)["warnings"] if str(latin) in w]
+    assert "are not valid UTF-8" in warning and f"iconv -f latin1 -t utf-8 {latin}" in warning
+    assert warning in caplog.text
+    wide = tmp_path / "u16.txt"
+    wide.write_bytes(text.encode("utf-16"))
+    with pytest.raises(
+        UserError, match=rf"{wide} is UTF-16 text, not UTF-8.*iconv -f UTF-16 -t UTF-8 {wide}"
+    ):
+        run_tokenizer_stage(TokenizerConfig(input=[str(wide)], vocab_size=300), tmp_path / "tok16")

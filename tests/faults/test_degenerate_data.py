@@ -82,3 +82,18 @@ def test_a_vocabulary_that_leaves_nothing_to_predict_is_refused(tmp_path, corpus
         run_preprocess_stage(cfg, vocab, out)
     assert not (out / "_COMPLETE.json").exists() and not (out / "manifest.json").exists()
     assert not (out / "train").exists()
+
+
+def test_a_latin1_corpus_file_is_a_warning_naming_it(tmp_path, corpus, minilm_dir):
+    """Its lines' invalid UTF-8 was replaced with only a count in `skipped`; now the stats'
+    warnings (logged, shown in the report) name the file and the iconv command."""
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes(
+        corpus.read_text(encoding="utf-8").replace("e", "\u00e9").encode("latin-1", errors="replace")
+    )
+    cfg = PreprocessConfig(input=[str(corpus), str(latin)], workers=1, num_shards=1)
+    stats = run_preprocess_stage(cfg, minilm_dir / "vocab.txt", tmp_path / "o")
+    assert stats["skipped"]["lines_with_invalid_utf8_replaced"] > 0
+    [warning] = [w for w in stats["warnings"] if "UTF-8" in w]
+    assert warning.startswith(f"{latin}: ") and f"iconv -f latin1 -t utf-8 {latin}" in warning
+    assert str(corpus) not in warning
