@@ -136,14 +136,18 @@ def check_flow_finetune(cfg: PipelineConfig) -> None:
 
 
 def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list[Job]:
-    """The flow's fine-tuning plan for `cfg`: the pretrained model plus the configured baselines,
-    read with the flow's tokenizer, units under `run_dir/finetune/units/`."""
-    from finetuning.checkpoints import with_baselines
+    """The flow's fine-tuning plan for `cfg`: the pretrained model and random-init baselines read
+    with the flow's tokenizer, any other baseline (a Hugging Face BERT) with its own; units under
+    `run_dir/finetune/units/`."""
+    from finetuning.checkpoints import is_random, with_baselines
     from finetuning.fanout import plan
 
     checkpoints = with_baselines([str(model_dir)], cfg.finetune.baselines, cfg.data_root)
+    ours = [c for c in checkpoints if c == str(model_dir) or is_random(c)]
+    theirs = [c for c in checkpoints if c not in ours]
     root = run_root(cfg) / "finetune"
-    return plan(cfg.finetune, checkpoints, root, tokenizer_dir=tokenizer_dir, data_root=cfg.data_root)
+    jobs = plan(cfg.finetune, ours, root, tokenizer_dir=tokenizer_dir, data_root=cfg.data_root)
+    return jobs + (plan(cfg.finetune, theirs, root, data_root=cfg.data_root) if theirs else [])
 
 
 def _plan_from_args(

@@ -164,6 +164,31 @@ def test_a_tokenizer_other_than_the_checkpoints_own_is_refused(tmp_path, minilm_
     assert len(plan(cfg, [f"random:{minilm_dir}"], tmp_path, tokenizer_dir=other)) == 1
 
 
+def test_the_flow_reads_a_hugging_face_baseline_with_its_own_tokenizer(tmp_path, minilm_dir):
+    """finetune.baselines may name another BERT: the flow's tokenizer (which its own model carries)
+    is not that model's vocabulary, so the baseline is read with its own (refused otherwise)."""
+    from pipelines.config import load_config
+    from pipelines.stage_finetune import flow_plan
+
+    flow_tok = tmp_path / "tokenizer"
+    flow_tok.mkdir()
+    (flow_tok / "vocab.txt").write_text(
+        (minilm_dir / "vocab.txt").read_text().replace("\nzebra\n", "\nzebras\n")
+    )
+    model_dir = tmp_path / "pretrain" / "model"  # our model: the flow's tokenizer beside its weights
+    shutil.copytree(minilm_dir, model_dir)
+    (model_dir / "tokenizer.json").unlink(missing_ok=True)
+    shutil.copy(flow_tok / "vocab.txt", model_dir / "vocab.txt")
+    sets = ["finetune.tasks=[rte]", "finetune.seeds=[1]", f"finetune.baselines=[random,{minilm_dir}]"]
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", *sets])
+    tokenizers = {job.checkpoint: job.tokenizer_dir for job in flow_plan(cfg, model_dir, flow_tok)}
+    assert tokenizers == {
+        str(model_dir): flow_tok.resolve(),
+        f"random:{model_dir}": flow_tok.resolve(),
+        str(minilm_dir): minilm_dir,
+    }
+
+
 def test_a_units_data_enter_its_key_by_content_not_by_place(tmp_path, minilm_dir):
     """A task file edited in place is new data (new units); the same files under another data root
     are not (the units are found again), nor are units made before 2026-11-25, keyed by path."""
