@@ -1,6 +1,7 @@
 """Prefect logs a failed task or flow run with the exception's traceback. For a UserError (a
 message naming the file or key and the fix, e.g. a full disk) the traceback only buries that
-message: keep Prefect's log line, drop the traceback."""
+message: keep the failed task's log line (it names the stage), drop the traceback, and drop the
+flow run's two repeats of the same message (`bertflow run` ends by printing it once more)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 
 class _UserErrorWithoutTraceback(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], UserError):
+        user_error = bool(record.exc_info and isinstance(record.exc_info[1], UserError))
+        if user_error:
             record.exc_info, record.exc_text = None, None
+        if record.name == "prefect.flow_runs":  # "Encountered exception ...", "Finished in state Failed(...)"
+            return not (user_error or f"{UserError.__name__}:" in record.getMessage())
         return True
 
 

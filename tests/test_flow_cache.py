@@ -114,3 +114,29 @@ def test_a_stage_that_fails_leaves_its_output_unfinished_not_interrupted(tmp_pat
     out = stage_dir(load_config(None, overrides), "tokenizer")
     assert out.is_dir() and not (out / IN_PROGRESS_NAME).exists()
     assert progress_state(out) == "unfinished"
+
+
+def test_bad_input_found_by_a_stage_is_printed_by_the_failed_task_and_once_at_the_end(tmp_path: Path) -> None:
+    """The message with its fix, not four copies of it: the flow run logged it twice more
+    ("Encountered exception", "Finished in state Failed") between the task's line and the end."""
+    import os
+    import subprocess
+    import sys
+
+    from common.paths import PROJECT_ROOT
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"\x00\x01binary\x00" * 100)
+    sets = [f"run_dir={tmp_path / 'runs'}", f"tokenizer.input=[{corpus}]", f"preprocess.input=[{corpus}]"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--only", "tokenizer",
+         "--set", *sets, "wandb.mode=disabled"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, timeout=300,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    said = f"the corpus {corpus} holds no documents"
+    assert output.count(said) == 2, output[-3000:]
+    assert "Task run 'tokenizer'" in output.split(said)[0].splitlines()[-1]  # the first names the stage
+    assert f"bertflow run: error: {said}" in output and "Traceback" not in output
