@@ -18,7 +18,7 @@ def check_flow(cfg: PipelineConfig, selected: list[str]) -> None:
 
     check_data_paths(cfg)
     if "tokenizer" in selected and cfg.tokenizer.vocab:
-        configured_vocab(cfg)
+        check_configured_vocab(cfg)
     if "preprocess" in selected:
         check_flow_preprocess(cfg)
     if "pretrain" in selected:
@@ -33,13 +33,12 @@ def check_flow(cfg: PipelineConfig, selected: list[str]) -> None:
     check_output_dir(cfg.run_dir, "run_dir")
 
 
-def configured_vocab(cfg: PipelineConfig) -> list[str]:
-    """The tokens of `tokenizer.vocab`, loaded as the tokenizer stage loads it."""
+def check_configured_vocab(cfg: PipelineConfig) -> None:
+    """`tokenizer.vocab` loads as the tokenizer stage loads it (its casing, its special tokens)."""
     from pipelines.stage_tokenizer import vocab_source
-    from preprocessing.wordpiece import load_tokenizer, vocab_list
+    from preprocessing.wordpiece import load_tokenizer
 
-    tok, _ = load_tokenizer(vocab_source(cfg.tokenizer, cfg.data_root), lowercase=cfg.tokenizer.lowercase)
-    return vocab_list(tok)
+    load_tokenizer(vocab_source(cfg.tokenizer, cfg.data_root), lowercase=cfg.tokenizer.lowercase)
 
 
 def check_flow_preprocess(cfg: PipelineConfig) -> None:
@@ -61,12 +60,13 @@ def check_flow_init_vocabulary(cfg: PipelineConfig) -> None:
         return
     from common.atomic import read_marker
     from pipelines.stage_keys import stage_dir
-    from training.preflight import check_init_from, check_init_vocabulary, read_vocab
+    from pipelines.stage_tokenizer import vocab_source
+    from training.preflight import check_init_from, check_init_vocabulary
 
     init_dir = check_init_from(cfg.pretrain.init_from)
     if cfg.tokenizer.vocab:
-        check_init_vocabulary(init_dir, configured_vocab(cfg), cfg.data_path(cfg.tokenizer.vocab))
+        check_init_vocabulary(init_dir, vocab_source(cfg.tokenizer, cfg.data_root))
         return
     trained = stage_dir(cfg, "tokenizer")
     if read_marker(trained) is not None:
-        check_init_vocabulary(init_dir, read_vocab(trained), trained)
+        check_init_vocabulary(init_dir, trained)

@@ -285,7 +285,7 @@ def test_init_from_trained_at_fewer_tokens_than_the_shards(data, tmp_path, minil
     (phase1 / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128}))
     assert trained(phase1) is None
     (phase1 / "tokenizer_config.json").write_text('{"model_max_length": 3')  # cut short
-    with pytest.raises(UserError, match=r"tokenizer config .*phase1/tokenizer_config.json is not valid JSON"):
+    with pytest.raises(UserError, match=r"phase1/tokenizer_config.json is not valid JSON"):
         trained(phase1)
     assert _spec(load_config(None, sets), shards, tok, tmp_path / "out").init_trained_length is None
 

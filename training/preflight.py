@@ -182,15 +182,19 @@ def shorter_init_length(init_from: str | None, seq: int | None) -> int | None:
     return trained if trained is not None and trained < seq else None
 
 
-def check_init_vocabulary(init_dir: Path, vocab: list[str], source: Path) -> None:
-    """The rows of init_from's embeddings are the ids of its own vocab.txt: a tokenizer with other
-    tokens, or the same ones in another order, would train them on the wrong words."""
-    own = init_dir / "vocab.txt"
-    if own.is_file() and read_user_text(own, "vocabulary").splitlines() != vocab:
+def check_init_vocabulary(init_dir: Path, tokenizer: Path) -> None:
+    """The rows of init_from's embeddings are the ids of its own vocabulary: a tokenizer with other
+    tokens, the same ones in another order, or another casing would train them on the wrong words."""
+    from model.hf_io import has_tokenizer
+    from preprocessing.wordpiece import tokenizer_difference
+
+    differs = tokenizer_difference(init_dir, tokenizer) if has_tokenizer(init_dir) else None
+    if differs is not None:
         raise UserError(
-            f"pretrain.init_from {init_dir} was trained with another vocabulary than {source} "
-            "(its vocab.txt differs): its embeddings would be read as the wrong tokens.",
-            fix=f"pretrain with init_from's own tokenizer: tokenizer.vocab: {own} (bertflow pretrain --tokenizer {init_dir}).",
+            f"pretrain.init_from {init_dir} was trained with another vocabulary than {tokenizer} "
+            f"({differs}): its embeddings would be read as the wrong tokens.",
+            fix=f"pretrain with init_from's own tokenizer: tokenizer.vocab: {init_dir} "
+            f"(bertflow pretrain --tokenizer {init_dir}).",
         )
 
 
@@ -207,7 +211,7 @@ def model_config(cfg, vocab: list[str], tokenizer_dir: Path) -> BertConfig:
                 f"{tokenizer_dir} has {len(vocab)}.",
                 fix=f"pretrain with init_from's own tokenizer ({init_dir}, or the tokenizer of the phase before).",
             )
-        check_init_vocabulary(init_dir, vocab, tokenizer_dir)
+        check_init_vocabulary(init_dir, tokenizer_dir)
         check_init_shape(m, base, init_dir)
         base.hidden_dropout_prob = m.hidden_dropout_prob
         base.attention_probs_dropout_prob = m.attention_probs_dropout_prob
