@@ -80,9 +80,9 @@ def release_in_progress(directory: str | os.PathLike) -> None:
     """This process stops writing `directory` without finishing it (its stage failed): its record
     goes, so the output reads 'unfinished', not 'interrupted' as after a kill; a record of another
     writer stays."""
-    writer = _in_progress(Path(directory))
     import socket
 
+    writer = _in_progress(Path(directory))
     if writer.get("pid") == os.getpid() and writer.get("host") == socket.gethostname():
         clear_in_progress(directory)
 
