@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from common.paths import check_input_file
 from common.textfile import read_user_text
 
 
@@ -20,8 +21,7 @@ def read_json_object(
 ) -> dict[str, Any]:
     """`what` names the file in errors ("DeepSpeed config", ...); `missing` replaces the default
     message for a file that does not exist."""
-    if not path.is_file():
-        raise UserError(missing or f"{what} {path} does not exist.", fix=missing_fix)
+    check_input_file(path, what, fix=missing_fix, missing=missing)
     try:
         data = json.loads(read_user_text(path, what))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -115,6 +115,21 @@ def check_output_file(path: str | os.PathLike, key: str) -> None:
     check_output_dir(path.parent, key)
 
 
+def check_input_file(
+    path: str | os.PathLike, what: str, fix: str | None = None, missing: str | None = None
+) -> None:
+    """A file a command will read must exist and be a file, not a folder. Raises a UserError naming
+    `what` ("config file", "task config", ...) and `path`; `missing` replaces the message for a
+    path that does not exist."""
+    from common.errors import UserError
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a folder, not a file.", fix=fix)
+    if not path.is_file():
+        raise UserError(missing or f"{what} {path} does not exist.", fix=fix)
+
+
 def _nearest_existing(path: Path) -> Path:
     """`path` or its nearest parent that exists."""
     while not path.exists() and path != path.parent:

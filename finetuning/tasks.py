@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from common.errors import UserError
 from common.fingerprint import content_stamp
-from common.paths import resolve_data_path
+from common.paths import check_input_file, resolve_data_path
 from common.textfile import read_user_text
 from common.yamlfile import read_user_yaml
 
@@ -138,10 +138,7 @@ def load_task_specs(task_config: str | None = None) -> dict[str, TaskSpec]:
     specs = _parse_task_file(BUILTIN_TASKS_FILE, "builtin")
     if task_config:
         path = Path(task_config).expanduser()
-        if not path.is_file():
-            raise UserError(
-                f"task config {path} does not exist.", fix="pass an existing YAML file to --task-config."
-            )
+        check_input_file(path, "task config", fix="pass an existing YAML file to --task-config.")
         specs.update(_parse_task_file(path, str(path)))
     return specs
 

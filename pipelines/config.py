@@ -20,7 +20,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from common.errors import UserError
-from common.paths import data_root, resolve_data_path
+from common.paths import check_input_file, data_root, resolve_data_path
 from common.settings import DataPath, Section
 from common.tracking import WandbTarget
 from common.yamlfile import read_user_yaml
@@ -300,10 +300,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise UserError(
-                f"config file {p} does not exist.", fix="pass an existing YAML, e.g. configs/default.yaml."
-            )
+        check_input_file(p, "config file", fix="pass an existing YAML, e.g. configs/default.yaml.")
         raw = read_user_yaml(p, "config file") or {}
         if not isinstance(raw, dict):
             raise UserError(f"config file {p} must hold a mapping of sections, got {type(raw).__name__}.")

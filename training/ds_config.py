@@ -19,7 +19,7 @@ from training.config import PretrainConfig
 
 def resolve_template(path: str) -> Path:
     p = Path(path)
-    if not p.is_absolute() and not p.is_file():
+    if not p.is_absolute() and not p.exists():
         p = PROJECT_ROOT / path
     return p
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from common.child_process import die_with_parent
 from common.errors import UserError
-from common.paths import PROJECT_ROOT, torch_extensions_dir
+from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
 from common.textfile import read_user_text
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ def free_port() -> int:
 
 def hostfile_slots(path: Path) -> int:
     """Total slots in a DeepSpeed hostfile (`host slots=N` per line, # comments)."""
-    if not path.is_file():
-        raise UserError(f"hostfile {path} does not exist.", fix="see infra/hostfile.example.")
+    check_input_file(path, "hostfile", fix="see infra/hostfile.example.")
     total = 0
     for n, line in enumerate(read_user_text(path, "hostfile").splitlines(), 1):
         line = line.split("#", 1)[0].strip()

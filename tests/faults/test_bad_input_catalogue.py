@@ -321,6 +321,11 @@ CASES = [
         lambda f: ["no_tasks.yaml"],
     ),  # noqa: E501
     Case(
+        "task-config-is-a-folder",  # said "does not exist" of a folder that does
+        _finetune("--tasks", "sst2", "--task-config", "{root}"),
+        lambda f: [f"task config {f['root']} is a folder, not a file", "--task-config"],
+    ),
+    Case(
         "task-config-invalid-yaml",  # PyYAML's multi-line excerpt before, as the config file's was
         _finetune("--tasks", "movies", "--task-config", "{task_invalid_yaml}"),
         lambda f: [str(f["task_invalid_yaml"]), "not valid YAML at line 3, column 1"],
@@ -340,6 +345,26 @@ CASES = [
         "config-file-missing",
         _tokenizer("{root}/no_config.yaml"),
         lambda f: ["no_config.yaml", "does not exist"],
+    ),
+    Case(
+        "config-is-a-folder",  # said "does not exist" of a folder that does
+        lambda f: ["run", str(f["root"])],
+        lambda f: [f"config file {f['root']} is a folder, not a file", "Fix:"],
+    ),
+    Case(
+        "pretrain-config-is-a-folder",
+        lambda f: ["pretrain", str(f["root"]), *_pretrain()(f)[1:]],
+        lambda f: [f"config file {f['root']} is a folder, not a file", "Fix:"],
+    ),
+    Case(
+        "deepspeed-config-is-a-folder",
+        _pretrain("--set", "pretrain.deepspeed_config={root}"),
+        lambda f: [f"DeepSpeed config {f['root']} is a folder, not a file", "pretrain.deepspeed_config"],
+    ),
+    Case(
+        "hostfile-is-a-folder",
+        _pretrain("--set", "pretrain.hostfile={root}"),
+        lambda f: [f"hostfile {f['root']} is a folder, not a file"],
     ),
     Case(
         "config-unknown-key",
