@@ -20,11 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from common.atomic import read_marker, write_marker
+    from common.paths import check_output_dir
     from pipelines.config import load_config
     from pipelines.report_builder import build_report
     from pipelines.stage_keys import stage_code, stage_dirs
 
     cfg = load_config(args.config, args.overrides)
+    if args.output:
+        check_output_dir(args.output, "--output")
     dirs = stage_dirs(cfg)
     out = Path(args.output) if args.output else dirs["report"]
     paths = build_report(cfg, out)

@@ -442,6 +442,11 @@ CASES = [
         lambda f: ["--output", str(f["regular_file"]), "is a file"],
     ),
     Case(
+        "report-output-is-a-file",  # said "File exists" with a fix about the parent directory
+        lambda f: ["report", "--output", str(f["regular_file"])],
+        lambda f: ["--output", str(f["regular_file"]), "is a file, not a folder"],
+    ),
+    Case(
         "import-hf-output-under-a-file",
         lambda f: ["import-hf", str(f["minilm"]), str(f["regular_file"] / "m")],
         lambda f: [str(f["regular_file"])],
