@@ -23,13 +23,15 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from common.atomic import MARKER_NAME, mark_in_progress, read_marker, write_marker
 from common.dir_lock import exclusive_dir
 from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output, has_model
 from common.tracking import WandbTarget
-from model.config import BertConfig
-from pipelines.config import PipelineConfig, load_config
+from model.config import PRESETS, BertConfig
+from pipelines.config import PipelineConfig, did_you_mean, load_config, parse_overrides, validation_message
 from pipelines.pretrain_card import steps_before
 from pipelines.stage_keys import (
     code_change_note,
@@ -284,24 +286,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_set_argument(parser, dest="set")
 
 
-def main(args: argparse.Namespace) -> int:
-    overrides = list(args.set)
-    for flag, key in (
-        ("preset", "model.preset"),
-        ("zero_stage", "pretrain.zero_stage"),
-        ("num_processes", "pretrain.num_processes"),
-        ("max_steps", "pretrain.max_steps"),
-        ("micro_batch_size", "pretrain.micro_batch_size"),
-        ("nnodes", "pretrain.nnodes"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:  # with --phase, the flags change that phase's settings
-            overrides.append(
-                f"phases.{args.phase}.{key}={value}"
-                if args.phase and key.startswith("pretrain.")
-                else f"{key}={value}"
+# each flag and the setting it overrides
+FLAG_KEYS = (
+    ("preset", "model.preset"),
+    ("zero_stage", "pretrain.zero_stage"),
+    ("num_processes", "pretrain.num_processes"),
+    ("max_steps", "pretrain.max_steps"),
+    ("micro_batch_size", "pretrain.micro_batch_size"),
+    ("nnodes", "pretrain.nnodes"),
+)
+
+
+def flag_settings(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(flag, setting, value) of each flag given, `--nnodes`, `pretrain.nnodes`, `2`."""
+    given = [(flag, key, getattr(args, flag)) for flag, key in FLAG_KEYS]
+    return [
+        (f"--{flag.replace('_', '-')}", key, str(value)) for flag, key, value in given if value is not None
+    ]
+
+
+def flag_override(args: argparse.Namespace, key: str, value: str) -> str:
+    """The `--set` override of a flag; with --phase, a pretrain flag changes that phase's settings."""
+    return (
+        f"phases.{args.phase}.{key}={value}"
+        if args.phase and key.startswith("pretrain.")
+        else f"{key}={value}"
+    )
+
+
+def check_flag_values(cfg: PipelineConfig, flags: list[tuple[str, str, str]]) -> None:
+    """Each flag's value validated as its setting of `cfg` (the config and --set, valid): a bad
+    value is the flag's error, not the config file's."""
+    for flag, key, value in flags:
+        section, name = key.split(".", 1)
+        current = getattr(cfg, section)
+        try:
+            type(current).model_validate(
+                {**current.model_dump(), **parse_overrides([f"{key}={value}"])[section]}
             )
-    cfg = load_config(args.config, overrides)
+        except ValidationError as exc:
+            raise UserError(
+                f"bad flag value {flag} {value}: {validation_message(exc, section)}.",
+                fix=f"give {flag} a value {key} accepts, or leave it out to keep {getattr(current, name)!r}.",
+            ) from None
+        if key == "model.preset" and value not in PRESETS:  # checked by load_config, naming the file
+            raise UserError(
+                f"bad flag value {flag} {value}: model.preset {value!r} is unknown{did_you_mean(value, PRESETS)}.",
+                fix=f"use one of {', '.join(PRESETS)}.",
+            )
+
+
+def main(args: argparse.Namespace) -> int:
+    flags = flag_settings(args)
+    base = load_config(args.config, args.set)  # the file's and --set's own mistakes, named as theirs
+    check_flag_values(base.phase_config(base.phase_index(args.phase)), flags)
+    cfg = load_config(args.config, [*args.set, *(flag_override(args, key, value) for _, key, value in flags)])
     cfg = cfg.phase_config(cfg.phase_index(args.phase))
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)
     flow = stage_dirs(cfg)

@@ -53,6 +53,7 @@ def inputs(tmp_path_factory, data_dir, minilm_dir) -> dict[str, Path]:
         "cfg_not_mapping": "- just\n- a list\n",
         "cfg_invalid_yaml": "pretrain:\n  max_steps: [1, 2\n",
         "cfg_unknown_preset": "model:\n  preset: huge\n",
+        "cfg_good": "model:\n  preset: tiny\n",
         "cfg_duplicate_section": "pretrain:\n  max_steps: 10\nmodel:\n  preset: tiny\npretrain:\n  lr: 0.1\n",
     }
     for name, text in configs.items():
@@ -252,6 +253,16 @@ CASES = [
         _pretrain("--set", "model.max_position_embeddings=64"),
         lambda f: ["64 positions"],
     ),  # noqa: E501
+    Case(
+        "pretrain-flag-value-with-a-config",  # was "config file CFG is invalid": the flag's value blamed on the file
+        lambda f: ["pretrain", str(f["cfg_good"]), *_pretrain("--nnodes", "0")(f)[1:]],
+        lambda f: ["bad flag value --nnodes 0", "pretrain.nnodes", "greater than or equal to 1"],
+    ),
+    Case(
+        "pretrain-preset-flag-with-a-config",
+        lambda f: ["pretrain", str(f["cfg_good"]), *_pretrain("--preset", "huge")(f)[1:]],
+        lambda f: ["bad flag value --preset huge", "model.preset 'huge' is unknown"],
+    ),
     Case("zero-stage-4", _pretrain("--zero-stage", "4"), lambda f: ["ZeRO stage 4"]),
     Case("fp16-on-cpu", _pretrain("--set", "pretrain.precision=fp16"), lambda f: ["fp16"]),
     Case(
