@@ -42,10 +42,11 @@ def prepare_target(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is a file.", fix="choose another output directory.")
     if out.is_dir() and any(out.iterdir()) and read_marker(out) is None:
+        holds_model = (out / "config.json").is_file()  # e.g. a pretraining's model/: never to be removed
         raise UserError(
             f"output directory {out} already exists and is not a finished bertflow model directory "
-            f"(no {MARKER_NAME}); not overwriting it.",
-            fix="choose a new output directory or remove this one.",
+            f"(no {MARKER_NAME}{'; it holds a model' if holds_model else ''}); not overwriting it.",
+            fix="choose a new output directory" + ("." if holds_model else " or remove this one."),
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f"{TMP_PREFIX}{out.name}.*"):

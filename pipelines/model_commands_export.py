@@ -55,7 +55,7 @@ def _run_tokenizer(ckpt: Path) -> Path | None:
     (a run still under way has no model/ yet)."""
     from training.run_spec import RunSpec
 
-    runs = [d for d in (ckpt, ckpt.parent, ckpt.parent.parent) if (d / "run_spec.json").is_file()]
+    runs = _run_dirs(ckpt)
     for run in runs:
         if has_tokenizer(run / "model"):
             return run / "model"
@@ -64,6 +64,39 @@ def _run_tokenizer(ckpt: Path) -> Path | None:
         if has_tokenizer(tok):
             return tok
     return None
+
+
+def _run_dirs(ckpt: Path) -> list[Path]:
+    """The pretraining output CKPT is or lies in (as the run dir, its model/, its checkpoints/ or
+    one global_stepN): the folders among CKPT and its next two parents holding a run_spec.json."""
+    return [d for d in (ckpt, ckpt.parent, ckpt.parent.parent) if (d / "run_spec.json").is_file()]
+
+
+def refuse_own_model_dir(ckpt: Path, out: Path) -> None:
+    """OUT must be neither CKPT itself nor the model/ of the pretraining output CKPT belongs to:
+    that model already is a Hugging Face directory, and writing onto it replaces a run's result
+    (its files have no export marker, so the export's own check advised removing them)."""
+    target = out.resolve()
+    run = next((r for r in _run_dirs(ckpt) if (r / "model").resolve() == target), None)
+    if run is not None and ckpt.resolve() in (run.resolve(), target):
+        itself = "itself" if ckpt.resolve() == run.resolve() else f"(the checkpoint {ckpt} itself)"
+        raise UserError(
+            f"{out} is the model directory of the pretraining output {run} {itself}; nothing to export: "
+            "it already is a Hugging Face model directory.",
+            fix=f"use {out} as it is (transformers loads it), or give export-hf another OUT_DIR.",
+        )
+    if run is not None:
+        raise UserError(
+            f"{out} is the model directory of the pretraining output {run}, which {ckpt} belongs to; "
+            "exporting onto it would replace that run's model.",
+            fix="give export-hf another OUT_DIR.",
+        )
+    if target == ckpt.resolve():
+        raise UserError(
+            f"{out} is the checkpoint {ckpt} itself; export-hf writes a new directory and would replace "
+            "the checkpoint it reads.",
+            fix="give export-hf another OUT_DIR.",
+        )
 
 
 def _looks_like_deepspeed(path: Path) -> bool:
@@ -94,6 +127,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    refuse_own_model_dir(args.ckpt, args.out_dir)
     resolved = resolve_model(args.ckpt)
     if args.tokenizer is not None and resolved.tokenizer_dir is not None:
         refuse_other_tokenizer(args.ckpt, resolved.tokenizer_dir, args.tokenizer)

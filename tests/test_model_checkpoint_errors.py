@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.atomic import write_marker
 from common.errors import UserError
 from model.config import BertConfig
 from model.heads import BertForPreTraining
@@ -20,6 +21,7 @@ from model.hf_io import load_checkpoint, write_hf_dir
 from pipelines.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
+SPECIALS = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +179,37 @@ def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, mini
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == []
     with pytest.raises(UserError, match="is a file"):
         load_checkpoint(out / "config.json")
+
+
+def test_a_pretraining_output_is_not_exported_onto_its_own_model(good, tmp_path, capsys):
+    """export-hf RUN RUN/model said the finished model 'is not a finished bertflow model directory
+    ... remove this one': now it is refused as nothing to export, and no fix suggests deleting it."""
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "vocab.txt").write_text(SPECIALS + "".join(f"w{i}\n" for i in range(59)))
+    run = tmp_path / "run"
+    write_hf_dir(load_checkpoint(good).model, run / "model", tok)
+    (run / "run_spec.json").write_text("{}")
+    write_marker(run, {"stage": "pretrain"})
+    model = run / "model"
+    before = {f.name: f.read_bytes() for f in model.iterdir()}
+    for ckpt in (run, model):
+        err = expect_cli_error(
+            ["export-hf", str(ckpt), str(model)],
+            capsys,
+            f"{model} is the model directory of the pretraining output {run}",
+            "nothing to export",
+            "already is a Hugging Face model directory",
+        )
+        assert "remove" not in err and "delete" not in err, err
+    err = expect_cli_error(
+        ["export-hf", str(run / "checkpoints"), str(model)], capsys, "would replace that run's model"
+    )
+    assert "remove" not in err and "delete" not in err, err
+    other = copy_dir(model, tmp_path / "someone_elses_model")  # a model without an export marker
+    err = expect_cli_error(["export-hf", str(model), str(other)], capsys, str(other), "not overwriting")
+    assert "remove" not in err, err
+    assert {f.name: f.read_bytes() for f in model.iterdir()} == before
 
 
 def test_cli_subprocess_prints_one_paragraph_and_exits_2(tmp_path):
