@@ -175,6 +175,25 @@ def data_warnings(stats: dict, cfg: PreprocessConfig) -> list[str]:
     return found
 
 
+# expected examples per shard that leave practically no shard empty (examples go to shards by a hash)
+EXAMPLES_PER_SHARD_HINT = 10
+
+
+def empty_shard_warnings(entries: list[tuple[str, int, dict]], cfg: PreprocessConfig) -> list[str]:
+    """Training shards written without an example (num_shards above what the corpus fills), one
+    line for stats.json `warnings`. The empty validation split has its own (data_warnings)."""
+    train = [e["num_examples"] for split, _, e in entries if split == "train"]
+    empty = train.count(0)
+    if not empty:
+        return []
+    suggested = max(1, sum(train) // EXAMPLES_PER_SHARD_HINT)
+    return [
+        f"{empty} of the {len(train)} training shards are empty: preprocess.num_shards {cfg.num_shards} is "
+        f"too many for {sum(train)} training examples (each example goes to a shard by a hash). Fix: use "
+        f"fewer shards, e.g. --num-shards {suggested} (preprocess.num_shards: {suggested})."
+    ]
+
+
 def check_preprocess_settings(cfg: PreprocessConfig, beam_args: list[str] | None = None) -> PipelineOptions:
     """Settings the job cannot run with, refused before it reads anything (and by `bertflow run`
     before its first stage): more predictions than maskable tokens, an unknown runner or Beam
@@ -306,7 +325,9 @@ def run_preprocess_stage(
         if counts.get("masked_positions", 0) == 0:
             _clear_outputs(out_dir, work_dir)
             raise nothing_to_predict(stats, files, tokenizer_path)
-        stats["warnings"] = data_warnings(stats, cfg) + encoding_warnings(counts)
+        stats["warnings"] = (
+            data_warnings(stats, cfg) + empty_shard_warnings(entries, cfg) + encoding_warnings(counts)
+        )
         for line in stats["warnings"]:
             log.warning("WARNING (%s): %s", out_dir, line)
         splits = {

@@ -57,6 +57,21 @@ def test_degenerate_statistics_are_warnings_in_stats_and_report(tmp_path, corpus
     assert [w for w in fine["warnings"] if "repeat" not in w] == []
 
 
+def test_more_shards_than_the_corpus_fills_is_a_warning(tmp_path, corpus, minilm_dir, caplog):
+    """num_shards above what the examples fill wrote empty training shards without a word."""
+    cfg = PreprocessConfig(input=[str(corpus)], workers=1, num_shards=200, dupe_factor=1)
+    stats = run_preprocess_stage(cfg, minilm_dir / "vocab.txt", tmp_path / "shards")
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    empty = sum(1 for e in train if e["num_examples"] == 0)
+    assert len(train) == 200 and empty > 0  # still written: the shards are unchanged
+    warning = next(w for w in stats["warnings"] if "shards are empty" in w)
+    assert f"{empty} of the 200 training shards are empty" in warning
+    assert "preprocess.num_shards 200" in warning and "Fix: use fewer shards" in warning
+    assert warning in caplog.text
+    assert json.loads((tmp_path / "shards" / "stats.json").read_text())["warnings"] == stats["warnings"]
+
+
 def test_a_vocabulary_that_does_not_cover_the_corpus_is_a_warning(tmp_path, corpus):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("".join(t + "\n" for t in [*SPECIAL_TOKENS, "the", "of", "and", "a", "in", ".", ","]))
