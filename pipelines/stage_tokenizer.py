@@ -249,11 +249,13 @@ def refuse_training_flags(args: argparse.Namespace, tcfg: TokenizerConfig) -> No
 
 
 class _Corpus:
-    """The corpus as a re-iterable stream (training reads it twice); skips are counted once."""
+    """The corpus as a re-iterable stream (training reads it twice); skips are counted and logged
+    once, on the first pass."""
 
     def __init__(self, files: list[Path], counts: Counter) -> None:
         self.files, self.counts, self.passes = files, counts, 0
 
     def __iter__(self):
         self.passes += 1
-        return iter_texts(self.files, self.counts if self.passes == 1 else Counter())
+        first = self.passes == 1
+        return iter_texts(self.files, self.counts if first else Counter(), quiet=not first)

@@ -251,9 +251,14 @@ def encoding_warnings(counts: Mapping[str, int]) -> list[str]:
     return found
 
 
+def _warner(quiet: bool) -> Callable[..., None]:
+    """log.warning, or nothing for a quiet read (a second pass over a file already warned about)."""
+    return (lambda *a: None) if quiet else log.warning
+
+
 def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[str]:
     """Decoded lines (without newline) of one file; handles binary, long lines, bad bytes."""
-    warn = (lambda *a: None) if quiet else log.warning
+    warn = _warner(quiet)
     try:
         fh = _open_binary(path)
     except OSError as exc:
@@ -303,9 +308,7 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                 counts[f"{TEXT_LINES_KEY}{path}"] += lines
         except (EOFError, OSError, zlib.error) as exc:
             counts["files_truncated_or_corrupt"] += 1
-            log.warning(
-                "%s: stopped reading, file is damaged (%s); documents before the damage are kept", path, exc
-            )
+            warn("%s: stopped reading, file is damaged (%s); documents before the damage are kept", path, exc)
             return
     if not any_content:
         counts["files_empty"] += 1
@@ -331,14 +334,14 @@ def detect_format(path: Path | str) -> str:
 
 
 def read_documents(
-    path: Path | str, counts: Counter, label: str | None = None, fmt: str | None = None
+    path: Path | str, counts: Counter, label: str | None = None, fmt: str | None = None, quiet: bool = False
 ) -> Iterator[Document]:
-    """Documents of one corpus file, in file order."""
+    """Documents of one corpus file, in file order; `quiet`: count skips without logging them."""
     label = label or str(path).rsplit("/", 1)[-1]
     fmt = fmt or detect_format(path)
     reader = {"wiki": _read_wiki, "plain": _read_plain, "jsonl": _read_jsonl}[fmt]
     ordinal = 0
-    for paragraphs in reader(path, counts):
+    for paragraphs in reader(path, counts, quiet=quiet):
         paragraphs = [p.strip() for p in paragraphs if p.strip()]
         if not paragraphs:
             counts["documents_skipped_empty"] += 1
@@ -348,9 +351,9 @@ def read_documents(
         ordinal += 1
 
 
-def _read_plain(path: Path | str, counts: Counter) -> Iterator[list[str]]:
+def _read_plain(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[list[str]]:
     doc: list[str] = []
-    for line in _lines(path, counts):
+    for line in _lines(path, counts, quiet):
         if line.strip():
             doc.append(line)
         elif doc:
@@ -360,15 +363,16 @@ def _read_plain(path: Path | str, counts: Counter) -> Iterator[list[str]]:
         yield doc
 
 
-def _read_wiki(path: Path | str, counts: Counter) -> Iterator[list[str]]:
+def _read_wiki(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[list[str]]:
+    warn = _warner(quiet)
     doc: list[str] | None = None
     title: str | None = None
-    for line in _lines(path, counts):
+    for line in _lines(path, counts, quiet):
         stripped = line.strip()
         if _DOC_OPEN.match(stripped):
             if doc is not None:
                 counts["docs_unclosed_tag"] += 1
-                log.warning("%s: <doc> without </doc>; its text is kept as a document", path)
+                warn("%s: <doc> without </doc>; its text is kept as a document", path)
                 yield doc
             doc = []
             m = _TITLE.search(stripped)
@@ -390,12 +394,14 @@ def _read_wiki(path: Path | str, counts: Counter) -> Iterator[list[str]]:
         doc.append(line)
     if doc is not None:
         counts["docs_unclosed_tag"] += 1
-        log.warning("%s: file ends inside a <doc>; its text is kept as a document", path)
+        warn("%s: file ends inside a <doc>; its text is kept as a document", path)
         yield doc
 
 
-def _read_jsonl(path: Path | str, counts: Counter, field: str = "text") -> Iterator[list[str]]:
-    for line in _lines(path, counts):
+def _read_jsonl(
+    path: Path | str, counts: Counter, field: str = "text", quiet: bool = False
+) -> Iterator[list[str]]:
+    for line in _lines(path, counts, quiet):
         if not line.strip():
             continue
         try:
@@ -410,9 +416,10 @@ def _read_jsonl(path: Path | str, counts: Counter, field: str = "text") -> Itera
         yield text.split("\n")
 
 
-def iter_texts(paths: list[Path], counts: Counter) -> Iterator[str]:
-    """Every paragraph of every document, streamed (what the tokenizer trains on)."""
+def iter_texts(paths: list[Path], counts: Counter, quiet: bool = False) -> Iterator[str]:
+    """Every paragraph of every document, streamed (what the tokenizer trains on); `quiet`: skips
+    are counted but not logged (a second pass over the same files)."""
     labels = file_labels(paths)
     for path in paths:
-        for doc in read_documents(path, counts, labels[path]):
+        for doc in read_documents(path, counts, labels[path], quiet=quiet):
             yield from doc.paragraphs

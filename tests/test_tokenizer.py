@@ -316,3 +316,24 @@ def test_a_corpus_in_another_encoding_is_said_by_name(tmp_path, data_dir, caplog
         UserError, match=rf"{wide} is UTF-16 text, not UTF-8.*iconv -f UTF-16 -t UTF-8 {wide}"
     ):
         run_tokenizer_stage(TokenizerConfig(input=[str(wide)], vocab_size=300), tmp_path / "tok16")
+
+
+def test_each_skip_is_logged_once_although_training_reads_the_corpus_twice(tmp_path, data_dir, caplog):
+    """The trainer reads the corpus twice: a binary file's 'skipping' line, a line over 1 MB and an
+    unclosed <doc> were each logged twice (counted once). Now each is logged once per file."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a_good.txt").write_text("\n\n".join(real_lines(data_dir, 100)) + "\n", encoding="utf-8")
+    (corpus / "b_binary.bin").write_bytes(b"\x7fELF\x00\x01\x02" * 200)
+    (corpus / "c_huge_line.txt").write_bytes(b"x" * (1 << 20) + b"y\nA short line. Another one.\n")
+    (corpus / "d_wiki").write_text('<doc id="1" url="u" title="T">\nT\n\nFirst sentence. Second one.\n')
+    out = run_tokenizer_stage(TokenizerConfig(input=[f"{corpus}/*"], vocab_size=300), tmp_path / "tok")
+    corpus_lines = [r.getMessage() for r in caplog.records if r.name == "preprocessing.corpus"]
+    for expected in (
+        "binary file (NUL bytes)",
+        "skipped a line longer than 1 MB",
+        "file ends inside a <doc>",
+    ):
+        assert sum(expected in line for line in corpus_lines) == 1, (expected, corpus_lines)
+    skipped = read_marker(out)["corpus"]
+    assert skipped["files_skipped_binary"] == 1 and skipped["lines_skipped_over_1mb"] == 1
