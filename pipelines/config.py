@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from common.errors import UserError
 from common.paths import check_input_file, data_root, resolve_data_path
@@ -41,6 +42,17 @@ class ModelSection(Section):
     max_position_embeddings: int = Field(
         512, gt=0, description="position table size: the longest sequence the model can read"
     )
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str | None) -> str | None:
+        if preset is not None and preset not in PRESETS:
+            raise PydanticCustomError(
+                "unknown_preset",
+                "'{preset}' is unknown{hint}; use one of {names}",
+                {"preset": preset, "hint": did_you_mean(preset, PRESETS), "names": ", ".join(PRESETS)},
+            )
+        return preset
 
 
 class WandbSection(Section):
@@ -321,10 +333,5 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             f"{path or 'config'}: model.preset is null, which means pretrain.init_from's shape, but "
             "pretrain.init_from is not set.",
             fix="name a preset (tiny, mini, small, medium, base, large) or set pretrain.init_from.",
-        )
-    if cfg.model.preset is not None and cfg.model.preset not in PRESETS:
-        raise UserError(
-            f"{path or 'config'}: model.preset {cfg.model.preset!r} is unknown"
-            f"{did_you_mean(cfg.model.preset, PRESETS)}; use one of {', '.join(PRESETS)}."
         )
     return cfg

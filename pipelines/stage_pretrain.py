@@ -30,8 +30,8 @@ from common.dir_lock import exclusive_dir
 from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output, has_model
 from common.tracking import WandbTarget
-from model.config import PRESETS, BertConfig
-from pipelines.config import PipelineConfig, did_you_mean, load_config, parse_overrides, validation_message
+from model.config import BertConfig
+from pipelines.config import PipelineConfig, load_config, parse_overrides, validation_message
 from pipelines.pretrain_card import steps_before
 from pipelines.stage_keys import (
     code_change_note,
@@ -329,11 +329,6 @@ def check_flag_values(cfg: PipelineConfig, flags: list[tuple[str, str, str]]) ->
                 f"bad flag value {flag} {value}: {validation_message(exc, section)}.",
                 fix=f"give {flag} a value {key} accepts, or leave it out to keep {getattr(current, name)!r}.",
             ) from None
-        if key == "model.preset" and value not in PRESETS:  # checked by load_config, naming the file
-            raise UserError(
-                f"bad flag value {flag} {value}: model.preset {value!r} is unknown{did_you_mean(value, PRESETS)}.",
-                fix=f"use one of {', '.join(PRESETS)}.",
-            )
 
 
 def main(args: argparse.Namespace) -> int:

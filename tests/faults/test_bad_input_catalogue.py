@@ -261,7 +261,7 @@ CASES = [
     Case(
         "pretrain-preset-flag-with-a-config",
         lambda f: ["pretrain", str(f["cfg_good"]), *_pretrain("--preset", "huge")(f)[1:]],
-        lambda f: ["bad flag value --preset huge", "model.preset 'huge' is unknown"],
+        lambda f: ["bad flag value --preset huge", "model.preset: 'huge' is unknown"],
     ),
     Case("zero-stage-4", _pretrain("--zero-stage", "4"), lambda f: ["ZeRO stage 4"]),
     Case("fp16-on-cpu", _pretrain("--set", "pretrain.precision=fp16"), lambda f: ["fp16"]),
