@@ -13,12 +13,16 @@ import yaml
 from common.errors import UserError
 from common.textfile import read_user_text
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
 
 def read_user_yaml(path: str | os.PathLike, what: str) -> Any:
     """The YAML document in `path` (None for an empty file); `what` names the file in errors
     ("config file", "task config")."""
-    loader = yaml.SafeLoader(read_user_text(path, what))
+    text = read_user_text(path, what)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # its reader already refuses control characters
         node = loader.get_single_node()
         if node is None:
             return None
@@ -27,7 +31,8 @@ def read_user_yaml(path: str | os.PathLike, what: str) -> Any:
     except yaml.YAMLError as exc:
         raise UserError(f"{what} {path} is not valid YAML{_where(exc)}: {_problem(exc)}.") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _where(exc: yaml.YAMLError) -> str:
@@ -49,8 +54,8 @@ def _refuse_duplicate_keys(node: yaml.Node, parent: str, path: str | os.PathLike
         return
     first_line: dict[tuple[str, str], int] = {}
     for key_node, value_node in node.value:
-        if not isinstance(key_node, yaml.ScalarNode):
-            continue
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == MERGE_TAG:
+            continue  # `<<: *a` twice merges both anchors: not a repeat
         dotted = f"{parent}.{key_node.value}" if parent else key_node.value
         line = key_node.start_mark.line + 1
         key = (key_node.tag, key_node.value)

@@ -42,13 +42,18 @@ def check_configured_vocab(cfg: PipelineConfig) -> None:
 
 
 def check_flow_preprocess(cfg: PipelineConfig) -> None:
-    """Each phase's preprocess settings, then the main ones."""
+    """Each phase's preprocess settings, then the main ones; not those of a complete output, which
+    the flow reuses without starting its runner (a Dataflow run's shards, on a machine without it)."""
+    from pipelines.stage_keys import is_complete, stage_dir
     from pipelines.stage_preprocess import check_preprocess_settings
 
     prefixes = [f"phase {ph.name}: " for ph in cfg.phases] + [""]
     for index, prefix in enumerate(prefixes):
+        phase = cfg.phase_config(index)
+        if is_complete(stage_dir(phase, "preprocess")):
+            continue
         try:
-            check_preprocess_settings(cfg.phase_config(index).preprocess)
+            check_preprocess_settings(phase.preprocess)
         except UserError as err:
             raise UserError(f"{prefix}{err}") from None
 
@@ -65,7 +70,7 @@ def check_flow_init_vocabulary(cfg: PipelineConfig) -> None:
 
     init_dir = check_init_from(cfg.pretrain.init_from)
     if cfg.tokenizer.vocab:
-        check_init_vocabulary(init_dir, vocab_source(cfg.tokenizer, cfg.data_root))
+        check_init_vocabulary(init_dir, vocab_source(cfg.tokenizer, cfg.data_root), cfg.tokenizer.lowercase)
         return
     trained = stage_dir(cfg, "tokenizer")
     if read_marker(trained) is not None:

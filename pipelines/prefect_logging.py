@@ -18,8 +18,20 @@ class _UserErrorWithoutTraceback(logging.Filter):
         if user_error:
             record.exc_info, record.exc_text = None, None
         if record.name == "prefect.flow_runs":  # "Encountered exception ...", "Finished in state Failed(...)"
-            return not (user_error or f"{UserError.__name__}:" in record.getMessage())
+            message = record.getMessage()
+            return not (user_error or any(f"{name}:" in message for name in _user_error_names()))
         return True
+
+
+def _user_error_names() -> list[str]:
+    """UserError and its subclasses (PretrainingStopped, ...) by name, as Prefect's state messages
+    print them."""
+    names, todo = [], [UserError]
+    while todo:
+        cls = todo.pop()
+        names.append(cls.__name__)
+        todo += cls.__subclasses__()
+    return names
 
 
 def drop_user_error_tracebacks() -> None:

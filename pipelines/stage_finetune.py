@@ -136,18 +136,32 @@ def check_flow_finetune(cfg: PipelineConfig) -> None:
 
 
 def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list[Job]:
-    """The flow's fine-tuning plan for `cfg`: the pretrained model and random-init baselines read
-    with the flow's tokenizer, any other baseline (a Hugging Face BERT) with its own; units under
-    `run_dir/finetune/units/`."""
-    from finetuning.checkpoints import is_random, with_baselines
+    """The flow's fine-tuning plan for `cfg`: the pretrained model plus the configured baselines,
+    read with the flow's tokenizer, except a baseline (a Hugging Face BERT) whose own tokenizer reads
+    text otherwise, which is read with its own; units under `run_dir/finetune/units/`."""
+    from finetuning.checkpoints import with_baselines
     from finetuning.fanout import plan
 
     checkpoints = with_baselines([str(model_dir)], cfg.finetune.baselines, cfg.data_root)
-    ours = [c for c in checkpoints if c == str(model_dir) or is_random(c)]
-    theirs = [c for c in checkpoints if c not in ours]
+    theirs = [c for c in checkpoints if c != str(model_dir) and _reads_otherwise(c, tokenizer_dir)]
+    ours = [c for c in checkpoints if c not in theirs]
     root = run_root(cfg) / "finetune"
     jobs = plan(cfg.finetune, ours, root, tokenizer_dir=tokenizer_dir, data_root=cfg.data_root)
     return jobs + (plan(cfg.finetune, theirs, root, data_root=cfg.data_root) if theirs else [])
+
+
+def _reads_otherwise(checkpoint: str, tokenizer_dir: Path) -> bool:
+    """A model directory with a tokenizer of its own that tokenizes unlike `tokenizer_dir` (random
+    weights and a model without tokenizer files are read with the flow's)."""
+    from finetuning.checkpoints import is_random
+    from model.hf_io import has_tokenizer
+    from preprocessing.wordpiece import tokenizer_difference
+
+    if is_random(checkpoint) or not has_tokenizer(Path(checkpoint)):
+        return False
+    return (
+        tokenizer_difference(Path(checkpoint), tokenizer_dir, "finetune.baselines", "tokenizer") is not None
+    )
 
 
 def _plan_from_args(

@@ -12,7 +12,7 @@ from common.settings import DataPath, Section, Seed
 class TokenizerConfig(Section):
     input: list[DataPath] = Field(
         default_factory=lambda: ["data:wiki/summaries_en.txt"],
-        description="corpus files or globs; 'data:' = the data root",
+        description="corpus files or globs; data:PATH is PATH below the data root",
     )
     vocab: DataPath | None = Field(
         None, description="use this vocab.txt / tokenizer.json instead of training"

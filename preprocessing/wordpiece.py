@@ -305,11 +305,15 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path, lowercase: bool) -> None
     )
 
 
-def tokenizer_difference(a: Path, b: Path) -> str | None:
+def tokenizer_difference(
+    a: Path, b: Path, key_a: str = VOCAB_KEY, key_b: str = VOCAB_KEY, lowercase_b: bool | None = None
+) -> str | None:
     """How the tokenizers at `a` and `b` (dirs or files) tokenize differently, in words: their
     vocabularies (ids) or their lowercasing; None when alike (identical copies, or the same
-    vocabulary once as vocab.txt and once as tokenizer.json)."""
-    (tok_a, lower_a), (tok_b, lower_b) = load_tokenizer(a), load_tokenizer(b)
+    vocabulary once as vocab.txt and once as tokenizer.json). `key_a`/`key_b` name where each path
+    came from in errors; `lowercase_b`: the casing `b` is read with (`load_tokenizer`'s)."""
+    tok_a, lower_a = load_tokenizer(a, key=key_a)
+    tok_b, lower_b = load_tokenizer(b, lowercase=lowercase_b, key=key_b)
     vocab_a, vocab_b = vocab_list(tok_a), vocab_list(tok_b)
     if len(vocab_a) != len(vocab_b):
         return f"{len(vocab_a)} vs {len(vocab_b)} tokens"
@@ -329,7 +333,7 @@ def refuse_other_tokenizer(checkpoint: str | Path, own: Path, given: Path) -> No
         load_tokenizer(own)
     except UserError:
         return  # unreadable: then the given one is the way to read the checkpoint
-    differs = tokenizer_difference(own, given)
+    differs = tokenizer_difference(own, given, key_b="--tokenizer")
     if differs is not None:
         raise UserError(
             f"checkpoint {checkpoint} has a tokenizer of its own ({own}) and --tokenizer {given} "

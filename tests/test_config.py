@@ -326,3 +326,47 @@ def test_a_stage_command_before_the_flow_made_its_input_says_which_stage_to_run(
     assert f"the flow has no complete {stage} output for this config" in proc.stderr
     assert f"bertflow run CONFIG --only {stage}" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_yaml_control_character_is_one_message_and_merge_keys_are_not_repeats(tmp_path: Path) -> None:
+    """PyYAML refuses a control character when its loader is built (a traceback once that moved out
+    of the try), and two `<<:` merge keys in one mapping merge both anchors: not a repeated key."""
+    from common.yamlfile import read_user_yaml
+
+    bell = tmp_path / "bell.yaml"
+    bell.write_text("name: a\x07b\n")
+    with pytest.raises(UserError, match="is not valid YAML.*unacceptable character"):
+        load_config(bell)
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("a: &a {x: 1}\nb: &b {y: 2}\nc:\n  <<: *a\n  <<: *b\n")
+    assert read_user_yaml(merged, "task config")["c"] == {"x": 1, "y": 2}
+
+
+def test_the_flow_preflight_skips_a_complete_preprocess_and_reads_tokenizer_vocab_with_its_casing(
+    tmp_path: Path, minilm_dir: Path
+) -> None:
+    """Run-only preprocess settings (a runner this machine lacks) do not matter for shards the flow
+    reuses; and a bare cased vocab.txt is read cased (tokenizer.lowercase), as the tokenizer stage
+    reads it, when compared with a cased init_from."""
+    from common.atomic import write_marker
+    from pipelines.flow_preflight import check_flow_init_vocabulary, check_flow_preprocess
+    from pipelines.stage_keys import stage_dir
+
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", "preprocess.runner=mycorp.beam.ClusterRunner"])
+    with pytest.raises(UserError, match="mycorp.beam.ClusterRunner"):
+        check_flow_preprocess(cfg)
+    write_marker(stage_dir(cfg, "preprocess"), {"stage": "preprocess"})
+    check_flow_preprocess(cfg)
+
+    init = tmp_path / "init"  # a cased model with its vocabulary
+    init.mkdir()
+    (init / "config.json").write_text((minilm_dir / "config.json").read_text())
+    (init / "vocab.txt").write_text((minilm_dir / "vocab.txt").read_text())
+    (init / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    bare = tmp_path / "vocab" / "vocab.txt"  # the same vocabulary, no tokenizer_config.json beside it
+    bare.parent.mkdir()
+    bare.write_text((minilm_dir / "vocab.txt").read_text())
+    sets = [f"pretrain.init_from={init}", f"tokenizer.vocab={bare}"]
+    check_flow_init_vocabulary(load_config(None, [*sets, "tokenizer.lowercase=false"]))
+    with pytest.raises(UserError, match="another vocabulary.*lowercase False vs True"):
+        check_flow_init_vocabulary(load_config(None, [*sets, "tokenizer.lowercase=true"]))

@@ -165,8 +165,10 @@ def test_a_tokenizer_other_than_the_checkpoints_own_is_refused(tmp_path, minilm_
 
 
 def test_the_flow_reads_a_hugging_face_baseline_with_its_own_tokenizer(tmp_path, minilm_dir):
-    """finetune.baselines may name another BERT: the flow's tokenizer (which its own model carries)
-    is not that model's vocabulary, so the baseline is read with its own (refused otherwise)."""
+    """finetune.baselines may name another BERT: when its own tokenizer reads text otherwise than the
+    flow's (which the flow's model carries), the baseline is read with its own (it was read with the
+    flow's ids, then refused). A baseline of the flow's vocabulary, or one without tokenizer files,
+    keeps the flow's tokenizer and so its units' keys."""
     from pipelines.config import load_config
     from pipelines.stage_finetune import flow_plan
 
@@ -176,16 +178,26 @@ def test_the_flow_reads_a_hugging_face_baseline_with_its_own_tokenizer(tmp_path,
         (minilm_dir / "vocab.txt").read_text().replace("\nzebra\n", "\nzebras\n")
     )
     model_dir = tmp_path / "pretrain" / "model"  # our model: the flow's tokenizer beside its weights
-    shutil.copytree(minilm_dir, model_dir)
-    (model_dir / "tokenizer.json").unlink(missing_ok=True)
-    shutil.copy(flow_tok / "vocab.txt", model_dir / "vocab.txt")
-    sets = ["finetune.tasks=[rte]", "finetune.seeds=[1]", f"finetune.baselines=[random,{minilm_dir}]"]
-    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", *sets])
+    alike = tmp_path / "alike"  # another BERT of the flow's vocabulary
+    bare = tmp_path / "bare"  # another BERT without tokenizer files
+    for target in (model_dir, alike, bare):
+        shutil.copytree(minilm_dir, target)
+        for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+            (target / name).unlink(missing_ok=True)
+    for target in (model_dir, alike):
+        shutil.copy(flow_tok / "vocab.txt", target / "vocab.txt")
+    baselines = f"finetune.baselines=[random,{minilm_dir},{alike},{bare}]"
+    cfg = load_config(
+        None, [f"run_dir={tmp_path / 'runs'}", "finetune.tasks=[rte]", "finetune.seeds=[1]", baselines]
+    )
     tokenizers = {job.checkpoint: job.tokenizer_dir for job in flow_plan(cfg, model_dir, flow_tok)}
+    flow = flow_tok.resolve()
     assert tokenizers == {
-        str(model_dir): flow_tok.resolve(),
-        f"random:{model_dir}": flow_tok.resolve(),
+        str(model_dir): flow,
+        f"random:{model_dir}": flow,
         str(minilm_dir): minilm_dir,
+        str(alike): flow,
+        str(bare): flow,
     }
 
 

@@ -140,3 +140,21 @@ def test_bad_input_found_by_a_stage_is_printed_by_the_failed_task_and_once_at_th
     assert output.count(said) == 2, output[-3000:]
     assert "Task run 'tokenizer'" in output.split(said)[0].splitlines()[-1]  # the first names the stage
     assert f"bertflow run: error: {said}" in output and "Traceback" not in output
+
+
+def test_the_flow_log_filter_drops_repeats_of_user_error_subclasses() -> None:
+    """PretrainingStopped is a UserError: the flow run's "Finished in state Failed(...)" line names
+    the subclass, which a match on 'UserError:' missed (printed three times)."""
+    import logging
+
+    from pipelines.prefect_logging import _UserErrorWithoutTraceback
+    from training.stop_request import PretrainingStopped
+
+    def kept(name: str, message: str) -> bool:
+        record = logging.LogRecord(name, logging.INFO, __file__, 1, message, None, None)
+        return _UserErrorWithoutTraceback().filter(record)
+
+    said = f"Finished in state Failed('Flow run encountered an exception: {PretrainingStopped.__name__}: stopped')"
+    assert not kept("prefect.flow_runs", said)
+    assert kept("prefect.task_runs", said)  # the failed task's line names the stage
+    assert kept("prefect.flow_runs", "Finished in state Failed('RuntimeError: rank 1 lost')")

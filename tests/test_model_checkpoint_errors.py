@@ -225,3 +225,12 @@ def test_cli_subprocess_prints_one_paragraph_and_exits_2(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("bertflow import-hf: error:") and "config.json" in proc.stderr
+
+
+def test_export_hf_names_its_own_tokenizer_flag(tmp_path, minilm_dir):
+    """A --tokenizer that does not load was reported as `--vocab / tokenizer.vocab`, flags export-hf
+    does not have."""
+    from preprocessing.wordpiece import refuse_other_tokenizer
+
+    with pytest.raises(UserError, match=r"check the --tokenizer path"):
+        refuse_other_tokenizer(minilm_dir, minilm_dir, tmp_path / "no_such_tokenizer")

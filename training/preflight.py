@@ -182,13 +182,18 @@ def shorter_init_length(init_from: str | None, seq: int | None) -> int | None:
     return trained if trained is not None and trained < seq else None
 
 
-def check_init_vocabulary(init_dir: Path, tokenizer: Path) -> None:
+def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | None = None) -> None:
     """The rows of init_from's embeddings are the ids of its own vocabulary: a tokenizer with other
-    tokens, the same ones in another order, or another casing would train them on the wrong words."""
+    tokens, the same ones in another order, or another casing would train them on the wrong words.
+    `lowercase`: the casing `tokenizer` is read with (a bare vocab.txt: tokenizer.lowercase)."""
     from model.hf_io import has_tokenizer
     from preprocessing.wordpiece import tokenizer_difference
 
-    differs = tokenizer_difference(init_dir, tokenizer) if has_tokenizer(init_dir) else None
+    differs = (
+        tokenizer_difference(init_dir, tokenizer, "pretrain.init_from", "tokenizer", lowercase)
+        if has_tokenizer(init_dir)
+        else None
+    )
     if differs is not None:
         raise UserError(
             f"pretrain.init_from {init_dir} was trained with another vocabulary than {tokenizer} "
