@@ -312,16 +312,19 @@ def tokenizer_difference(
     vocabularies (ids) or their lowercasing; None when alike (identical copies, or the same
     vocabulary once as vocab.txt and once as tokenizer.json). `key_a`/`key_b` name where each path
     came from in errors; `lowercase_b`: the casing `b` is read with (`load_tokenizer`'s)."""
-    tok_a, lower_a = load_tokenizer(a, key=key_a)
-    tok_b, lower_b = load_tokenizer(b, lowercase=lowercase_b, key=key_b)
-    vocab_a, vocab_b = vocab_list(tok_a), vocab_list(tok_b)
+    return _difference(load_tokenizer(a, key=key_a), load_tokenizer(b, lowercase=lowercase_b, key=key_b))
+
+
+def _difference(a: tuple[Tokenizer, bool], b: tuple[Tokenizer, bool]) -> str | None:
+    """`tokenizer_difference` of two loaded (tokenizer, lowercase) pairs."""
+    vocab_a, vocab_b = vocab_list(a[0]), vocab_list(b[0])
     if len(vocab_a) != len(vocab_b):
         return f"{len(vocab_a)} vs {len(vocab_b)} tokens"
     differ = next((i for i, (x, y) in enumerate(zip(vocab_a, vocab_b, strict=True)) if x != y), None)
     if differ is not None:
         return f"token id {differ} is {vocab_a[differ]!r} vs {vocab_b[differ]!r}"
-    if lower_a != lower_b:
-        return f"lowercase {lower_a} vs {lower_b}"
+    if a[1] != b[1]:
+        return f"lowercase {a[1]} vs {b[1]}"
     return None
 
 
@@ -330,10 +333,10 @@ def refuse_other_tokenizer(checkpoint: str | Path, own: Path, given: Path) -> No
     differently from the one the checkpoint carries (`own`) is refused, not silently used
     (an identical copy is fine)."""
     try:
-        load_tokenizer(own)
+        own_tokenizer = load_tokenizer(own)
     except UserError:
         return  # unreadable: then the given one is the way to read the checkpoint
-    differs = tokenizer_difference(own, given, key_b="--tokenizer")
+    differs = _difference(own_tokenizer, load_tokenizer(given, key="--tokenizer"))
     if differs is not None:
         raise UserError(
             f"checkpoint {checkpoint} has a tokenizer of its own ({own}) and --tokenizer {given} "
