@@ -124,7 +124,12 @@ def test_truncated_gzip_keeps_what_was_read(tmp_path, data_dir):
     path.write_bytes(data[: len(data) // 2])
     counts: Counter = Counter()
     docs = list(read_documents(path, counts))
-    assert docs and counts["files_truncated_or_corrupt"] == 1
+    assert counts["files_truncated_or_corrupt"] == 1
+    whole = list(read_documents(data_dir / "wiki/enwiki-2015/AA/wiki_00.gz", Counter()))
+    kept = len(docs) - 1  # every document before the cut, as it is in the whole file
+    assert kept >= len(whole) // 3
+    assert [d.paragraphs for d in docs[:kept]] == [d.paragraphs for d in whole[:kept]]
+    assert whole[kept].text.startswith(docs[kept].text)  # and the one the cut ends inside, up to it
 
 
 def test_globs_and_labels(data_dir):
@@ -139,8 +144,11 @@ def test_globs_and_labels(data_dir):
 
 
 def test_missing_file_path_is_user_error(tmp_path: Path):
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match=r"'.*missing\.txt' matches no file"):
         expand_inputs([str(tmp_path / "missing.txt")])
+    (tmp_path / "present.txt").write_text("Some text.\n")  # one file found does not excuse the other
+    with pytest.raises(UserError, match=r"'.*missing\.txt' matches no file"):
+        expand_inputs([str(tmp_path / "present.txt"), str(tmp_path / "missing.txt")])
 
 
 def test_a_directory_input_is_every_file_below_it(tmp_path: Path, data_dir: Path):

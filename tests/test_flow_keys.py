@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
-from common.fingerprint import content_stamp
+from common.fingerprint import content_stamp, digest
 from common.paths import PROJECT_ROOT
 from pipelines.config import load_config
 from pipelines.stage_keys import STAGES, base_stage, stage_dir, stage_dirs, stage_key_inputs, stage_keys
@@ -33,6 +33,22 @@ def test_keys_are_stable_and_dict_order_free(tmp_path: Path) -> None:
     two = load_config(None, [f"run_dir={tmp_path}", "finetune.epochs=1", "pretrain.max_steps=5"])
     assert stage_keys(one) == stage_keys(two)
     assert stage_dir(one, "pretrain") == tmp_path / "pretrain" / stage_keys(one)["pretrain"]
+    # the same YAML with its keys in another order: sections, settings and a phase's changes
+    # (dicts that keep the file's order: they reach the stage keys as they were written)
+    (tmp_path / "a.yaml").write_text(
+        f"name: a\nrun_dir: {tmp_path}\npretrain: {{max_steps: 5, lr: 0.001}}\nphases:\n"
+        "  - name: p1\n    preprocess: {max_seq_length: 32, max_predictions_per_seq: 5}\n"
+        "    pretrain: {max_steps: 3, lr: 0.002}\n"
+    )
+    (tmp_path / "b.yaml").write_text(
+        "phases:\n  - pretrain: {lr: 0.002, max_steps: 3}\n"
+        "    preprocess: {max_predictions_per_seq: 5, max_seq_length: 32}\n    name: p1\n"
+        f"pretrain: {{lr: 0.001, max_steps: 5}}\nrun_dir: {tmp_path}\nname: a\n"
+    )
+    a, b = load_config(str(tmp_path / "a.yaml")), load_config(str(tmp_path / "b.yaml"))
+    assert list(a.phases[0].pretrain) != list(b.phases[0].pretrain)
+    assert stage_keys(a) == stage_keys(b)
+    assert digest({"a": 1, "b": {"c": 2, "d": 3}}) == digest({"b": {"d": 3, "c": 2}, "a": 1})
 
 
 @pytest.mark.parametrize(

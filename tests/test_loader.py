@@ -99,6 +99,9 @@ def test_dynamic_masking_follows_the_preprocessing_rules(store, minilm_dir):
     assert real.sum(1).tolist() == [num_to_predict(n, spec) for n in lengths]
     chosen_tokens = e0["input_ids"][rows[real], e0["masked_lm_positions"][real]]
     assert 0.7 < (chosen_tokens == spec.mask_id).float().mean().item() < 0.9
+    kept = (chosen_tokens == e0["masked_lm_labels"][real]).float().mean().item()
+    replaced = 1 - kept - (chosen_tokens == spec.mask_id).float().mean().item()
+    assert 0.05 < kept < 0.15 and 0.05 < replaced < 0.15  # ~10% unchanged, ~10% a random token
 
 
 @pytest.mark.parametrize("whole_word", [False, True])
@@ -169,7 +172,19 @@ def test_eval_batches_equal_count_per_rank_and_disjoint(shards):
     a = eval_batches(val, 4, 2, 0, max_steps=100)
     b = eval_batches(val, 4, 2, 1, max_steps=100)
     assert len(a) == len(b) > 0
-    assert not torch.equal(a[0]["input_ids"][0], b[0]["input_ids"][0])
+
+    def texts(batches):
+        return [
+            tuple(row[mask.bool()].tolist())
+            for x in batches
+            for row, mask in zip(x["input_ids"], x["attention_mask"])
+        ]
+
+    read_a, read_b = texts(a), texts(b)
+    assert len(set(read_a)) == len(read_a) and len(set(read_b)) == len(read_b)
+    assert not set(read_a) & set(read_b)  # no example on both ranks
+    first = texts([collate(val, np.arange(len(read_a) + len(read_b)))])
+    assert sorted(read_a + read_b) == sorted(first)  # together: the split's first examples
 
 
 @pytest.mark.parametrize("n_examples", [1000, 60, 16, 15])

@@ -156,6 +156,7 @@ def test_nan_weights_are_not_exported(good, minilm_dir, tmp_path, capsys):
         "bert.encoder.layer.1.output.dense.weight",
         "NaN",
     )
+    assert not (tmp_path / "o").exists()  # refused before anything is written
 
 
 def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, minilm_dir, tmp_path, capsys):

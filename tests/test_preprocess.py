@@ -187,22 +187,25 @@ def test_shards_made_by_other_code_are_reused_and_said(runs, minilm_dir, caplog)
 
 
 def test_bad_settings_fail_before_any_work(tmp_path, minilm_dir):
+    """Each refusal comes before the stage writes anything: no output folder appears."""
+    out = tmp_path / "o"
     (tmp_path / "a.txt").write_text("")
-    with pytest.raises(UserError, match="every input file is 0 bytes"):
-        run_preprocess_stage(PreprocessConfig(input=[str(tmp_path / "a.txt")]), minilm_dir, tmp_path / "o")
-    with pytest.raises(UserError, match="matches no file"):
-        run_preprocess_stage(PreprocessConfig(input=[str(tmp_path / "*.gz")]), minilm_dir, tmp_path / "o")
     (tmp_path / "b.txt").write_text("Some text. More text.\n")
-    with pytest.raises(UserError, match="max_predictions_per_seq"):
-        run_preprocess_stage(
-            PreprocessConfig(input=[str(tmp_path / "b.txt")], max_seq_length=16, max_predictions_per_seq=20),
+    b_txt = str(tmp_path / "b.txt")
+    refused = [
+        ("every input file is 0 bytes", PreprocessConfig(input=[str(tmp_path / "a.txt")]), minilm_dir),
+        ("matches no file", PreprocessConfig(input=[str(tmp_path / "*.gz")]), minilm_dir),
+        (
+            "max_predictions_per_seq",
+            PreprocessConfig(input=[b_txt], max_seq_length=16, max_predictions_per_seq=20),
             minilm_dir,
-            tmp_path / "o",
-        )
-    with pytest.raises(UserError, match="does not exist"):
-        run_preprocess_stage(
-            PreprocessConfig(input=[str(tmp_path / "b.txt")]), tmp_path / "vocab.txt", tmp_path / "o"
-        )
+        ),
+        ("does not exist", PreprocessConfig(input=[b_txt]), tmp_path / "vocab.txt"),
+    ]
+    for message, settings, vocab in refused:
+        with pytest.raises(UserError, match=message):
+            run_preprocess_stage(settings, vocab, out)
+        assert not out.exists(), message
 
 
 def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

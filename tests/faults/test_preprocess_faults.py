@@ -90,7 +90,7 @@ def test_damaged_shards_and_manifest_are_named_with_the_fix(tmp_path, reference)
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01  # one flipped bit
     shard.write_bytes(bytes(data))
-    with pytest.raises(UserError, match="corrupt"):
+    with pytest.raises(UserError, match=rf"{shard.name} is corrupt \(checksum differs"):
         shard_paths(d, "train")
 
     d = fresh()
