@@ -23,7 +23,7 @@ from common.atomic import read_marker, write_marker
 from common.errors import UserError
 from common.paths import check_output_dir
 from finetuning.config import FinetuneConfig
-from pipelines.config import PipelineConfig, load_config
+from pipelines.config import PipelineConfig, load_config, validation_message
 from pipelines.stage_keys import code_change_note, run_root, stage_code, stage_dir
 
 if TYPE_CHECKING:
@@ -115,13 +115,21 @@ def _flag_values(args: argparse.Namespace) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
+FLAG_OF_SETTING = {"lrs": "--lr", "seeds": "--seed", "concurrency": "--workers", "units_per_gpu": "--workers"}
+
+
 def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig:
-    """The command-line flags win over the config file's finetune: section."""
+    """The command-line flags win over the config file's finetune: section (already valid, so a
+    refusal here is a flag's, named as such)."""
     try:
         return FinetuneConfig.model_validate({**cfg.model_dump(), **_flag_values(args)})
     except ValidationError as exc:
-        msgs = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise UserError(f"bad flag value: {msgs}") from None
+        key = str(exc.errors()[0]["loc"][0])
+        flag = FLAG_OF_SETTING.get(key, f"--{key.replace('_', '-')}")
+        raise UserError(
+            f"bad flag value {flag}: {validation_message(exc, 'finetune')}.",
+            fix=f"give {flag} a value finetune.{key} accepts, or leave it out to keep {getattr(cfg, key)!r}.",
+        ) from None
 
 
 def check_flow_finetune(cfg: PipelineConfig) -> None:

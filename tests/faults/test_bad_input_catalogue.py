@@ -169,12 +169,14 @@ CASES = [
     ),  # noqa: E501
     # negative or zero sizes
     Case(
-        "vocab-size-zero", _tokenizer("--input", "{good_txt}", "--vocab-size", "0"), lambda f: ["vocab_size"]
+        "vocab-size-zero",
+        _tokenizer("--input", "{good_txt}", "--vocab-size", "0"),
+        lambda f: ["tokenizer.vocab_size", "(got 0)"],
     ),
     Case(
         "max-seq-length-zero",
         _preprocess("--input", "{good_txt}", "--max-seq-length", "0", "--output", "{root}/o4"),
-        lambda f: ["max_seq_length"],
+        lambda f: ["preprocess.max_seq_length", "(got 0)"],
     ),  # noqa: E501
     Case(
         "dupe-factor-negative",
@@ -235,8 +237,16 @@ CASES = [
         lambda f: ["import-hf", str(f["hf_decoder"]), str(f["root"] / "imp2")],
         lambda f: ["is_decoder", "not supported"],
     ),
-    Case("micro-batch-zero", _pretrain("--micro-batch-size", "0"), lambda f: ["micro_batch_size"]),
-    Case("epochs-zero", _finetune("--tasks", "sst2", "--epochs", "0"), lambda f: ["epochs"]),
+    Case(
+        "micro-batch-zero",
+        _pretrain("--micro-batch-size", "0"),
+        lambda f: ["--micro-batch-size 0", "pretrain.micro_batch_size", "(got 0)"],
+    ),
+    Case(
+        "epochs-zero",
+        _finetune("--tasks", "sst2", "--epochs", "0"),
+        lambda f: ["--epochs", "finetune.epochs", "(got 0", "keep 3"],
+    ),
     Case(
         "num-shards-yes",  # pydantic read the boolean as 1: one shard
         _preprocess("--input", "{good_txt}", "--set", "preprocess.num_shards=yes", "--output", "{root}/o9"),
@@ -245,7 +255,7 @@ CASES = [
     Case(
         "num-shards-zero",
         _preprocess("--input", "{good_txt}", "--num-shards", "0", "--output", "{root}/o7"),
-        lambda f: ["num_shards"],
+        lambda f: ["preprocess.num_shards", "(got 0)"],
     ),  # noqa: E501
     # model / training settings
     Case(
@@ -264,7 +274,11 @@ CASES = [
         lambda f: ["bad flag value --preset huge", "model.preset: 'huge' is unknown"],
     ),
     Case("zero-stage-4", _pretrain("--zero-stage", "4"), lambda f: ["ZeRO stage 4"]),
-    Case("fp16-on-cpu", _pretrain("--set", "pretrain.precision=fp16"), lambda f: ["fp16"]),
+    Case(
+        "fp16-on-cpu",
+        _pretrain("--set", "pretrain.precision=fp16"),
+        lambda f: ["pretrain.precision fp16 needs a GPU"],
+    ),
     Case(
         "batch-sizes-do-not-divide",
         _pretrain("--set", "pretrain.deepspeed_config={ds_bad_batch}"),

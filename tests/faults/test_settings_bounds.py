@@ -93,6 +93,13 @@ def test_finetune_flags_are_checked_the_same_way() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     cfg = load_config(None).finetune
-    for flag in (["--lr=-1e-5"], ["--lr", "nan"], ["--seed=-1"], ["--epochs", "inf"]):
-        with pytest.raises(UserError, match="bad flag value"):
+    refused = [
+        (["--lr=-1e-5"], "--lr: finetune.lrs"),
+        (["--lr", "nan"], "--lr: finetune.lrs"),
+        (["--seed=-1"], "--seed: finetune.seeds"),
+        (["--epochs", "inf"], "--epochs: finetune.epochs"),
+        (["--workers", "0"], "--workers: finetune.concurrency"),
+    ]
+    for flag, named in refused:
+        with pytest.raises(UserError, match=f"bad flag value {named}"):
             apply_flags(cfg, parser.parse_args(flag))
