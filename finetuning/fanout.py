@@ -115,12 +115,27 @@ def reuse_random_init_units(jobs: list[Job]) -> int:
 
 
 def check_model_limits(cfg: FinetuneConfig, checkpoint: str, tasks: set[str]) -> None:
-    """Settings the checkpoint's architecture cannot serve, refused before any unit runs."""
+    """Settings the checkpoint's architecture cannot serve, and weights holding NaN or Inf,
+    refused before any unit runs."""
     from model.hf_io import read_config
 
     target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
     model = read_config(Path(target)) if "/" in target else BertConfig.from_preset(target)
     check_architecture(cfg, model, f"checkpoint {checkpoint}", tasks)
+    if not is_random(checkpoint):
+        check_weights_finite(Path(checkpoint))
+
+
+def check_weights_finite(model_dir: Path) -> None:
+    """A checkpoint with a NaN or Inf weight would only fill the scorecard with diverged units."""
+    from model.hf_io import read_state_dict
+    from model.model_dir import first_nonfinite
+
+    if (name := first_nonfinite(read_state_dict(model_dir))) is not None:
+        raise UserError(
+            f"checkpoint {model_dir}: weight {name!r} contains NaN or Inf; every unit would diverge.",
+            fix="fine-tune an earlier checkpoint of that run (its training diverged after it), or re-export it.",
+        )
 
 
 def check_architecture(cfg: FinetuneConfig, model: BertConfig, name: str, tasks: set[str]) -> None:

@@ -26,14 +26,21 @@ from model.hf_io import load_checkpoint, write_hf_dir
 from model.model_card import CardFacts, write_model_card
 
 
+def first_nonfinite(state: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point weight holding NaN or Inf, else None."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
 def check_finite(model: torch.nn.Module, source: str) -> None:
     """Refuse to publish weights holding NaN or Inf (e.g. from an fp16 overflow)."""
-    for name, tensor in model.state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise UserError(
-                f"{source}: weight {name!r} contains NaN or Inf; refusing to write a broken model.",
-                fix="export an earlier checkpoint (training diverged after it).",
-            )
+    if (name := first_nonfinite(model.state_dict())) is not None:
+        raise UserError(
+            f"{source}: weight {name!r} contains NaN or Inf; refusing to write a broken model.",
+            fix="export an earlier checkpoint (training diverged after it).",
+        )
 
 
 def prepare_target(out: Path) -> None:

@@ -159,6 +159,28 @@ def test_nan_weights_are_not_exported(good, minilm_dir, tmp_path, capsys):
     assert not (tmp_path / "o").exists()  # refused before anything is written
 
 
+def test_nan_weights_are_not_fine_tuned(minilm_dir, tmp_path, capsys):
+    """Fine-tuning a checkpoint with a NaN weight used to run every unit, each marked diverged."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
+    with torch.no_grad():
+        model.bert.encoder.layer[0].attention.self.query.weight[1, 2] = float("inf")
+    write_hf_dir(model, tmp_path / "inf", minilm_dir)
+    argv = [
+        "finetune",
+        "--checkpoint",
+        str(tmp_path / "inf"),
+        "--tasks",
+        "sst2",
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    expect_cli_error(
+        argv, capsys, "bert.encoder.layer.0.attention.self.query.weight", "NaN or Inf", "earlier"
+    )
+    assert not (tmp_path / "o").exists()  # refused before any unit
+
+
 def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, minilm_dir, tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
     model = BertForPreTraining(BertConfig.from_preset("tiny"))

@@ -8,9 +8,16 @@ from __future__ import annotations
 import json
 import math
 
+import torch
+
+from finetuning.config import FinetuneConfig
+from finetuning.fanout import plan
 from finetuning.metrics import binary_f1, classification_metrics, matthews_corrcoef, pearson, spearman
 from finetuning.scorecard import best_per_task, build_scorecard
-from finetuning.units import unit_score
+from finetuning.units import run_finetune_unit, unit_score
+from model.config import BertConfig
+from model.heads import BertForPreTraining
+from model.hf_io import write_hf_dir
 
 
 def test_metrics_the_dev_set_cannot_define_are_none():
@@ -114,3 +121,26 @@ def test_notes_of_units_reach_the_scorecard(tmp_path):
     md = (tmp_path / "scorecard.md").read_text()
     assert "- SQuAD: first 38 articles train" in md
     assert any(n.endswith(": pooler not in the checkpoint: new") for n in card["notes"])
+
+
+def test_a_unit_whose_loss_overflows_is_marked_diverged(tmp_path, minilm_dir):
+    """A real unit: finite weights so large that the forward pass overflows (as after an fp16
+    blow-up) give a NaN training loss; the unit says diverged and the scorecard shows it."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight.mul_(1e38)
+    write_hf_dir(model, tmp_path / "huge", minilm_dir)
+    cfg = FinetuneConfig(
+        tasks=["sst2"],
+        max_train_examples=32,
+        max_eval_examples=32,
+        epochs=1.0,
+        max_seq_length=32,
+        batch_size=16,
+    )
+    [job] = plan(cfg, [str(tmp_path / "huge")], tmp_path / "ft")
+    result = run_finetune_unit(cfg, job)
+    assert result["diverged"] is True and math.isnan(result["final_train_loss"])
+    build_scorecard([result], tmp_path)
+    assert "(diverged)" in (tmp_path / "scorecard.md").read_text()
