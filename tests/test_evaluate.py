@@ -209,3 +209,31 @@ def test_an_empty_split_is_refused_before_the_checkpoint_is_loaded(
     err = capsys.readouterr().err
     assert f"the validation split of {shards} is empty" in err and "--split train" in err
     assert "preprocess.validation_fraction" in err and "Traceback" not in err
+
+
+def test_the_verdicts_follow_the_figures_both_ways():
+    """Beats the unigram baseline only clearly below its entropy; NSP at chance only within noise of
+    the majority label; the printed figures carry the warning and the chance mark accordingly."""
+    from finetuning.chance import nsp_at_chance
+    from pipelines.evaluate_command import format_result
+    from training.evaluate import MlmBaselines, beats_unigram
+
+    baselines = MlmBaselines(most_frequent_token_acc=0.05, unigram_entropy=7.0, nsp_majority_acc=0.5)
+    assert beats_unigram({"val_mlm_loss": 6.5}, baselines) is True
+    assert beats_unigram({"val_mlm_loss": 6.95}, baselines) is False  # within the 0.1-nat margin
+    assert beats_unigram({"val_mlm_loss": math.nan}, baselines) is False
+    reference = baselines.as_dict()
+    assert nsp_at_chance({"val_nsp_acc": 0.80}, reference, 1000) is False
+    assert nsp_at_chance({"val_nsp_acc": 0.51}, reference, 1000) is True
+    assert nsp_at_chance({"val_nsp_acc": 0.80}, reference, None) is None
+
+    def printed(loss: float, nsp_acc: float) -> str:
+        metrics = {"val_mlm_acc": 0.3, "val_mlm_loss": loss, "val_nsp_acc": nsp_acc, "val_nsp_loss": 0.5}
+        result = {"checkpoint": "m", "shards": "s", "split": "validation", "examples": 1000}
+        result |= {"masked_tokens": 15000, "metrics": metrics, "baselines": reference}
+        result |= {"beats_unigram": beats_unigram(metrics, baselines)}
+        return format_result(result | {"nsp_at_chance": nsp_at_chance(metrics, reference, 1000)})
+
+    learned, plateau = printed(5.0, 0.80), printed(6.99, 0.51)
+    assert "WARNING" not in learned and "(chance" not in learned
+    assert "chance level" in plateau and "(chance: within noise of the majority label)" in plateau

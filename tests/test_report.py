@@ -98,6 +98,10 @@ def test_report_leads_with_the_result_then_the_evidence(run_dir) -> None:
     # pretraining: held-out figures next to the baselines; metrics with meanings and units
     assert "| masked-LM accuracy | 25.0% |" in md and "(always the most frequent token) |" in md
     assert "| throughput, all ranks, padding excluded | 11,139 | tokens/s | 300 | `tokens_per_s` |" in md
+    # data: the preprocess stage's warnings first, said as warnings, not as a statistic
+    data = md.split("## Data")[1].split("## How the run went")[0]
+    assert data.lstrip().startswith("**Warning:** 5 of 45 documents repeat an earlier one")
+    assert "`warnings`" not in data
     # data: nested statistics are shown, with their keys
     assert "| documents held out (validation split) | 30 | `documents_used.validation` |" in md
     assert "| masked positions shown as [MASK] | 80.0% |" in md and "| skipped: files empty | 1 |" in md
