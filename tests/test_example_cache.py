@@ -62,6 +62,16 @@ def test_complete_cache_is_reused_and_a_damaged_or_stale_one_rebuilt(shards, tmp
     (path / example_cache.CACHE_META).write_text(json.dumps(meta))
     example_cache.ensure(shards, "train", root, log=logs.append)
     assert len(logs) == 3 and example_cache.is_complete(path, shards, "train", check_hashes=True)
+
+    meta = json.loads((path / example_cache.CACHE_META).read_text())
+    meta["version"] = example_cache.VERSION - 1  # written by an older layout of the cache
+    (path / example_cache.CACHE_META).write_text(json.dumps(meta))
+    assert not example_cache.is_complete(path, shards, "train", check_hashes=False)
+    example_cache.ensure(shards, "train", root, log=logs.append)
+    assert (
+        len(logs) == 4
+        and json.loads((path / example_cache.CACHE_META).read_text())["version"] == example_cache.VERSION
+    )
     assert not list(root.glob(".*tmp*"))  # no temp directories left behind
 
 
