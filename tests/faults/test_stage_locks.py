@@ -2,7 +2,7 @@
 wrote the same keyed directories, and metrics.jsonl ended with steps 10, 5, 10). Every stage that
 writes a directory holds DIR/.lock (common/dir_lock.py, the lock the fine-tuning units had): while
 another process holds it, the stage stops with one message and writes nothing; once it is
-released, the stage runs."""
+released, the stage runs (checked here for the tokenizer and preprocess stages)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from common.atomic import read_marker
 from common.errors import UserError
 from pipelines.stage_preprocess import run_preprocess_stage
 from pipelines.stage_pretrain import run_pretrain_stage
@@ -87,6 +88,8 @@ def test_preprocess_stage(tmp_path, minilm_dir, data_dir):
     out = tmp_path / "shards"
     cfg = PreprocessConfig(input=[str(corpus)], workers=1, num_shards=1)
     _refused(lambda: run_preprocess_stage(cfg, tok / "vocab.txt", out), out, "preprocess")
+    stats = run_preprocess_stage(cfg, tok / "vocab.txt", out)  # released: it runs
+    assert stats["examples"] > 0 and read_marker(out) is not None
 
 
 def test_pretrain_stage(tmp_path, minilm_dir, data_dir):
