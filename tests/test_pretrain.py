@@ -144,6 +144,30 @@ def test_export_hf_cli_consolidates_the_deepspeed_checkpoint(ref_run, tmp_path):
     assert "| masked-LM accuracy |" in card and f"exported from: `{out}`" in card
 
 
+def test_the_exported_model_scores_what_training_logged_last(ref_run, data):
+    """The stage's model.safetensors, consolidated from ZeRO-2's two partitions, is the model that
+    training evaluated at its last step: `bertflow evaluate` of it on the same held-out examples
+    (eval_batches global batches, the split's first ones) gives the figures the run logged."""
+    from pipelines.evaluate_command import evaluate_checkpoint
+    from training.data import eval_step_batches, load_split
+
+    out, model_dir, _ = ref_run
+    shards, _ = data
+    p = config().pretrain
+    n = len(load_split(shards, "validation"))
+    examples = (
+        eval_step_batches(n, p.micro_batch_size, p.num_processes, p.eval_batches)
+        * p.micro_batch_size
+        * p.num_processes
+    )
+    assert 0 < examples <= n
+    logged = [r for r in read_metrics(out) if "val_mlm_acc" in r][-1]
+    assert logged["step"] == p.max_steps
+    again = evaluate_checkpoint(model_dir, shards, max_examples=examples)["metrics"]
+    for key in ("val_mlm_acc", "val_mlm_loss", "val_nsp_acc", "val_nsp_loss"):
+        assert again[key] == pytest.approx(logged[key], rel=1e-5, abs=1e-6), key
+
+
 @pytest.mark.parametrize("ranks", [1, 2])  # ZeRO 0 (one process) and ZeRO 2 (the default on several GPUs)
 def test_a_bf16_run_exports_its_fp32_master_weights_not_the_rounded_module(tmp_path, data, ranks):
     """In bf16 DeepSpeed trains fp32 master weights and keeps a bf16 copy in the module. The export
