@@ -1,6 +1,7 @@
 """Real Prefect flow runs (ephemeral API) of the cheap verify stage: the completion marker is the
 source of truth, Prefect's cache mirrors it (a rerun is `Cached`), a deleted marker or --force
-recomputes, and a stage whose inputs are missing is refused with a clear message."""
+recomputes, a stage whose inputs are missing is refused with a clear message, and a stage that
+fails is retried (flow.retries) unless it failed on bad input."""
 
 from __future__ import annotations
 
@@ -87,15 +88,45 @@ def test_stage_command_alone_writes_where_the_flow_looks(tmp_path: Path, data_di
     assert (expected / MARKER_NAME).stat().st_mtime_ns == stamp
 
 
-def test_retries_skip_bad_input_but_not_transient_failures() -> None:
-    from prefect.states import Failed
+class FailingVerify:
+    """A stand-in for the verify stage's body (`pipelines.verify_data.verify_data`) that raises
+    `errors` in turn, then succeeds, counting its calls."""
 
-    from pipelines.flow_tasks import pretrain_task, retry_unless_user_error
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.calls = list(errors), 0
 
-    assert retry_unless_user_error(None, None, Failed(data=RuntimeError("rank 1 lost"))) is True
-    assert retry_unless_user_error(None, None, Failed(data=UserError("bad shard"))) is False
-    opts = pretrain_task.with_options(retries=2, retry_delay_seconds=1)
-    assert opts.retries == 2 and opts.retry_condition_fn is retry_unless_user_error
+    def __call__(self, _cfg: object) -> dict[str, int]:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return {"files": 0}
+
+
+def _run_verify_with_one_retry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: FailingVerify) -> dict:
+    from pipelines.flow import bert_pipeline
+
+    monkeypatch.setattr("pipelines.verify_data.verify_data", body)
+    overrides = [f"run_dir={tmp_path}", "flow.retries=1", "flow.retry_delay_seconds=0", "wandb.mode=disabled"]
+    return bert_pipeline(config=None, overrides=overrides, only="verify")
+
+
+def test_a_transient_stage_failure_is_retried_by_the_flow(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = FailingVerify(RuntimeError("rank 1 lost"))
+    summary = _run_verify_with_one_retry(tmp_path, monkeypatch, body)
+    assert body.calls == 2  # failed once, retried once (flow.retries=1), then succeeded
+    assert _statuses(summary) == {"verify": "ran"}
+    assert (Path(summary["stages"][0]["out_dir"]) / MARKER_NAME).is_file()
+
+
+def test_bad_input_found_by_a_stage_is_not_retried_by_the_flow(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = FailingVerify(UserError("bad shard"), UserError("bad shard"))
+    with pytest.raises(UserError, match="bad shard"):
+        _run_verify_with_one_retry(tmp_path, monkeypatch, body)
+    assert body.calls == 1  # flow.retries=1 allowed a retry; a UserError skips it
 
 
 def test_a_stage_that_fails_leaves_its_output_unfinished_not_interrupted(tmp_path: Path) -> None:
