@@ -25,6 +25,7 @@ from finetuning.config import UNIT_CODE, FinetuneConfig
 from finetuning.fanout import plan, reuse_random_init_units, unit_key, worker_count
 from finetuning.scorecard import build_scorecard
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
+from tests.wandb_records import by_step, history
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -375,7 +376,10 @@ def test_unit_end_to_end_resume_and_determinism(tmp_path, minilm_dir):
     rows = read_metrics(out)
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 4]
     assert rows[-1]["eval/accuracy"] == result["metrics"]["accuracy"]
-    assert list((out / "wandb_files").rglob("*.wandb")), "no offline W&B run file"
+    logged = by_step(history(out), "_step")  # what the offline W&B run file holds
+    assert logged == by_step(rows, "step")  # every row of metrics.jsonl, with the same values
+    assert [step for step, row in logged.items() if "train/loss" in row] == [1, 4]
+    assert logged[4]["eval/accuracy"] == result["metrics"]["accuracy"]
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
 
     mtime = (out / "result.json").stat().st_mtime_ns
@@ -544,8 +548,12 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir):
     result = json.loads((movies / "result.json").read_text())
     assert result["n_train"] == 80 and result["task"] == "movies"
     assert "| random init (tiny) |" in proc.stdout  # the scorecard is printed
-    assert list((out / "scorecard_run").rglob("*.wandb"))  # the W&B table's run
-    assert list((movies / "wandb_files").rglob("*.wandb"))
+    [scorecard_row] = history(out / "scorecard_run")  # the W&B table's run: the table, logged once
+    assert scorecard_row["finetune/scorecard._type"] == "table-file"
+    logged = by_step(history(movies), "_step")  # the unit's offline W&B run file
+    assert logged == by_step(read_metrics(movies), "step")
+    evaluated = logged[result["train_steps"]]  # the eval metrics, at the unit's last step
+    assert {name: evaluated[f"eval/{name}"] for name in result["metrics"]} == result["metrics"]
 
     mtime = (movies / "result.json").stat().st_mtime_ns
     proc = _cli(

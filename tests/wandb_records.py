@@ -1,12 +1,14 @@
-"""Read the run record of an offline W&B run file (`run-*.wandb`): the project, entity, group, name
-and job type W&B would upload. The file is a LevelDB-style log of protobuf `Record`s: a 7-byte
-header (":W&B", magic, version), then 32 KiB blocks of chunks, each with a 7-byte header (crc32,
-length, type: full / first / middle / last)."""
+"""Read an offline W&B run file (`run-*.wandb`): the run record (the project, entity, group, name
+and job type W&B would upload) and the history (the rows `wandb.log` wrote, by step). The file is
+a LevelDB-style log of protobuf `Record`s: a 7-byte header (":W&B", magic, version), then 32 KiB
+blocks of chunks, each with a 7-byte header (crc32, length, type: full / first / middle / last)."""
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
+from typing import Any
 
 from wandb.proto import wandb_internal_pb2
 
@@ -41,10 +43,15 @@ def records(path: Path) -> list[wandb_internal_pb2.Record]:
     return out
 
 
+def run_file(run_dir: Path) -> Path:
+    """The one offline W&B run file under `run_dir/wandb_files` (the `Tracker`'s W&B directory)."""
+    [path] = run_dir.glob("wandb_files/wandb/*run-*/run-*.wandb")
+    return path
+
+
 def run_info(run_dir: Path) -> dict[str, str]:
     """project, entity, group, name and job_type of the W&B run under `run_dir/wandb_files`."""
-    [path] = run_dir.glob("wandb_files/wandb/*run-*/run-*.wandb")
-    run = next(r.run for r in records(path) if r.WhichOneof("record_type") == "run")
+    run = next(r.run for r in records(run_file(run_dir)) if r.WhichOneof("record_type") == "run")
     return {
         "project": run.project,
         "entity": run.entity,
@@ -52,3 +59,24 @@ def run_info(run_dir: Path) -> dict[str, str]:
         "name": run.display_name,
         "job_type": run.job_type,
     }
+
+
+def history(run_dir: Path) -> list[dict[str, Any]]:
+    """The history rows of the W&B run under `run_dir/wandb_files`, in order: one per step, with
+    what every `log` call of that step wrote merged, plus W&B's own `_step`, `_runtime` and
+    `_timestamp`. wandb 0.31 writes each value as JSON (`value_json`); a nested key is joined by dots."""
+    rows = [r.history for r in records(run_file(run_dir)) if r.WhichOneof("record_type") == "history"]
+    return [
+        {item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in row.item}
+        for row in rows
+    ]
+
+
+def by_step(rows: list[dict[str, Any]], step_key: str) -> dict[int, dict[str, Any]]:
+    """`rows` merged by their `step_key` (as W&B merges the `log` calls of one step), without the
+    step and W&B's own `_`-keys: `metrics.jsonl` rows (`step`) and W&B history rows (`_step`) compare."""
+    merged: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        values = {k: v for k, v in row.items() if k != step_key and not k.startswith("_")}
+        merged.setdefault(row[step_key], {}).update(values)
+    return merged
