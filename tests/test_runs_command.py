@@ -231,3 +231,22 @@ def test_latest_links_a_runs_phases_and_drops_those_it_does_not_have(root: Path)
     assert (latest / "pretrain").resolve() == (root / "pretrain" / "p2").resolve()
     update_latest(root, {"pretrain": root / "pretrain" / "p2"}, None)  # a config without the phase
     assert not (latest / "pretrain@seq32").is_symlink() and (latest / "pretrain").is_dir()
+
+
+def test_clean_deletes_a_runs_own_finetuning_units_and_keeps_shared_ones(tmp_path: Path) -> None:
+    """Fine-tuning units are recorded per flow run (`units`); one that another run also used (the
+    same unit key: same checkpoint, task, lr and seed) stays when the first run is cleaned."""
+    root = tmp_path / "runs"
+    shared, own = (
+        _stage(root, "finetune/units", "sst2-s1-aaaa"),
+        _stage(root, "finetune/units", "sst2-s2-bbbb"),
+    )
+    fin1, fin2 = _stage(root, "finetune", "f1"), _stage(root, "finetune", "f2")
+    first = _record(root, "first-run", "2026-01-01 10:00:00", {"finetune": fin1})
+    second = _record(root, "second-run", "2026-01-02 10:00:00", {"finetune": fin2})
+    for record, units in ((first, [shared, own]), (second, [shared])):
+        data = json.loads(record.read_text())
+        record.write_text(json.dumps({**data, "units": [str(u) for u in units]}))
+    assert cli(["runs", "clean", "first-run", "--run-dir", str(root), "--yes"]) == 0
+    assert not own.exists() and not fin1.exists()
+    assert (shared / MARKER_NAME).is_file() and (fin2 / MARKER_NAME).is_file()
