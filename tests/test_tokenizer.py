@@ -46,6 +46,8 @@ def test_load_tokenizer_json_drops_padding_and_truncation(minilm_dir):
     assert lowercase is True
     long_text = "word " * 600
     assert len(tok.encode(long_text, add_special_tokens=False).ids) == 600  # not truncated to 128/512
+    short = tok.encode("a short text", add_special_tokens=False)
+    assert len(short.ids) == 3 and 0 not in short.ids  # not padded to the file's fixed length
 
 
 def test_train_stage_writes_a_tokenizer_transformers_loads(tmp_path, data_dir):
