@@ -27,11 +27,13 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from common.atomic import read_marker
 from common.errors import UserError
@@ -49,7 +51,8 @@ from finetuning.units import (
     run_finetune_unit,
 )
 from model.config import BertConfig
-from model.hf_io import TOKENIZER_FILES
+from model.hf_io import TOKENIZER_FILES, iter_weights, normalize_keys
+from model.model_dir import first_nonfinite
 from preprocessing.wordpiece import load_tokenizer
 from training.ranks import visible_gpus
 
@@ -115,26 +118,41 @@ def reuse_random_init_units(jobs: list[Job]) -> int:
 
 
 def check_model_limits(cfg: FinetuneConfig, checkpoint: str, tasks: set[str]) -> None:
-    """Settings the checkpoint's architecture cannot serve, and weights holding NaN or Inf,
-    refused before any unit runs."""
+    """Settings the checkpoint's architecture cannot serve, refused before any unit runs."""
     from model.hf_io import read_config
 
     target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
     model = read_config(Path(target)) if "/" in target else BertConfig.from_preset(target)
     check_architecture(cfg, model, f"checkpoint {checkpoint}", tasks)
-    if not is_random(checkpoint):
-        check_weights_finite(Path(checkpoint))
 
 
-def check_weights_finite(model_dir: Path) -> None:
-    """A checkpoint with a NaN or Inf weight would only fill the scorecard with diverged units."""
-    from model.hf_io import read_state_dict
-    from model.model_dir import first_nonfinite
+def nonfinite_encoder_weight(model_dir: Path) -> str | None:
+    """The first weight of the encoder (what a unit takes from a checkpoint; its heads are
+    replaced) holding NaN or Inf, read one tensor at a time; None when all are finite."""
 
-    if (name := first_nonfinite(read_state_dict(model_dir))) is not None:
+    def encoder() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in iter_weights(model_dir):
+            if any(key.startswith("bert.") for key in normalize_keys({name: tensor})[0]):
+                yield name, tensor
+
+    return first_nonfinite(encoder())
+
+
+def refuse_nonfinite_encoders(jobs: list[Job]) -> None:
+    """Before any unit runs: each checkpoint with units still to train, refused when its encoder
+    holds NaN or Inf (`check_encoder_finite`)."""
+    to_train = {j.checkpoint for j in jobs if not is_random(j.checkpoint) and read_marker(j.out_dir) is None}
+    for checkpoint in sorted(to_train):
+        check_encoder_finite(checkpoint)
+
+
+def check_encoder_finite(checkpoint: str) -> None:
+    """A checkpoint whose encoder holds a NaN or Inf weight is refused, naming the weight: every
+    unit of it would diverge."""
+    if (name := nonfinite_encoder_weight(Path(checkpoint))) is not None:
         raise UserError(
-            f"checkpoint {model_dir}: weight {name!r} contains NaN or Inf; every unit would diverge.",
-            fix="fine-tune an earlier checkpoint of that run (its training diverged after it), or re-export it.",
+            f"checkpoint {checkpoint}: weight {name!r} contains NaN or Inf; every unit would diverge.",
+            fix="fine-tune an earlier checkpoint of that run (its training diverged after it), or another model.",
         )
 
 

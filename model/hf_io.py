@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def read_config(directory: Path) -> BertConfig:
         raise UserError(f"{path}: invalid value in the model config: {exc}") from None
 
 
-def _read_weights_file(path: Path) -> dict[str, torch.Tensor]:
+def _read_weights_file(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise UserError(f"weights file {path} is missing.", fix="re-export or re-download the checkpoint.")
     try:
@@ -64,24 +65,29 @@ def _read_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
             state = load_file(str(path))
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # corrupt or truncated file
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(
-            f"cannot read weights file {path} (corrupt or truncated: {reason}).",
-            fix="re-export or re-download the checkpoint.",
-        ) from None
+        raise unreadable(path, exc) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"weights file {path} does not hold a state dict of tensors.")
     return state
 
 
-def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    """The weights of an HF directory: model.safetensors, pytorch_model.bin, or a sharded
-    checkpoint described by `model.safetensors.index.json` / `pytorch_model.bin.index.json`."""
+def unreadable(path: Path, exc: Exception) -> UserError:
+    """A weights file that cannot be read: corrupt or truncated."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UserError(
+        f"cannot read weights file {path} (corrupt or truncated: {reason}).",
+        fix="re-export or re-download the checkpoint.",
+    )
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weights file(s) of an HF directory: model.safetensors, pytorch_model.bin, or the shards
+    that `model.safetensors.index.json` / `pytorch_model.bin.index.json` name."""
     for name in WEIGHT_FILES:
         if (directory / name).is_file():
-            return _read_weights_file(directory / name)
+            return [directory / name]
     for name in WEIGHT_FILES:
         index = directory / (name + ".index.json")
         if index.is_file():
@@ -91,14 +97,40 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
                 )
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
                 raise UserError(f"{index} is not a valid weights index (no 'weight_map').") from None
-            state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(_read_weights_file(directory / shard))
-            return state
+            return [directory / shard for shard in shards]
     raise UserError(
         f"{directory}: no weights file ({' or '.join(WEIGHT_FILES)}) next to config.json.",
         fix="copy the weights file into the directory, or export the checkpoint again (bertflow export-hf).",
     )
+
+
+def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """The weights of an HF directory (`weight_files`), all in memory."""
+    state: dict[str, torch.Tensor] = {}
+    for path in weight_files(directory):
+        state.update(_read_weights_file(path))
+    return state
+
+
+def iter_weights(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights of an HF directory one tensor at a time, for a pass over a checkpoint that
+    need not hold it in memory: safetensors read tensor by tensor, .bin files memory-mapped."""
+    for path in weight_files(directory):
+        if not path.name.endswith(".safetensors"):
+            yield from _read_weights_file(path, mmap=True).items()
+            continue
+        from safetensors import safe_open
+
+        if not path.is_file():
+            raise UserError(
+                f"weights file {path} is missing.", fix="re-export or re-download the checkpoint."
+            )
+        try:
+            with safe_open(str(path), framework="pt") as weights:
+                tensors = ((key, weights.get_tensor(key)) for key in weights.keys())
+                yield from tensors
+        except Exception as exc:  # corrupt or truncated file (not a consumer's error: none is thrown in)
+            raise unreadable(path, exc) from None
 
 
 def saved_parameter_count(directory: Path) -> int | None:

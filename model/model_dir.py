@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,9 @@ from model.hf_io import load_checkpoint, write_hf_dir
 from model.model_card import CardFacts, write_model_card
 
 
-def first_nonfinite(state: dict[str, torch.Tensor]) -> str | None:
+def first_nonfinite(weights: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     """The name of the first floating-point weight holding NaN or Inf, else None."""
-    for name, tensor in state.items():
+    for name, tensor in weights:
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return name
     return None
@@ -36,7 +37,7 @@ def first_nonfinite(state: dict[str, torch.Tensor]) -> str | None:
 
 def check_finite(model: torch.nn.Module, source: str) -> None:
     """Refuse to publish weights holding NaN or Inf (e.g. from an fp16 overflow)."""
-    if (name := first_nonfinite(model.state_dict())) is not None:
+    if (name := first_nonfinite(model.state_dict().items())) is not None:
         raise UserError(
             f"{source}: weight {name!r} contains NaN or Inf; refusing to write a broken model.",
             fix="export an earlier checkpoint (training diverged after it).",

@@ -252,6 +252,17 @@ def _known_keys(keys: list[str]) -> list[str]:
     return list(getattr(model, "model_fields", {}) or {})
 
 
+def bad_flag_value(flag: str, value: Any, exc: ValidationError, key: str, kept: Any) -> UserError:
+    """The one message for a command-line flag whose value its setting `key` (section.name)
+    refuses; `kept`: the setting's value without the flag."""
+    return UserError(
+        f"bad flag value {flag} {value}: {validation_message(exc, key.split('.')[0])}.",
+        fix=f"give {flag} a value {key} accepts, or leave it out to keep "
+        + ("the default" if kept is None else repr(kept))
+        + ".",
+    )
+
+
 def validation_message(exc: ValidationError, section: str | None = None) -> str:
     """A pydantic error as one line per key: `section.key: reason (got value)`, joined by '; '.
     An unknown key names the closest known key of its section when one is near."""

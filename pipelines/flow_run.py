@@ -170,7 +170,7 @@ class FlowRun:
         """One task per fine-tuning unit of the flow's plan (`units` output: their futures)."""
         if not self.wanted("finetune"):
             return
-        from finetuning.fanout import UnitPool, reuse_random_init_units
+        from finetuning.fanout import UnitPool, refuse_nonfinite_encoders, reuse_random_init_units
         from pipelines.stage_finetune import flow_plan
 
         pretrain, tokenizer = (self.upstream(s) for s in upstream)
@@ -182,6 +182,7 @@ class FlowRun:
             for job in jobs:
                 clear(job.out_dir)
         copied = 0 if "finetune" in self.forced else reuse_random_init_units(jobs)
+        refuse_nonfinite_encoders(jobs)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
         complete_before = [read_marker(job.out_dir) is not None for job in jobs]
         t0 = time.time()

@@ -23,7 +23,7 @@ from common.atomic import read_marker, write_marker
 from common.errors import UserError
 from common.paths import check_output_dir
 from finetuning.config import FinetuneConfig
-from pipelines.config import PipelineConfig, load_config, validation_message
+from pipelines.config import PipelineConfig, bad_flag_value, load_config
 from pipelines.stage_keys import code_change_note, run_root, stage_code, stage_dir
 
 if TYPE_CHECKING:
@@ -115,32 +115,45 @@ def _flag_values(args: argparse.Namespace) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
-FLAG_OF_SETTING = {"lrs": "--lr", "seeds": "--seed", "concurrency": "--workers", "units_per_gpu": "--workers"}
+ARG_OF_SETTING = {"lrs": "lr", "seeds": "seed", "concurrency": "workers", "units_per_gpu": "workers"}
 
 
 def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig:
     """The command-line flags win over the config file's finetune: section (already valid, so a
-    refusal here is a flag's, named as such)."""
-    try:
-        return FinetuneConfig.model_validate({**cfg.model_dump(), **_flag_values(args)})
-    except ValidationError as exc:
-        key = str(exc.errors()[0]["loc"][0])
-        flag = FLAG_OF_SETTING.get(key, f"--{key.replace('_', '-')}")
-        raise UserError(
-            f"bad flag value {flag}: {validation_message(exc, 'finetune')}.",
-            fix=f"give {flag} a value finetune.{key} accepts, or leave it out to keep {getattr(cfg, key)!r}.",
-        ) from None
+    refusal here is a flag's: each is checked alone, and the first bad one is named)."""
+    flags = _flag_values(args)
+    for setting, value in flags.items():
+        try:
+            FinetuneConfig.model_validate({**cfg.model_dump(), setting: value})
+        except ValidationError as exc:
+            arg = ARG_OF_SETTING.get(setting, setting)
+            flag = f"--{arg.replace('_', '-')}"
+            raise bad_flag_value(
+                flag, getattr(args, arg), exc, f"finetune.{setting}", getattr(cfg, setting)
+            ) from None
+    return FinetuneConfig.model_validate({**cfg.model_dump(), **flags})
 
 
 def check_flow_finetune(cfg: PipelineConfig) -> None:
     """The flow's fine-tuning settings that cannot work, refused before its first stage instead
-    of after pretraining: unknown tasks, and settings the pretrained model's shape cannot serve."""
-    from finetuning.fanout import check_architecture
+    of after pretraining: unknown tasks, settings the pretrained model's shape cannot serve, and
+    baselines (Hugging Face BERTs) that are missing, cannot serve them or hold NaN/Inf weights."""
+    from finetuning.checkpoints import is_random, normalize_checkpoint, with_baselines
+    from finetuning.fanout import check_architecture, check_encoder_finite, check_model_limits
     from finetuning.units import finetune_units
     from pipelines.stage_pretrain import model_shape
 
     tasks = {u.task for u in finetune_units(cfg.finetune)}
     check_architecture(cfg.finetune, model_shape(cfg), "the pretrained model", tasks)
+    others = [b for b in cfg.finetune.baselines if b != "random"]
+    for baseline in with_baselines([], others, cfg.data_root):
+        try:
+            checkpoint = normalize_checkpoint(baseline)
+            check_model_limits(cfg.finetune, checkpoint, tasks)
+            if not is_random(checkpoint):
+                check_encoder_finite(checkpoint)
+        except UserError as err:
+            raise UserError(f"finetune.baselines: {err}") from None
 
 
 def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list[Job]:
@@ -223,6 +236,7 @@ def main(args: argparse.Namespace) -> int:
     from common.progress import Progress
 
     reused = fanout.reuse_random_init_units(selected)
+    fanout.refuse_nonfinite_encoders(selected)
     complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
     print(
         f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete"

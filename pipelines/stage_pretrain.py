@@ -31,7 +31,7 @@ from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output, has_model
 from common.tracking import WandbTarget
 from model.config import BertConfig
-from pipelines.config import PipelineConfig, load_config, parse_overrides, validation_message
+from pipelines.config import PipelineConfig, bad_flag_value, load_config, parse_overrides
 from pipelines.pretrain_card import steps_before
 from pipelines.stage_keys import (
     code_change_note,
@@ -325,10 +325,7 @@ def check_flag_values(cfg: PipelineConfig, flags: list[tuple[str, str, str]]) ->
                 {**current.model_dump(), **parse_overrides([f"{key}={value}"])[section]}
             )
         except ValidationError as exc:
-            raise UserError(
-                f"bad flag value {flag} {value}: {validation_message(exc, section)}.",
-                fix=f"give {flag} a value {key} accepts, or leave it out to keep {getattr(current, name)!r}.",
-            ) from None
+            raise bad_flag_value(flag, value, exc, key, getattr(current, name)) from None
 
 
 def main(args: argparse.Namespace) -> int:

@@ -169,6 +169,28 @@ def test_import_every_layout(tmp_path):
         )
 
 
+def test_weights_one_tensor_at_a_time_are_the_state_dict_in_every_layout(tmp_path):
+    """`iter_weights` (a pass over a checkpoint without holding it in memory) reads what
+    `read_state_dict` reads, also a sharded checkpoint through its index."""
+    from safetensors.torch import save_file
+
+    from model.hf_io import iter_weights, read_state_dict
+
+    layouts = _layouts(tmp_path, random_tiny(vocab_size=120, seed=3))
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    state = read_state_dict(layouts["with-prefix-and-heads"])
+    names = sorted(state)
+    parts = {"part-1.safetensors": names[: len(names) // 2], "part-2.safetensors": names[len(names) // 2 :]}
+    for part, keys in parts.items():
+        save_file({k: state[k] for k in keys}, str(sharded / part))
+    weight_map = {k: part for part, keys in parts.items() for k in keys}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for directory in [*layouts.values(), sharded]:
+        whole, streamed = read_state_dict(directory), dict(iter_weights(directory))
+        assert whole.keys() == streamed.keys() and all(torch.equal(whole[k], streamed[k]) for k in whole)
+
+
 def test_import_cli_reports_fresh_heads_and_keeps_outputs(minilm_dir, tmp_path, capsys):
     out = tmp_path / "ours"
     assert cli(["import-hf", str(minilm_dir), str(out)]) == 0

@@ -181,6 +181,22 @@ def test_nan_weights_are_not_fine_tuned(minilm_dir, tmp_path, capsys):
     assert not (tmp_path / "o").exists()  # refused before any unit
 
 
+def test_nan_in_a_head_fine_tuning_replaces_is_not_refused(tmp_path):
+    """A unit takes only the encoder: a NaN in the pretraining heads does not reach it."""
+    from finetuning.fanout import check_encoder_finite, nonfinite_encoder_weight
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    with torch.no_grad():
+        model.cls.seq_relationship.weight[0, 0] = float("nan")
+    write_hf_dir(model, tmp_path / "head")
+    check_encoder_finite(str(tmp_path / "head"))
+    with torch.no_grad():
+        model.bert.embeddings.LayerNorm.bias[3] = float("-inf")
+    write_hf_dir(model, tmp_path / "both")
+    assert nonfinite_encoder_weight(tmp_path / "both") == "bert.embeddings.LayerNorm.bias"
+
+
 def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, minilm_dir, tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
     model = BertForPreTraining(BertConfig.from_preset("tiny"))

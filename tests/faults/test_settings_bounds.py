@@ -94,11 +94,12 @@ def test_finetune_flags_are_checked_the_same_way() -> None:
     add_arguments(parser)
     cfg = load_config(None).finetune
     refused = [
-        (["--lr=-1e-5"], "--lr: finetune.lrs"),
-        (["--lr", "nan"], "--lr: finetune.lrs"),
-        (["--seed=-1"], "--seed: finetune.seeds"),
-        (["--epochs", "inf"], "--epochs: finetune.epochs"),
-        (["--workers", "0"], "--workers: finetune.concurrency"),
+        (["--lr=-1e-5"], "--lr -1e-5: finetune.lrs"),
+        (["--lr", "nan"], "--lr nan: finetune.lrs"),
+        (["--seed=-1"], "--seed -1: finetune.seeds"),
+        (["--epochs", "inf"], "--epochs inf: finetune.epochs"),
+        (["--workers", "0"], "--workers 0: finetune.concurrency"),
+        (["--epochs", "0", "--batch-size", "0"], "--epochs 0.0: finetune.epochs"),
     ]
     for flag, named in refused:
         with pytest.raises(UserError, match=f"bad flag value {named}"):
