@@ -33,11 +33,11 @@ def real_sentences(data_dir: Path, n: int = 8) -> list[str]:
     return docs
 
 
-def random_tiny(vocab_size: int = 30522, seed: int = 0) -> BertForPreTraining:
+def random_tiny(vocab_size: int = 30522, seed: int = 0, hidden_act: str = "gelu") -> BertForPreTraining:
     """A tiny model whose every tensor (biases, LayerNorms, heads) is random, so a misplaced or
     dropped key changes the outputs."""
     torch.manual_seed(seed)
-    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=vocab_size))
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=vocab_size, hidden_act=hidden_act))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -61,8 +61,10 @@ def test_minilm_hidden_states_and_pooler_equal_transformers(minilm_dir, data_dir
     assert seq.abs().max() > 1.0  # real activations, not a degenerate all-zero match
 
 
-def test_our_export_reloaded_by_transformers_gives_same_mlm_and_nsp_logits(minilm_dir, tmp_path):
-    ours = random_tiny()
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"])
+def test_our_export_reloaded_by_transformers_gives_same_mlm_and_nsp_logits(minilm_dir, tmp_path, hidden_act):
+    """Every activation a config may name computes what transformers computes for it."""
+    ours = random_tiny(hidden_act=hidden_act)
     out = tmp_path / "export"
     write_hf_dir(ours, out, minilm_dir)
     ref, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
