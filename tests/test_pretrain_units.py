@@ -333,6 +333,13 @@ def test_checkpoint_fallback_prune_and_unverified(tmp_path):
         _fake_tag(root, s)
     checkpoint.prune(root, keep=2)
     assert [t.name for t in checkpoint.tag_dirs(root)] == ["global_step24", "global_step20"]
+    # an unverified tag older than the newest verified one is a dead save: pruned; a newer one may
+    # be a save in progress: kept
+    for step in (22, 28):
+        (root / checkpoint.tag_for(step)).mkdir()
+        (root / checkpoint.tag_for(step) / "mp_rank_00_model_states.pt").write_bytes(b"partial")
+    assert [t.name for t in checkpoint.prune(root, keep=2)] == ["global_step22"]
+    assert [t.name for t in checkpoint.tag_dirs(root)] == ["global_step28", "global_step24", "global_step20"]
 
 
 def test_phase_2_starts_from_phase_1_weights(tmp_path, minilm_dir):
