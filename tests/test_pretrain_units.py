@@ -445,6 +445,9 @@ def test_new_model_starts_at_the_unigram_prediction_and_pretrain_dropout_stays_o
     expected = torch.ones(500, dtype=torch.float64)
     expected[7], expected[9] = 31.0, 11.0
     assert torch.allclose(probs, expected / expected.sum(), atol=1e-6)
+    assert (
+        abs(model.cls.predictions.bias.double().mean().item()) < 1e-6
+    )  # centred: the log prior minus its mean
     assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
     assert model.bert.encoder.layer[0].attention.self.dropout_p == 0.0
     assert mcfg.hidden_dropout_prob == 0.1  # what the run spec and the export keep
