@@ -138,10 +138,14 @@ def nonfinite_encoder_weight(model_dir: Path) -> str | None:
     return first_nonfinite(encoder())
 
 
-def refuse_nonfinite_encoders(jobs: list[Job]) -> None:
-    """Before any unit runs: each checkpoint with units still to train, refused when its encoder
-    holds NaN or Inf (`check_encoder_finite`)."""
-    to_train = {j.checkpoint for j in jobs if not is_random(j.checkpoint) and read_marker(j.out_dir) is None}
+def refuse_nonfinite_encoders(jobs: list[Job], retrain: bool = False) -> None:
+    """Before any unit runs: each checkpoint with units still to train (every unit, with
+    `retrain`), refused when its encoder holds NaN or Inf (`check_encoder_finite`)."""
+    to_train = {
+        j.checkpoint
+        for j in jobs
+        if not is_random(j.checkpoint) and (retrain or read_marker(j.out_dir) is None)
+    }
     for checkpoint in sorted(to_train):
         check_encoder_finite(checkpoint)
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,8 +117,10 @@ def iter_weights(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights of an HF directory one tensor at a time, for a pass over a checkpoint that
     need not hold it in memory: safetensors read tensor by tensor, .bin files memory-mapped."""
     for path in weight_files(directory):
-        if not path.name.endswith(".safetensors"):
-            yield from _read_weights_file(path, mmap=True).items()
+        if not path.name.endswith(
+            ".safetensors"
+        ):  # memory-mapped where its format allows (not pre-1.6 files)
+            yield from _read_weights_file(path, mmap=zipfile.is_zipfile(path)).items()
             continue
         from safetensors import safe_open
 

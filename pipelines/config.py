@@ -257,9 +257,7 @@ def bad_flag_value(flag: str, value: Any, exc: ValidationError, key: str, kept: 
     refuses; `kept`: the setting's value without the flag."""
     return UserError(
         f"bad flag value {flag} {value}: {validation_message(exc, key.split('.')[0])}.",
-        fix=f"give {flag} a value {key} accepts, or leave it out to keep "
-        + ("the default" if kept is None else repr(kept))
-        + ".",
+        fix=f"give {flag} a value {key} accepts, or leave it out to keep {kept!r}.",
     )
 
 

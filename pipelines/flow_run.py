@@ -178,11 +178,11 @@ class FlowRun:
         jobs = flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
         self.unit_dirs = [str(job.out_dir) for job in jobs]
         self.write_record()  # the units it is about to use
+        refuse_nonfinite_encoders(jobs, retrain="finetune" in self.forced)  # before --force clears any
         if "finetune" in self.forced:
             for job in jobs:
                 clear(job.out_dir)
         copied = 0 if "finetune" in self.forced else reuse_random_init_units(jobs)
-        refuse_nonfinite_encoders(jobs)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
         complete_before = [read_marker(job.out_dir) is not None for job in jobs]
         t0 = time.time()

@@ -23,7 +23,7 @@ from common.atomic import read_marker, write_marker
 from common.errors import UserError
 from common.paths import check_output_dir
 from finetuning.config import FinetuneConfig
-from pipelines.config import PipelineConfig, bad_flag_value, load_config
+from pipelines.config import PipelineConfig, bad_flag_value, load_config, validation_message
 from pipelines.stage_keys import code_change_note, run_root, stage_code, stage_dir
 
 if TYPE_CHECKING:
@@ -131,15 +131,19 @@ def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig
             raise bad_flag_value(
                 flag, getattr(args, arg), exc, f"finetune.{setting}", getattr(cfg, setting)
             ) from None
-    return FinetuneConfig.model_validate({**cfg.model_dump(), **flags})
+    try:
+        return FinetuneConfig.model_validate({**cfg.model_dump(), **flags})
+    except ValidationError as exc:  # flags valid alone but not together
+        raise UserError(f"bad flag values: {validation_message(exc, 'finetune')}.") from None
 
 
 def check_flow_finetune(cfg: PipelineConfig) -> None:
     """The flow's fine-tuning settings that cannot work, refused before its first stage instead
     of after pretraining: unknown tasks, settings the pretrained model's shape cannot serve, and
-    baselines (Hugging Face BERTs) that are missing, cannot serve them or hold NaN/Inf weights."""
-    from finetuning.checkpoints import is_random, normalize_checkpoint, with_baselines
-    from finetuning.fanout import check_architecture, check_encoder_finite, check_model_limits
+    baselines (Hugging Face BERTs) that are missing or cannot serve them. (A baseline's weights are
+    not read here, on every run: NaN or Inf in them is refused before its units run.)"""
+    from finetuning.checkpoints import normalize_checkpoint, with_baselines
+    from finetuning.fanout import check_architecture, check_model_limits
     from finetuning.units import finetune_units
     from pipelines.stage_pretrain import model_shape
 
@@ -148,10 +152,7 @@ def check_flow_finetune(cfg: PipelineConfig) -> None:
     others = [b for b in cfg.finetune.baselines if b != "random"]
     for baseline in with_baselines([], others, cfg.data_root):
         try:
-            checkpoint = normalize_checkpoint(baseline)
-            check_model_limits(cfg.finetune, checkpoint, tasks)
-            if not is_random(checkpoint):
-                check_encoder_finite(checkpoint)
+            check_model_limits(cfg.finetune, normalize_checkpoint(baseline), tasks)
         except UserError as err:
             raise UserError(f"finetune.baselines: {err}") from None
 

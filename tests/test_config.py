@@ -254,7 +254,7 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
             "the pretrained model has type_vocab_size 1, but the tasks ['mrpc', 'rte', 'stsb']",
         ),
         ("finetune.baselines=[random,NO_SUCH_MODEL]", "finetune.baselines: checkpoint directory"),
-        ("finetune.baselines=[random,NAN_MODEL]", "'bert.encoder.layer.1.output.dense.weight' contains NaN"),
+        ("finetune.baselines=[random,ONE_TOKEN_TYPE]", "finetune.baselines: checkpoint "),
     ],
 )
 def test_settings_that_would_fail_at_pretraining_or_fine_tuning_are_refused_before_any_stage(
@@ -278,23 +278,10 @@ def test_settings_that_would_fail_at_pretraining_or_fine_tuning_are_refused_befo
     (other_vocab / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nof\n")
     (other_vocab / "tokenizer" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nof\nthe\n")
     (other_vocab / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 7, **shape}))
-    import torch
-
-    from model.config import BertConfig
-    from model.heads import BertForPreTraining
-    from model.hf_io import write_hf_dir
-
-    nan_model = tmp_path / "nan_model"  # a baseline whose encoder holds a NaN
-    torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    with torch.no_grad():
-        model.bert.encoder.layer[1].output.dense.weight[0, 0] = float("nan")
-    write_hf_dir(model, nan_model)
     replaced = {
         "TEMPLATE": template,
         "ONE_TOKEN_TYPE": one_token_type,
         "NO_MASK": no_mask,
-        "NAN_MODEL": nan_model,
     }
     for name, path in (*replaced.items(), ("NO_SUCH_MODEL", tmp_path / "no_such_model")):
         setting = setting.replace(name, str(path))

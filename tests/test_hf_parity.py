@@ -188,7 +188,10 @@ def test_weights_one_tensor_at_a_time_are_the_state_dict_in_every_layout(tmp_pat
         save_file({k: state[k] for k in keys}, str(sharded / part))
     weight_map = {k: part for part, keys in parts.items() for k in keys}
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    for directory in [*layouts.values(), sharded]:
+    legacy = tmp_path / "legacy-bin"  # torch < 1.6's format, which cannot be memory-mapped
+    legacy.mkdir()
+    torch.save(state, legacy / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    for directory in [*layouts.values(), sharded, legacy]:
         whole, streamed = read_state_dict(directory), dict(iter_weights(directory))
         assert whole.keys() == streamed.keys() and all(torch.equal(whole[k], streamed[k]) for k in whole)
 

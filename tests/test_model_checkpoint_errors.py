@@ -273,3 +273,26 @@ def test_export_hf_names_its_own_tokenizer_flag(tmp_path, minilm_dir):
 
     with pytest.raises(UserError, match=r"check the --tokenizer path"):
         refuse_other_tokenizer(minilm_dir, minilm_dir, tmp_path / "no_such_tokenizer")
+
+
+def test_complete_units_of_a_nan_checkpoint_are_not_read_again_unless_retrained(minilm_dir, tmp_path):
+    """The check reads a checkpoint only when some unit of it is still to train; `--force finetune`
+    (retrain) checks before any finished unit is cleared."""
+    from common.atomic import write_marker
+    from finetuning.config import FinetuneConfig
+    from finetuning.fanout import plan, refuse_nonfinite_encoders
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
+    with torch.no_grad():
+        model.bert.pooler.dense.bias[0] = float("nan")
+    write_hf_dir(model, tmp_path / "nan", minilm_dir)
+    jobs = plan(FinetuneConfig(tasks=["sst2"], seeds=[1, 2]), [str(tmp_path / "nan")], tmp_path / "ft")
+    with pytest.raises(UserError, match="bert.pooler.dense.bias"):
+        refuse_nonfinite_encoders(jobs)
+    for job in jobs:
+        job.out_dir.mkdir(parents=True)
+        write_marker(job.out_dir)
+    refuse_nonfinite_encoders(jobs)  # every unit complete: nothing to train, nothing read
+    with pytest.raises(UserError, match="bert.pooler.dense.bias"):
+        refuse_nonfinite_encoders(jobs, retrain=True)
