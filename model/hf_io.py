@@ -57,9 +57,13 @@ def read_config(directory: Path) -> BertConfig:
         raise UserError(f"{path}: invalid value in the model config: {exc}") from None
 
 
-def _read_weights_file(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+def _require_weights_file(path: Path) -> None:
     if not path.is_file():
         raise UserError(f"weights file {path} is missing.", fix="re-export or re-download the checkpoint.")
+
+
+def _read_weights_file(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    _require_weights_file(path)
     try:
         if path.name.endswith(".safetensors"):
             from safetensors.torch import load_file
@@ -115,25 +119,25 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 def iter_weights(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights of an HF directory one tensor at a time, for a pass over a checkpoint that
-    need not hold it in memory: safetensors read tensor by tensor, .bin files memory-mapped."""
+    need not hold it in memory: safetensors read tensor by tensor, .bin files memory-mapped
+    (where their format allows: not files saved by torch before 1.6)."""
     for path in weight_files(directory):
-        if not path.name.endswith(
-            ".safetensors"
-        ):  # memory-mapped where its format allows (not pre-1.6 files)
+        if path.name.endswith(".safetensors"):
+            yield from _safetensors_tensors(path)
+        else:
             yield from _read_weights_file(path, mmap=zipfile.is_zipfile(path)).items()
-            continue
-        from safetensors import safe_open
 
-        if not path.is_file():
-            raise UserError(
-                f"weights file {path} is missing.", fix="re-export or re-download the checkpoint."
-            )
-        try:
-            with safe_open(str(path), framework="pt") as weights:
-                tensors = ((key, weights.get_tensor(key)) for key in weights.keys())
-                yield from tensors
-        except Exception as exc:  # corrupt or truncated file (not a consumer's error: none is thrown in)
-            raise unreadable(path, exc) from None
+
+def _safetensors_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    _require_weights_file(path)
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            for key in weights.keys():
+                yield key, weights.get_tensor(key)
+    except Exception as exc:  # corrupt or truncated file (not a consumer's error: none is thrown in)
+        raise unreadable(path, exc) from None
 
 
 def saved_parameter_count(directory: Path) -> int | None:
