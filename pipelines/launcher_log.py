@@ -29,8 +29,9 @@ TORCHRUN_FAILED = re.compile(r"^E\d{4} .*\] failed \(exitcode: ")
 # torchrun told to stop (SIGTERM or Ctrl-C reached it: `W1125 10:14:17.386000 PID .../api.py:753]
 # Received 15 death signal, shutting down workers`): its own lines from then on (glog lines, the
 # traceback of its SignalException) are self-talk, while the ranks save the step they reached and
-# say so (training/stop_request.py)
-TORCHRUN_STOPPING = re.compile(r"^[WI]\d{4} .*\] Received \d+ death signal")
+# say so (training/stop_request.py). Searched anywhere in a line: a rank's progress line cut off by
+# the signal has no newline, so torchrun's warning can follow it on the same line.
+TORCHRUN_STOPPING = re.compile(r"[WI]\d{4} .*\] Received \d+ death signal")
 TORCHRUN_TALK = re.compile(
     r"^([WEI]\d{4} \d\d:|Traceback \(most recent call last\):|\s|torch\.distributed\.elastic\.)"
 )
@@ -72,7 +73,7 @@ class LauncherLog:
         )
         if self._failure_report:
             return True
-        self._stopping = self._stopping or bool(TORCHRUN_STOPPING.match(line))
+        self._stopping = self._stopping or bool(TORCHRUN_STOPPING.search(line))
         if self._stopping and TORCHRUN_TALK.match(line):
             return True
         if self._in_warning and line.startswith((" ", "\t")):

@@ -129,6 +129,16 @@ def test_torchruns_talk_after_a_stop_signal_is_debug_the_ranks_last_lines_info(t
     log.close()
     assert info == ["step 30/300 loss 7.7058", *ranks]
     assert debug == torchrun + traceback
+    # the signal cut a rank's progress line short: torchrun's warning follows it on the same line
+    # (seen in a test run: its traceback then reached the console)
+    info.clear()
+    debug.clear()
+    log = LauncherLog(info.append, debug.append, tmp_path / "launcher.log")
+    cut = "step 16/2000 loss 7.1452 ETA 43.0 s" + torchrun[0]
+    for line in [cut, *torchrun[1:], *ranks, *traceback]:
+        log(line)
+    log.close()
+    assert info == [cut, *ranks] and debug == torchrun[1:] + traceback
     # before any stop signal, a traceback is not hidden (a rank's crash)
     info.clear()
     log = LauncherLog(info.append, debug.append, tmp_path / "launcher.log")
