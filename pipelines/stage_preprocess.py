@@ -226,6 +226,20 @@ def nothing_to_predict(stats: dict, files: list[str], tokenizer_path: Path) -> U
     )
 
 
+def shard_identity(cfg: PreprocessConfig, files: list[str], tokenizer_json: str, vocab: list[str]) -> dict:
+    """What determines the shards, recorded in the manifest; a finished output with another
+    identity is rebuilt."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "config": cfg.output_settings(),  # how the job runs (workers, runner) is not in the manifest
+        # the vocabulary decides the ids: its hash equals the sha256 of a vocab.txt holding it, so
+        # pretraining can match the shards to a tokenizer dir however preprocess was given it
+        "tokenizer_sha256": hashlib.sha256(("\n".join(vocab) + "\n").encode()).hexdigest(),
+        "tokenizer_json_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
+        "input_fingerprint": input_fingerprint(files),
+    }
+
+
 def run_preprocess_stage(
     cfg: PreprocessConfig,
     tokenizer_path: Path,
@@ -235,10 +249,7 @@ def run_preprocess_stage(
 ) -> dict:
     """Write the shard directory `out_dir` (a local path or a URL); returns the stats (also in
     stats.json)."""
-    from preprocessing.beam_job import run_pipeline
-    from preprocessing.examples import ExampleParams
-    from preprocessing.masking import MaskingSpec
-    from preprocessing.wordpiece import SPECIAL_TOKENS, load_tokenizer, vocab_list
+    from preprocessing.wordpiece import load_tokenizer, vocab_list
 
     out_dir = str(out_dir)
     if not storage.is_remote(out_dir):
@@ -252,19 +263,8 @@ def run_preprocess_stage(
             fix="check --input / preprocess.input.",
         )
     tok, _ = load_tokenizer(tokenizer_path)
-    tokenizer_json = tok.to_str()
-    vocab = vocab_list(tok)
-    config = cfg.output_settings()  # how the job runs (workers, runner) is not in the manifest
-    fingerprint = input_fingerprint(files)
-    identity = {
-        "schema_version": SCHEMA_VERSION,
-        "config": config,
-        # the vocabulary decides the ids: its hash equals the sha256 of a vocab.txt holding it, so
-        # pretraining can match the shards to a tokenizer dir however preprocess was given it
-        "tokenizer_sha256": hashlib.sha256(("\n".join(vocab) + "\n").encode()).hexdigest(),
-        "tokenizer_json_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
-        "input_fingerprint": fingerprint,
-    }
+    tokenizer_json, vocab = tok.to_str(), vocab_list(tok)
+    identity = shard_identity(cfg, files, tokenizer_json, vocab)
     work_dir = work_dir_for(out_dir, options.get_all_options()["temp_location"])
     stats = _finished_stats(out_dir, identity)
     if stats is not None:
@@ -276,76 +276,118 @@ def run_preprocess_stage(
     with exclusive_dir(out_dir, "preprocess") if local else nullcontext():
         _clear_outputs(out_dir, work_dir)
         # fail here, not in a worker, when the output or the work folder cannot be written
-        if not storage.is_remote(out_dir):
+        if local:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
         storage.write_json(storage.join(work_dir, "job.json"), {"output": out_dir, "inputs": len(files)})
-
         input_bytes = sum(text_size(p) for p in files)
         num_buckets = max(1, math.ceil(input_bytes / (cfg.bucket_size_mb * 2**20)))
-        labels = file_labels(files)
-        params = ExampleParams(
-            cfg.max_seq_length, cfg.short_seq_prob, cfg.dupe_factor, cfg.seed, vocab.index("[CLS]"), vocab.index("[SEP]"),
-            cfg.balance_nsp,
-        )  # fmt: skip
-        spec = MaskingSpec.from_vocab(
-            vocab, SPECIAL_TOKENS, cfg.masked_lm_prob, cfg.max_predictions_per_seq, cfg.whole_word_mask
-        )
-        log.info(
-            "preprocess: %d file(s), %.1f MB of text, %d bucket(s), %d shard(s), runner %s",
-            len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],
-        )  # fmt: skip
         start = time.perf_counter()
-        try:
-            with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
-                counts, entries = run_pipeline(
-                    [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
-                    cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
-                )  # fmt: skip
-        except Exception as exc:  # a Beam worker's error arrives as text in a RuntimeError
-            if (full := full_disk_path(exc)) is None:
-                raise
-            needed = OUTPUT_BYTES_PER_TEXT_BYTE * input_bytes * cfg.dupe_factor
-            raise disk_full_error(full or out_dir, needed, "this preprocess job") from None
+        counts, entries = _run_job(
+            cfg, files, input_bytes, num_buckets, tokenizer_json, vocab, out_dir, work_dir, options
+        )
         seconds = time.perf_counter() - start
-        if counts.get("documents_read", 0) == 0:
-            _clear_outputs(out_dir, work_dir)
-            raise UserError(
-                f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
-                f"{ {k: v for k, v in counts.items() if k != 'files_read' and ':' not in k} }).",
-                fix=" ".join(encoding_warnings(counts))
-                or "check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
-            )
-        if counts.get("examples", 0) == 0:
-            _clear_outputs(out_dir, work_dir)
-            raise UserError(
-                f"the corpus {', '.join(map(str, files))} gave no examples ({counts.get('documents_read')} documents).",
-                fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
-            )
         stats = _summarize(counts, input_bytes, seconds, entries)
-        if counts.get("masked_positions", 0) == 0:
+        try:
+            _refuse_useless_output(counts, stats, files, tokenizer_path)
+        except UserError:
             _clear_outputs(out_dir, work_dir)
-            raise nothing_to_predict(stats, files, tokenizer_path)
+            raise
         stats["warnings"] = (
             data_warnings(stats, cfg) + empty_shard_warnings(entries, cfg) + encoding_warnings(counts)
         )
         for line in stats["warnings"]:
             log.warning("WARNING (%s): %s", out_dir, line)
-        splits = {
-            s: [e for sp, _, e in sorted(entries, key=lambda x: (x[0], x[1])) if sp == s] for s in SPLITS
-        }
-        manifest = {**identity, "schema": schema_description(), "num_buckets": num_buckets, "splits": splits}
-        storage.write_json(storage.join(out_dir, STATS_NAME), stats)
-        storage.write_json(storage.join(out_dir, MANIFEST_NAME), manifest)
-        storage.delete_tree(work_dir)
-        storage.write_json(
-            storage.join(out_dir, MARKER_NAME),
-            {"stage": "preprocess", "examples": stats["examples"], "code": stage_code("preprocess")},
-        )  # last
+        _write_outputs(out_dir, work_dir, identity, stats, entries, num_buckets)
         log.info(
             "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
             stats["examples"], stats["examples_per_split"], out_dir, seconds, stats["mb_per_second"] or 0,
         )  # fmt: skip
         return stats
+
+
+def _run_job(
+    cfg: PreprocessConfig,
+    files: list[str],
+    input_bytes: int,
+    num_buckets: int,
+    tokenizer_json: str,
+    vocab: list[str],
+    out_dir: str,
+    work_dir: str,
+    options: PipelineOptions,
+) -> tuple[dict[str, int], list[tuple[str, int, dict]]]:
+    """The Beam job: its counters and the written shards' (split, index, entry); a full disk
+    anywhere in it is said with the space the job needs."""
+    from preprocessing.beam_job import run_pipeline
+    from preprocessing.examples import ExampleParams
+    from preprocessing.masking import MaskingSpec
+    from preprocessing.wordpiece import SPECIAL_TOKENS
+
+    params = ExampleParams(
+        cfg.max_seq_length, cfg.short_seq_prob, cfg.dupe_factor, cfg.seed, vocab.index("[CLS]"), vocab.index("[SEP]"),
+        cfg.balance_nsp,
+    )  # fmt: skip
+    spec = MaskingSpec.from_vocab(
+        vocab, SPECIAL_TOKENS, cfg.masked_lm_prob, cfg.max_predictions_per_seq, cfg.whole_word_mask
+    )
+    labels = file_labels(files)
+    log.info(
+        "preprocess: %d file(s), %.1f MB of text, %d bucket(s), %d shard(s), runner %s",
+        len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],
+    )  # fmt: skip
+    try:
+        with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
+            return run_pipeline(
+                [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
+                cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
+            )  # fmt: skip
+    except Exception as exc:  # a Beam worker's error arrives as text in a RuntimeError
+        if (full := full_disk_path(exc)) is None:
+            raise
+        needed = OUTPUT_BYTES_PER_TEXT_BYTE * input_bytes * cfg.dupe_factor
+        raise disk_full_error(full or out_dir, needed, "this preprocess job") from None
+
+
+def _refuse_useless_output(
+    counts: dict[str, int], stats: dict, files: list[str], tokenizer_path: Path
+) -> None:
+    """A job that read no document, made no example or masked no position is refused: its shards
+    would train nothing."""
+    if counts.get("documents_read", 0) == 0:
+        raise UserError(
+            f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
+            f"{ {k: v for k, v in counts.items() if k != 'files_read' and ':' not in k} }).",
+            fix=" ".join(encoding_warnings(counts))
+            or "check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
+        )
+    if counts.get("examples", 0) == 0:
+        raise UserError(
+            f"the corpus {', '.join(map(str, files))} gave no examples ({counts.get('documents_read')} documents).",
+            fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
+        )
+    if counts.get("masked_positions", 0) == 0:
+        raise nothing_to_predict(stats, files, tokenizer_path)
+
+
+def _write_outputs(
+    out_dir: str,
+    work_dir: str,
+    identity: dict,
+    stats: dict,
+    entries: list[tuple[str, int, dict]],
+    num_buckets: int,
+) -> None:
+    """stats.json, manifest.json (the shards of each split in order), the work folder removed,
+    and the completion marker last."""
+    splits = {s: [e for sp, _, e in sorted(entries, key=lambda x: (x[0], x[1])) if sp == s] for s in SPLITS}
+    manifest = {**identity, "schema": schema_description(), "num_buckets": num_buckets, "splits": splits}
+    storage.write_json(storage.join(out_dir, STATS_NAME), stats)
+    storage.write_json(storage.join(out_dir, MANIFEST_NAME), manifest)
+    storage.delete_tree(work_dir)
+    storage.write_json(
+        storage.join(out_dir, MARKER_NAME),
+        {"stage": "preprocess", "examples": stats["examples"], "code": stage_code("preprocess")},
+    )  # last
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
