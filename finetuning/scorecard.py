@@ -121,16 +121,51 @@ def build_scorecard(
     out_dir = Path(out_dir)
     ok = [r for r in results if "error" not in r]
     failed = [r for r in results if "error" in r]
-    tasks: list[str] = []
-    metric_names: dict[str, list[str]] = {}
-    for r in ok:
-        if r["task"] not in tasks:
-            tasks.append(r["task"])
-            metric_names[r["task"]] = list(r["metric_names"])
-    columns = [(t, m) for t in tasks for m in metric_names[t]]
+    columns = _columns(ok)
+    rows = _checkpoint_rows(ok, list(dict.fromkeys(t for t, _ in columns)))
+    deltas = _delta_rows(rows, columns)
+    card = {
+        "columns": [f"{t}/{m}" for t, m in columns],
+        "rows": rows,
+        "deltas": deltas,
+        "chance": _chance_row(rows),
+        "headline": _headline(rows, deltas),
+        "reference": {
+            "name": "BERT-base (Devlin et al. 2019)",
+            "values": {f"{t}/{m}": v for t, ms in BERT_BASE_REFERENCE.items() for m, v in ms.items()},
+            "test_set_figures": [f"{t}/{m}" for t, m in BERT_BASE_SOURCE],
+        },
+        "failed": [
+            {"unit": r.get("unit"), "checkpoint": r.get("checkpoint_label"), "error": r["error"]}
+            for r in failed
+        ],
+        "notes": _unit_notes(rows),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "scorecard.json", card)
+    atomic_write_text(out_dir / "scorecard.md", render_markdown(card, columns))
+    if tracker is not None:
+        header, table = table_rows(card, columns)
+        tracker.log_table("finetune/scorecard", header, table)
+        for row in rows:
+            if row["glue_average"] is not None:
+                tracker.summary({f"finetune/{row['checkpoint']}/glue_average": row["glue_average"]})
+    return card
 
+
+def _columns(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(task, metric) in the order the results first name each task."""
+    metric_names: dict[str, list[str]] = {}
+    for r in results:
+        metric_names.setdefault(r["task"], list(r["metric_names"]))
+    return [(t, m) for t, ms in metric_names.items() for m in ms]
+
+
+def _checkpoint_rows(results: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
+    """One row per checkpoint: its best lr per task and the GLUE-style average; pretrained
+    checkpoints first, then random init."""
     by_ckpt: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in ok:
+    for r in results:
         by_ckpt[r["checkpoint_label"]].append(r)
     rows = []
     for label, rs in by_ckpt.items():
@@ -149,81 +184,66 @@ def build_scorecard(
             }
         )
     rows.sort(key=lambda row: (row["kind"] == "random", row["checkpoint"]))
+    return rows
 
+
+def _delta_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Each pretrained row against the first random-init row: per metric the difference and its
+    seed-noise margin, and the GLUE-style average's; none without a random-init row."""
     randoms = [row for row in rows if row["kind"] == "random"]
+    if not randoms:
+        return []
+    base = randoms[0]
     deltas = []
-    if randoms:
-        base = randoms[0]
-        for row in rows:
-            if row["kind"] == "random":
-                continue
-            values, margins = {}, {}
-            for t, m in columns:
-                if t in row["tasks"] and t in base["tasks"]:
-                    ours, theirs = row["tasks"][t], base["tasks"][t]
-                    values[f"{t}/{m}"] = _diff(ours["metrics"][m], theirs["metrics"][m])
-                    margins[f"{t}/{m}"] = _margin(
-                        difference_noise(
-                            ours["metrics_std"][m],
-                            len(ours["seeds"]),
-                            theirs["metrics_std"][m],
-                            len(theirs["seeds"]),
-                        )
+    for row in rows:
+        if row["kind"] == "random":
+            continue
+        values, margins = {}, {}
+        for t, m in columns:
+            if t in row["tasks"] and t in base["tasks"]:
+                ours, theirs = row["tasks"][t], base["tasks"][t]
+                values[f"{t}/{m}"] = _diff(ours["metrics"][m], theirs["metrics"][m])
+                margins[f"{t}/{m}"] = _margin(
+                    difference_noise(
+                        ours["metrics_std"][m],
+                        len(ours["seeds"]),
+                        theirs["metrics_std"][m],
+                        len(theirs["seeds"]),
                     )
-            deltas.append(
-                {
-                    "checkpoint": row["checkpoint"],
-                    "name": row["name"],
-                    "versus": base["checkpoint"],
-                    "versus_name": base["name"],
-                    "values": values,
-                    "margins": margins,
-                    **_glue_average_delta(row, base),
-                }
-            )
+                )
+        deltas.append(
+            {
+                "checkpoint": row["checkpoint"],
+                "name": row["name"],
+                "versus": base["checkpoint"],
+                "versus_name": base["name"],
+                "values": values,
+                "margins": margins,
+                **_glue_average_delta(row, base),
+            }
+        )
+    return deltas
 
-    chance = _chance_row(rows)
-    said = {
-        "squad_split": "SQuAD:",
-        "pooler": "{name}: pooler",
-        "eval_words_truncated": "{name}: CoNLL dev words past max_seq_length, scored as O:",
-    }  # a unit's notes, as the Notes list says them
-    notes = sorted(
+
+# a unit's notes, as the scorecard's Notes list says them
+_NOTE_PREFIX = {
+    "squad_split": "SQuAD:",
+    "pooler": "{name}: pooler",
+    "eval_words_truncated": "{name}: CoNLL dev words past max_seq_length, scored as O:",
+}
+
+
+def _unit_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """The notes of every row's units, each said once."""
+    return sorted(
         {
-            f"{said[k].format(name=row['name'])} {v}"
+            f"{_NOTE_PREFIX[k].format(name=row['name'])} {v}"
             for row in rows
             for t in row["tasks"].values()
             for k, v in t["notes"].items()
-            if k in said and v
+            if k in _NOTE_PREFIX and v
         }
     )
-    card = {
-        "columns": [f"{t}/{m}" for t, m in columns],
-        "rows": rows,
-        "deltas": deltas,
-        "chance": chance,
-        "headline": _headline(rows, deltas),
-        "reference": {
-            "name": "BERT-base (Devlin et al. 2019)",
-            "values": {f"{t}/{m}": v for t, ms in BERT_BASE_REFERENCE.items() for m, v in ms.items()},
-            "test_set_figures": [f"{t}/{m}" for t, m in BERT_BASE_SOURCE],
-        },
-        "failed": [
-            {"unit": r.get("unit"), "checkpoint": r.get("checkpoint_label"), "error": r["error"]}
-            for r in failed
-        ],
-        "notes": notes,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "scorecard.json", card)
-    atomic_write_text(out_dir / "scorecard.md", render_markdown(card, columns))
-    if tracker is not None:
-        header, table = table_rows(card, columns)
-        tracker.log_table("finetune/scorecard", header, table)
-        for row in rows:
-            if row["glue_average"] is not None:
-                tracker.summary({f"finetune/{row['checkpoint']}/glue_average": row["glue_average"]})
-    return card
 
 
 def _glue_average_std(best: dict[str, dict[str, Any]], glue_tasks: list[str]) -> float | None:
