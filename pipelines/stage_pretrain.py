@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -41,6 +42,10 @@ from pipelines.stage_keys import (
     stage_dirs,
     with_phase_init,
 )
+
+if TYPE_CHECKING:
+    from training.config import PretrainConfig
+    from training.run_spec import RunSpec
 
 
 def _device_caps() -> tuple[bool, bool]:
@@ -66,7 +71,6 @@ def run_pretrain_stage(
     when None), every line to OUT/launcher.log. `wandb`: where the W&B run goes (the flow passes
     its run's group; alone, the group is `<config name>-pretrain`). `stage`: the flow's name of the
     stage (pretrain@NAME for a phase), which names the W&B run."""
-    from pipelines.launcher_log import LauncherLog, jit_build_notice
     from training import launch, preflight
     from training.ranks import resolve_ranks, split_text, visible_gpus
 
@@ -88,24 +92,8 @@ def run_pretrain_stage(
         cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world, wandb, stage
     )
     fingerprint = spec.fingerprint()
-    marker = read_marker(out_dir)
-    if marker is not None and marker.get("fingerprint") != fingerprint:
-        differences = spec.differences(marker["settings"]) if "settings" in marker else []
-        raise UserError(
-            f"{out_dir} holds a finished pretraining run with other settings"
-            + (f": {'; '.join(differences)}." if differences else "."),
-            fix=f"choose a new --output directory, or delete {out_dir} to retrain it with these settings.",
-        )
-    if marker is not None and has_model(out_dir):
-        log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
-        if note := code_change_note("pretrain", [out_dir]):
-            log_line(note)
-        return out_dir / "model"
-    if marker is not None:  # the same run, its model deleted: the ranks resume at the end and export it
-        log_line(
-            f"pretrain: {out_dir} is complete but has no model/; writing it again from the last checkpoint."
-        )
-        (out_dir / MARKER_NAME).unlink()
+    if (finished := _finished_model(out_dir, spec, fingerprint, log_line)) is not None:
+        return finished
 
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
     with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():
@@ -113,28 +101,8 @@ def run_pretrain_stage(
             mark_in_progress(out_dir)  # until write_marker below
         spec_path = out_dir / "run_spec.json"
         spec.write(spec_path)
-        port = p.master_port or launch.free_port()
-        local = p.num_processes if p.nnodes > 1 else world
-        cmd = launch.build_command(
-            p.launcher,
-            local,
-            spec_path,
-            port,
-            p.hostfile and str(Path(p.hostfile).resolve()),
-            p.nnodes,
-            node_rank,
-            p.master_addr,
-        )
-        notice = jit_build_notice(on_gpu)
-        if notice:
-            log_line(notice)
         started = time.time()
-        ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
-        try:
-            env = launch.child_env(local, on_gpu, p.stop_grace_s)
-            launch.run_launcher(cmd, env, ranks_log, p.stop_grace_s)
-        finally:
-            ranks_log.close()
+        _run_ranks(p, spec_path, world, node_rank, on_gpu, out_dir, log_line, log_debug)
 
         model_dir = out_dir / "model"
         if node_rank > 0:
@@ -158,6 +126,62 @@ def run_pretrain_stage(
         )
         log_line(f"pretrain: done, model at {model_dir}")
         return model_dir
+
+
+def _finished_model(
+    out_dir: Path, spec: RunSpec, fingerprint: str, log_line: Callable[[str], None]
+) -> Path | None:
+    """The model of a finished run with these settings (None: run or resume it). A finished run
+    with other settings is refused; one whose model/ was deleted loses its marker, and its ranks
+    resume at the end and export the model again."""
+    marker = read_marker(out_dir)
+    if marker is None:
+        return None
+    if marker.get("fingerprint") != fingerprint:
+        differences = spec.differences(marker["settings"]) if "settings" in marker else []
+        raise UserError(
+            f"{out_dir} holds a finished pretraining run with other settings"
+            + (f": {'; '.join(differences)}." if differences else "."),
+            fix=f"choose a new --output directory, or delete {out_dir} to retrain it with these settings.",
+        )
+    if has_model(out_dir):
+        log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
+        if note := code_change_note("pretrain", [out_dir]):
+            log_line(note)
+        return out_dir / "model"
+    log_line(f"pretrain: {out_dir} is complete but has no model/; writing it again from the last checkpoint.")
+    (out_dir / MARKER_NAME).unlink()
+    return None
+
+
+def _run_ranks(
+    p: PretrainConfig,
+    spec_path: Path,
+    world: int,
+    node_rank: int,
+    on_gpu: bool,
+    out_dir: Path,
+    log_line: Callable[[str], None],
+    log_debug: Callable[[str], None] | None,
+) -> None:
+    """This node's ranks through the launcher, their output streamed to `log_line` / `log_debug`
+    and OUT/launcher.log; returns when they are done, raises when they failed."""
+    from pipelines.launcher_log import LauncherLog, jit_build_notice
+    from training import launch
+
+    port = p.master_port or launch.free_port()
+    local = p.num_processes if p.nnodes > 1 else world
+    hostfile = p.hostfile and str(Path(p.hostfile).resolve())
+    cmd = launch.build_command(
+        p.launcher, local, spec_path, port, hostfile, p.nnodes, node_rank, p.master_addr
+    )
+    if notice := jit_build_notice(on_gpu):
+        log_line(notice)
+    ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
+    try:
+        launch.run_launcher(cmd, launch.child_env(local, on_gpu, p.stop_grace_s), ranks_log, p.stop_grace_s)
+    finally:
+        ranks_log.close()
 
 
 def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
