@@ -208,6 +208,16 @@ def test_peak_table_and_override():
     assert device_peak_tflops("NVIDIA H200", "bf16") == 989.0
     assert device_peak_tflops("Some GPU", "bf16") is None
     assert device_peak_tflops("NVIDIA H100", "bf16", override=700.0) == 700.0
+    # the precision picks the column: fp32 (TF32) is half the bf16/fp16 peak; a V100 has no bf16
+    assert device_peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == 156.0
+    assert device_peak_tflops("NVIDIA A100-SXM4-80GB", "fp16") == 312.0
+    assert device_peak_tflops("Tesla V100-SXM2-16GB", "fp16") == 125.0
+    assert device_peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None
+    # a table name is a whole model name: an L40S is not an L4, an A10G not an A10
+    assert device_peak_tflops("NVIDIA L4", "bf16") == 121.0
+    assert device_peak_tflops("NVIDIA L40S", "bf16") is None
+    assert device_peak_tflops("NVIDIA A10", "bf16") == 125.0
+    assert device_peak_tflops("NVIDIA A10G", "bf16") is None
 
 
 def _pcfg(**kw) -> PretrainConfig:

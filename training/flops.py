@@ -22,6 +22,8 @@ MFU = achieved FLOP/s ÷ the device's dense peak for the training precision (GPU
 
 from __future__ import annotations
 
+import re
+
 from model.config import BertConfig
 
 # Dense peak TFLOP/s (no sparsity) per precision; fp32 means TF32 tensor cores on Ampere+.
@@ -54,10 +56,12 @@ def step_flops(
 
 
 def device_peak_tflops(device_name: str, precision: str, override: float | None = None) -> float | None:
-    """Peak dense TFLOP/s of a GPU by name (e.g. 'NVIDIA H100 80GB HBM3'), or the override."""
+    """Peak dense TFLOP/s of a GPU by name (e.g. 'NVIDIA H100 80GB HBM3'), or the override; None
+    for a GPU not in the table or a precision it lacks. A table name matches as a whole model name:
+    'L4' is not the peak of an L40S, nor 'A10' of an A100 or A10G."""
     if override:
         return override
     for key, table in PEAK_TFLOPS.items():
-        if key in device_name.upper():
+        if re.search(rf"(?<![0-9A-Z]){key}(?![0-9A-Z])", device_name.upper()):
             return table.get(precision) or None
     return None
