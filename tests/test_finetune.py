@@ -23,9 +23,9 @@ from finetuning.batching import collate, train_batches
 from finetuning.checkpoints import checkpoint_label, with_baselines
 from finetuning.config import UNIT_CODE, FinetuneConfig
 from finetuning.fanout import plan, reuse_random_init_units, unit_key, worker_count
-from finetuning.scorecard import build_scorecard
+from finetuning.scorecard import build_scorecard, table_rows
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
-from tests.wandb_records import by_step, history
+from tests.wandb_records import by_step, history, logged_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -550,6 +550,11 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir):
     assert "| random init (tiny) |" in proc.stdout  # the scorecard is printed
     [scorecard_row] = history(out / "scorecard_run")  # the W&B table's run: the table, logged once
     assert scorecard_row["finetune/scorecard._type"] == "table-file"
+    table = logged_table(out / "scorecard_run", "finetune/scorecard")  # the scorecard, cell for cell
+    header, rows = table_rows(card, [tuple(c.split("/")) for c in card["columns"]])
+    assert table == {"columns": header, "data": rows}
+    assert table["data"][0][0] == "random init (tiny)"
+    assert table["data"][0][1].startswith(f"{result['metrics']['accuracy']:.1f}")  # the unit's own score
     logged = by_step(history(movies), "_step")  # the unit's offline W&B run file
     assert logged == by_step(read_metrics(movies), "step")
     evaluated = logged[result["train_steps"]]  # the eval metrics, at the unit's last step

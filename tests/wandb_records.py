@@ -80,3 +80,10 @@ def by_step(rows: list[dict[str, Any]], step_key: str) -> dict[int, dict[str, An
         values = {k: v for k, v in row.items() if k != step_key and not k.startswith("_")}
         merged.setdefault(row[step_key], {}).update(values)
     return merged
+
+
+def logged_table(run_dir: Path, key: str) -> dict[str, Any]:
+    """The W&B table logged as `key` in the run under `run_dir/wandb_files`, as its run folder
+    holds it: {"columns": [...], "data": [[...], ...]}."""
+    [row] = [r for r in history(run_dir) if f"{key}.path" in r]
+    return json.loads((run_file(run_dir).parent / "files" / row[f"{key}.path"]).read_text())
