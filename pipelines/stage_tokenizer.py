@@ -11,6 +11,7 @@ import hashlib
 import logging
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.atomic import MARKER_NAME, read_marker, remove_temp_files, sha256_file, write_marker
 from common.dir_lock import exclusive_dir
@@ -21,6 +22,9 @@ from common.stage_output import check_own_output
 from pipelines.stage_keys import code_change_note, stage_code, stage_dir
 from preprocessing.config import TokenizerConfig
 from preprocessing.corpus import encoding_warnings, expand_inputs, iter_texts
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger("bertflow.tokenizer")
 OUTPUT_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
@@ -101,7 +105,10 @@ def unused_training_settings(cfg: TokenizerConfig) -> str | None:
 
 
 def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None) -> Path:
-    from preprocessing.wordpiece import load_tokenizer, save_tokenizer, train_tokenizer
+    """Write vocab.txt, tokenizer.json and tokenizer_config.json to `out_dir`: loaded from
+    `tokenizer.vocab`, or trained on the corpus; a trained one is reused while its settings, corpus
+    and files are unchanged. Returns `out_dir`."""
+    from preprocessing.wordpiece import load_tokenizer, save_tokenizer
 
     out_dir = Path(out_dir)
     check_own_output(out_dir, "tokenizer", {})
@@ -129,32 +136,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
             log.info("loaded %s (%d tokens)", source, tok.get_vocab_size())
             warnings.append(unused_training_settings(cfg))
         else:
-            log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
-            tok = train_tokenizer(
-                _Corpus(files, counts),
-                cfg.vocab_size,
-                cfg.lowercase,
-                cfg.min_frequency,
-                cfg.limit_alphabet,
-                counts=counts,
-            )
-            if counts["words_skipped_over_100_chars"]:
-                log.warning(
-                    "left %d word(s) longer than 100 characters out of the vocabulary (WordPiece encodes "
-                    "each as one [UNK])",
-                    counts["words_skipped_over_100_chars"],
-                )
-            lowercase = cfg.lowercase
-            if counts["documents_read"] == 0:
-                raise UserError(
-                    f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
-                    fix=" ".join(encoding_warnings(counts))
-                    or "check --input (plain text needs non-empty lines; WikiExtractor files <doc> blocks).",
-                )
-            if tok.get_vocab_size() < 6:
-                raise UserError(
-                    "the trained vocabulary is empty.", fix="use a larger corpus or lower min_frequency."
-                )
+            tok, lowercase = _train(cfg, files, counts), cfg.lowercase
             warnings += [vocab_size_warning(cfg, tok), *encoding_warnings(counts)]
         warnings = [w for w in warnings if w]
         for line in warnings:
@@ -176,6 +158,37 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         )
         log.info("wrote %s (vocab %d)", out_dir, tok.get_vocab_size())
         return out_dir
+
+
+def _train(cfg: TokenizerConfig, files: list[Path], counts: Counter) -> Tokenizer:
+    """WordPiece trained on `files` (`counts` gets the corpus counters); a corpus with no
+    document, or one that gives an empty vocabulary, is refused."""
+    from preprocessing.wordpiece import train_tokenizer
+
+    log.info("training WordPiece (vocab %d) on %d file(s)", cfg.vocab_size, len(files))
+    tok = train_tokenizer(
+        _Corpus(files, counts),
+        cfg.vocab_size,
+        cfg.lowercase,
+        cfg.min_frequency,
+        cfg.limit_alphabet,
+        counts=counts,
+    )
+    if counts["words_skipped_over_100_chars"]:
+        log.warning(
+            "left %d word(s) longer than 100 characters out of the vocabulary (WordPiece encodes "
+            "each as one [UNK])",
+            counts["words_skipped_over_100_chars"],
+        )
+    if counts["documents_read"] == 0:
+        raise UserError(
+            f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
+            fix=" ".join(encoding_warnings(counts))
+            or "check --input (plain text needs non-empty lines; WikiExtractor files <doc> blocks).",
+        )
+    if tok.get_vocab_size() < 6:
+        raise UserError("the trained vocabulary is empty.", fix="use a larger corpus or lower min_frequency.")
+    return tok
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
