@@ -220,6 +220,15 @@ def _plan_from_args(
     return jobs, Path(args.output)
 
 
+def result_line(job: Job, result: dict) -> str:
+    """A finished unit as the command prints it: its metrics and speed, or its error."""
+    if "error" in result:
+        return f"FAILED {job.name}: {result['error']}"
+    shown = ", ".join(f"{k} {'undefined' if v is None else f'{v:.1f}'}" for k, v in result["metrics"].items())
+    shown += " (DIVERGED: the training loss is NaN)" if result.get("diverged") else ""
+    return f"done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s)"
+
+
 def main(args: argparse.Namespace) -> int:
     cfg_all = load_config(args.config, args.set)  # a config mistake is said before torch loads
     cfg = apply_flags(cfg_all.finetune, args)
@@ -250,18 +259,10 @@ def main(args: argparse.Namespace) -> int:
     progress = Progress(len(selected) - len(complete), "units to run")
 
     def report(job: Job, result: dict) -> None:
-        done = "" if job.out_dir in complete else f"  [{progress.step()}]"
-        if "error" in result:
-            print(f"  FAILED {job.name}: {result['error']}{done}", flush=True)
-        else:
-            shown = ", ".join(
-                f"{k} {'undefined' if v is None else f'{v:.1f}'}" for k, v in result["metrics"].items()
-            )
-            shown += " (DIVERGED: the training loss is NaN)" if result.get("diverged") else ""
-            print(
-                f"  done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s){done}",
-                flush=True,
-            )
+        print(
+            f"  {result_line(job, result)}" + ("" if job.out_dir in complete else f"  [{progress.step()}]"),
+            flush=True,
+        )
 
     results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)
     results += finished_results(j.out_dir for j in jobs if j not in selected)  # --unit: the plan's others

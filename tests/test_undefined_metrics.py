@@ -61,6 +61,23 @@ def test_scorecard_shows_undefined_and_diverged(tmp_path):
     assert json.loads((tmp_path / "scorecard.json").read_text()) == card
 
 
+def test_the_finetune_command_prints_undefined_diverged_and_failed_units_as_such():
+    from types import SimpleNamespace
+
+    from pipelines.stage_finetune import result_line
+
+    job = SimpleNamespace(name="stsb-lr5e-05-s1__ours")
+    undefined = _result("ours", "pretrained", "stsb", {"pearson": None, "spearman": 12.34})
+    assert (
+        result_line(job, undefined)
+        == "done   stsb-lr5e-05-s1__ours: pearson undefined, spearman 12.3 (1.0 train ex/s)"
+    )
+    diverged = _result("ours", "pretrained", "sst2", {"accuracy": 50.0}, diverged=True)
+    assert "accuracy 50.0 (DIVERGED: the training loss is NaN)" in result_line(job, diverged)
+    assert "DIVERGED" not in result_line(job, _result("ours", "pretrained", "sst2", {"accuracy": 50.0}))
+    assert result_line(job, {"error": "no such file"}) == "FAILED stsb-lr5e-05-s1__ours: no such file"
+
+
 def test_a_diverged_seed_with_nan_metrics_leaves_the_scorecard_buildable(tmp_path):
     """A diverged regression unit predicts NaN, so its Pearson is NaN and its side's seed std too;
     the seed-noise margin is then unknown (it once raised ValueError and lost the whole scorecard)."""
