@@ -13,7 +13,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,10 @@ from common.atomic import atomic_write_json
 from common.errors import UserError
 from common.paths import check_output_file
 from pipelines.model_commands_export import resolve_model
+
+if TYPE_CHECKING:
+    from model.config import BertConfig
+    from training.data import ExampleStore
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,33 +57,13 @@ def evaluate_checkpoint(
         raise UserError("--batch-size and --max-examples must be positive integers.")
     _check_split_has_examples(shards, split)
     resolved = resolve_model(checkpoint)
-    heads = [n for n in resolved.fresh if n.startswith("cls.predictions")]
-    has_nsp_head = not any(n.startswith("cls.seq_relationship") for n in resolved.fresh)
-    if heads:
-        raise UserError(
-            f"{checkpoint} has no pretraining heads ({', '.join(heads[:3])}… are missing), so it cannot "
-            "predict masked tokens.",
-            fix="evaluate a checkpoint saved with its MLM/NSP heads (BertForPreTraining), e.g. a "
-            "bertflow pretrain output or its model/ directory.",
-        )
+    has_nsp_head = _check_pretraining_heads(resolved.fresh, checkpoint)
     model = resolved.model
     vocab_size = model.config.vocab_size
     if resolved.tokenizer_dir is not None:
         check_shards(shards, resolved.tokenizer_dir, vocab_size)
     store = load_split(shards, split)
-    longest, cfg = int(np.diff(store.offsets).max(initial=0)), model.config
-    if longest > cfg.max_position_embeddings or int(store.segment_ids.max(initial=0)) >= cfg.type_vocab_size:
-        raise UserError(
-            f"the {split} shards in {shards} hold {longest}-token examples, but {checkpoint} has "
-            f"{cfg.max_position_embeddings} positions (and {cfg.type_vocab_size} segment types).",
-            fix="evaluate on shards preprocessed with a max_seq_length the checkpoint was made for.",
-        )
-    if store.max_token_id >= vocab_size:
-        raise UserError(
-            f"the {split} shards in {shards} hold token id {store.max_token_id}, but {checkpoint} has a "
-            f"vocabulary of {vocab_size}.",
-            fix="evaluate on shards preprocessed with the checkpoint's own tokenizer.",
-        )
+    _check_examples_fit(store, model.config, checkpoint, shards, split)
     n = len(store) if max_examples is None else min(max_examples, len(store))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
@@ -104,6 +88,40 @@ def evaluate_checkpoint(
         # False: the checkpoint has no tokenizer files, so only the ids' range could be checked
         "vocabulary_checked": resolved.tokenizer_dir is not None,
     }
+
+
+def _check_pretraining_heads(fresh: list[str], checkpoint: Path) -> bool:
+    """A checkpoint without its MLM head (weights `fresh`: not in the file) is refused; returns
+    whether it has its NSP head (a BertForMaskedLM checkpoint has not)."""
+    missing = [n for n in fresh if n.startswith("cls.predictions")]
+    if missing:
+        raise UserError(
+            f"{checkpoint} has no pretraining heads ({', '.join(missing[:3])}… are missing), so it cannot "
+            "predict masked tokens.",
+            fix="evaluate a checkpoint saved with its MLM/NSP heads (BertForPreTraining), e.g. a "
+            "bertflow pretrain output or its model/ directory.",
+        )
+    return not any(n.startswith("cls.seq_relationship") for n in fresh)
+
+
+def _check_examples_fit(
+    store: ExampleStore, cfg: BertConfig, checkpoint: Path, shards: Path, split: str
+) -> None:
+    """Examples longer than the checkpoint's positions, with more segment types or with token ids
+    past its vocabulary are refused before any forward pass."""
+    longest = int(np.diff(store.offsets).max(initial=0))
+    if longest > cfg.max_position_embeddings or int(store.segment_ids.max(initial=0)) >= cfg.type_vocab_size:
+        raise UserError(
+            f"the {split} shards in {shards} hold {longest}-token examples, but {checkpoint} has "
+            f"{cfg.max_position_embeddings} positions (and {cfg.type_vocab_size} segment types).",
+            fix="evaluate on shards preprocessed with a max_seq_length the checkpoint was made for.",
+        )
+    if store.max_token_id >= cfg.vocab_size:
+        raise UserError(
+            f"the {split} shards in {shards} hold token id {store.max_token_id}, but {checkpoint} has a "
+            f"vocabulary of {cfg.vocab_size}.",
+            fix="evaluate on shards preprocessed with the checkpoint's own tokenizer.",
+        )
 
 
 def _check_split_has_examples(shards: Path, split: str) -> None:
