@@ -169,16 +169,27 @@ def test_the_exported_model_scores_what_training_logged_last(ref_run, data):
         assert again[key] == pytest.approx(logged[key], rel=1e-5, abs=1e-6), key
 
 
-@pytest.mark.parametrize("ranks", [1, 2])  # ZeRO 0 (one process) and ZeRO 2 (the default on several GPUs)
-def test_a_bf16_run_exports_its_fp32_master_weights_not_the_rounded_module(tmp_path, data, ranks):
+@pytest.mark.parametrize(("ranks", "zero_stage"), [(1, 0), (2, 2)])  # ZeRO 2: the default on several GPUs
+def test_a_bf16_run_exports_its_fp32_master_weights_not_the_rounded_module(tmp_path, data, ranks, zero_stage):
     """In bf16 DeepSpeed trains fp32 master weights and keeps a bf16 copy in the module. The export
     used to take the rounded module: ZeRO 2's partitions are named `bf16_zero_pp_rank_*` (missed by
     the glob), and ZeRO 0 keeps its masters only in the optimizer state. Every exported value was
     then a bf16 number; the fp32 masters almost never are."""
     from safetensors.torch import load_file
 
-    cfg = config(f"pretrain.num_processes={ranks}", "pretrain.precision=bf16", "pretrain.max_steps=4")
+    cfg = config(
+        f"pretrain.num_processes={ranks}",
+        f"pretrain.zero_stage={zero_stage}",
+        "pretrain.precision=bf16",
+        "pretrain.max_steps=4",
+    )
     model_dir = run_pretrain_stage(cfg, *data, tmp_path / "run", log_line=lambda line: None)
+    assert (
+        json.loads((tmp_path / "run" / "run_spec.json").read_text())["ds_config"]["zero_optimization"][
+            "stage"
+        ]
+        == zero_stage
+    )
     weights = load_file(model_dir / "model.safetensors")
     rounded = sum(int((w == w.bfloat16().float()).sum()) for w in weights.values())
     assert rounded < 0.01 * sum(w.numel() for w in weights.values())
