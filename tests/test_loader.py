@@ -76,6 +76,29 @@ def test_loader_resume_continues_with_the_next_unseen_batch(store):
                 assert torch.equal(bx[k], by[k])
 
 
+def test_loader_across_epochs_gives_each_epochs_order_and_masks_and_resumes_there(store, minilm_dir):
+    """Past the first epoch the loader takes that epoch's permutation and masks (drawn with the
+    plan's seed), and a loader resumed in the second epoch gives the same batches."""
+    vocab = (minilm_dir / "vocab.txt").read_text().splitlines()
+    spec = MaskingSpec.from_vocab(vocab, SPECIAL_TOKENS, 0.15, 20, whole_word=False)
+    plan = _plan(store, 2, 1, seed=7)
+    steps = plan.steps_per_epoch + 3
+    loader = PretrainLoader(store, plan, 0, spec, prefetch=2)
+    got = [next(loader) for _ in range(steps)]
+    loader.close()
+    for step, batches in enumerate(got):
+        epoch = step // plan.steps_per_epoch
+        for m, batch in enumerate(batches):
+            want = collate(store, plan.micro_batch_indices(step, m), spec, epoch=epoch, seed=7)
+            assert all(torch.equal(batch[k], want[k]) for k in want), (step, m)
+    one, two = got[1][0], got[plan.steps_per_epoch + 1][0]
+    assert not torch.equal(one["input_ids"], two["input_ids"])  # another order in the next epoch
+    resumed = PretrainLoader(store, plan, plan.steps_per_epoch + 1, spec, prefetch=2)
+    again = next(resumed)
+    resumed.close()
+    assert all(torch.equal(again[0][k], two[k]) for k in two)
+
+
 def test_dynamic_masking_follows_the_preprocessing_rules(store, minilm_dir):
     vocab = (minilm_dir / "vocab.txt").read_text().splitlines()
     spec = MaskingSpec.from_vocab(vocab, SPECIAL_TOKENS, 0.15, 20, whole_word=False)
