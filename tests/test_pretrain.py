@@ -212,6 +212,45 @@ def test_export_hf_finds_the_runs_tokenizer_from_any_checkpoint_path(ref_run, tm
     assert (tmp_path / "hf-under-way" / "vocab.txt").read_bytes() == vocab
 
 
+def test_export_hf_refuses_a_damaged_tag_or_weights_that_do_not_fit_the_recorded_shape(
+    ref_run, tmp_path, capsys
+):
+    """A tag named by hand is verified first (a flipped byte is refused, not exported), and the
+    weights must fill the model its `_VERIFIED.json` records (a config with fewer layers than the
+    weights would otherwise export a truncated model)."""
+    from pipelines.cli import main as cli
+
+    out, model_dir, _ = ref_run
+    tok = ["--tokenizer", str(model_dir)]
+    flipped = tmp_path / "flipped"
+    shutil.copytree(out / "checkpoints" / "global_step12", flipped / "global_step12")
+    module = flipped / "global_step12" / "mp_rank_00_model_states.pt"
+    data = bytearray(module.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    module.write_bytes(bytes(data))
+    assert cli(["export-hf", str(flipped / "global_step12"), str(tmp_path / "a"), *tok]) == 2
+    assert "is not usable" in capsys.readouterr().err and not (tmp_path / "a").exists()
+
+    shallow = tmp_path / "shallow"
+    shutil.copytree(out / "checkpoints" / "global_step12", shallow / "global_step12")
+    verified = shallow / "global_step12" / checkpoint.VERIFIED_NAME
+    info = json.loads(verified.read_text())
+    info["model_config"]["num_hidden_layers"] = 1
+    verified.write_text(json.dumps(info))
+    assert cli(["export-hf", str(shallow / "global_step12"), str(tmp_path / "b"), *tok]) == 2
+    err = capsys.readouterr().err
+    assert "do not fit the recorded model config" in err and "encoder.layer.1" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_each_rank_draws_its_own_dropout_stream(ref_run):
+    """Ranks are seeded seed + 1000 × rank: with one seed for all, every rank would drop the same
+    units of its examples (their RNG states, saved with each checkpoint, would be equal)."""
+    tag = ref_run[0] / "checkpoints" / "global_step12"
+    states = [torch.load(checkpoint.rng_file(tag, r), weights_only=False) for r in (0, 1)]
+    assert not torch.equal(states[0]["torch"], states[1]["torch"])
+
+
 def test_rerun_after_completion_is_a_no_op(ref_run, data):
     out, _, _ = ref_run
     before = (out / "metrics.jsonl").read_bytes()
