@@ -267,6 +267,19 @@ def test_binary_only_corpus_is_a_clear_error(tmp_path, minilm_dir):
     assert "Traceback" not in r.stderr and read_marker(tmp_path / "o") is None
 
 
+def test_work_dir_is_under_temp_location_when_the_pipeline_declares_one(tmp_path):
+    """The workers' exchange files go to --temp_location (a cluster's shared scratch, with its own
+    lifecycle), one folder per output so two stages do not clear each other's; without one, to
+    OUTPUT/_work."""
+    from pipelines.stage_preprocess import work_dir_for
+
+    temp, out_a, out_b = str(tmp_path / "scratch"), str(tmp_path / "a"), str(tmp_path / "b")
+    work_a = work_dir_for(out_a, temp)
+    assert Path(work_a).parent == Path(temp) and not Path(work_a).is_relative_to(out_a)
+    assert work_dir_for(out_a, temp) == work_a != work_dir_for(out_b, temp)
+    assert work_dir_for(out_a, None) == str(Path(out_a) / "_work")
+
+
 @pytest.mark.parametrize("name", ["flink", "spark", "dataflow", "dask"])
 def test_runner_option_files_parse_into_beam_options(name):
     from pipelines.config import load_config

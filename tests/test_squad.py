@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from finetuning.metrics import normalize_answer
 from finetuning.squad import SquadTask, best_span, encode_windows, read_squad, split_articles
 from finetuning.tasks import get_task
 from preprocessing.wordpiece import load_tokenizer
@@ -41,16 +40,19 @@ def test_windows_cover_long_contexts_and_label_answers(squad, minilm_dir):
         windows = per_example[i]
         answered = [f for f in windows if f["start"] > 0]
         assert answered, f"answer of {ex.qid} is in no window"
+        # exactly the context tokens that overlap the answer's characters: not the token before
+        # that ends where the answer starts ('"', '(') nor the one after that starts where it
+        # ends ('.', ',')
+        tok.no_truncation()
+        full = tok.encode(ex.question, ex.context)
+        first, end = ex.answer_start, ex.answer_start + len(ex.answers[0])
+        gold = [
+            t
+            for t, (a, b), s in zip(full.ids, full.offsets, full.sequence_ids)
+            if s == 1 and a < end and b > first
+        ]
         for f in answered:
-            enc = tok.encode(ex.question, ex.context)  # the full, untruncated pair
-            text = tok.decode(f["input_ids"][f["start"] : f["end"] + 1])
-            assert normalize_answer(ex.answers[0]).replace(" ", "") in normalize_answer(text).replace(
-                " ", ""
-            ), (
-                text,
-                ex.answers[0],
-                len(enc.ids),
-            )
+            assert f["input_ids"][f["start"] : f["end"] + 1] == gold, (ex.answers[0], tok.decode(gold))
     # every context token of the full pair appears in some window (doc stride drops nothing)
     eval_features = encode_windows(tok, examples, max_seq_length=128, train=False)
     for i, ex in enumerate(examples):
@@ -73,6 +75,11 @@ def test_best_span_respects_rules():
     start[3], end[9] = 100, 100
     assert best_span(start, end, offsets)[1] == (30, 95)
     assert best_span(start, end, {k: v for k, v in offsets.items() if k != 9})[1] == (30, 45)
+    # at most MAX_ANSWER_LENGTH (30) tokens: tokens 3..32 may be the answer, 3..33 may not
+    offsets = {i: (10 * i, 10 * i + 5) for i in range(3, 40)}
+    start, end = np.full(40, -100.0), np.full(40, -100.0)
+    start[3], end[32], end[33] = 10, 5, 20
+    assert best_span(start, end, offsets)[1] == (30, 325)  # (3, 33) would score 30
 
 
 def test_perfect_logits_decode_to_gold_answers(squad, minilm_dir, data_dir):
@@ -81,6 +88,9 @@ def test_perfect_logits_decode_to_gold_answers(squad, minilm_dir, data_dir):
     tok = load_tokenizer(minilm_dir)[0]
     task = SquadTask(spec, tok, 128, max_train=5, max_eval=80, data_root=str(data_dir))
     assert "first 38 articles train" in task.notes["squad_split"]
+    # each cap applies to its own part, and counts questions, not their (more) context windows
+    assert (task.n_train, task.n_eval, len(task.dev)) == (5, 80, 80)
+    assert len(task.eval_features) > task.n_eval
     labelled = encode_windows(tok, task.dev, 128, train=True)
     assert len(labelled) == len(task.eval_features)
     outputs = []
@@ -168,3 +178,35 @@ def test_malformed_squad_files_name_the_article_or_question(tmp_path):
     path.write_text(json.dumps({"data": [{"paragraphs": [{"qas": [qa]}]}]}))
     with pytest.raises(UserError, match=r"article 0 is not in the SQuAD v1.1 layout \(KeyError: 'context'\)"):
         read_squad(path, spec)
+
+
+def test_qa_loss_is_the_mean_start_and_end_cross_entropy_over_real_tokens():
+    """Padding is no answer candidate: the loss is (CE(start) + CE(end)) / 2 over each window's
+    own tokens, the same however wide the batch is padded (BERT's run_squad loss)."""
+    import torch
+    import torch.nn.functional as F
+
+    from model.config import BertConfig
+    from model.heads import BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(BertConfig.from_preset("tiny", vocab_size=100)).eval()
+    lengths, starts, ends = [10, 7], torch.tensor([2, 5]), torch.tensor([4, 6])
+    gen = torch.Generator().manual_seed(1)
+    ids = [torch.randint(1, 100, (n,), generator=gen) for n in lengths]
+
+    def batch(width):
+        input_ids = torch.zeros(len(ids), width, dtype=torch.long)
+        mask = torch.zeros(len(ids), width, dtype=torch.long)
+        for i, row in enumerate(ids):
+            input_ids[i, : len(row)], mask[i, : len(row)] = row, 1
+        with torch.no_grad():
+            return model(input_ids, torch.zeros_like(input_ids), mask, starts, ends)
+
+    loss, start_logits, end_logits = batch(10)
+    real = [
+        (F.cross_entropy(start_logits[i, :n], starts[i]) + F.cross_entropy(end_logits[i, :n], ends[i])) / 2
+        for i, n in enumerate(lengths)
+    ]
+    assert loss.item() == pytest.approx(torch.stack(real).mean().item(), rel=1e-5)
+    assert batch(16)[0].item() == pytest.approx(loss.item(), rel=1e-5)  # 6 more pad columns

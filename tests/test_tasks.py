@@ -3,14 +3,16 @@ our tokenization equals transformers' fast tokenizer."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from common.errors import UserError
+from finetuning.glue import SequenceTask, encode_pairs
 from finetuning.ner import read_conll
-from finetuning.tasks import get_task, load_task_specs, read_tsv_examples
+from finetuning.tasks import TextExample, get_task, load_task_specs, read_tsv_examples
 from preprocessing.wordpiece import load_tokenizer
 
 GLUE_DEV_ROWS = {"sst2": 872, "cola": 1043, "mrpc": 408, "rte": 277, "stsb": 1500}
@@ -40,6 +42,15 @@ def test_glue_quirks(data_dir):
     assert cola[0].text_a == "The sailors rode the breeze clear of the rocks." and cola[0].line == 1
     train = read_tsv_examples(get_task("sst2"), data_dir / "glue/SST-2/train.tsv", limit=10)
     assert len(train) == 10 and train[0].line == 2
+
+
+def test_train_and_dev_caps_apply_to_their_own_split(minilm_dir, data_dir):
+    """max_train caps the training examples and max_eval the dev set, each alone (a dev set cut to
+    max_train scores on fewer examples than asked)."""
+    tok = load_tokenizer(minilm_dir)[0]
+    task = SequenceTask(get_task("sst2"), tok, 32, max_train=8, max_eval=20, data_root=str(data_dir))
+    assert (task.n_train, task.n_eval) == (8, 20)
+    assert (len(task.train_features), len(task.eval_features)) == (8, 20)
 
 
 def test_builtin_task_files_exist(data_dir):
@@ -116,6 +127,25 @@ def test_bad_tsv_names_file_and_line(tmp_path, data_dir, rows, words):
         assert w in str(err.value)
 
 
+REGRESSION_TASK = (
+    USER_TASK.replace("classification", "regression")
+    .replace("  labels: [neg, pos]\n", "")
+    .replace("[accuracy, f1]", "[pearson]")
+)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "high"])
+def test_a_regression_label_that_is_not_a_finite_number_is_refused(tmp_path, data_dir, value):
+    """An infinite or NaN score would make the loss and the correlations non-finite."""
+    rows = f"text\tsentiment\ngood film\t4.5\nbad film\t{value}\n"
+    cfg, tsv = _user_task(tmp_path, data_dir, REGRESSION_TASK, rows)
+    spec = load_task_specs(str(cfg))["movies"]
+    with pytest.raises(UserError, match=rf"{re.escape(str(tsv))} line 3: label '{value}' is not a number"):
+        read_tsv_examples(spec, spec.path("train"))
+    good = read_tsv_examples(spec, spec.path("train"), limit=1)
+    assert [e.label for e in good] == [4.5]
+
+
 def test_bad_task_configs(tmp_path, data_dir):
     cfg, _ = _user_task(tmp_path, data_dir, USER_TASK.replace("{tsv}", "/nonexistent/movies.tsv"))
     spec = load_task_specs(str(cfg))["movies"]
@@ -132,6 +162,9 @@ def test_bad_task_configs(tmp_path, data_dir):
         load_task_specs(str(tmp_path / "missing.yaml"))
     with pytest.raises(UserError, match="unknown task 'nope'"):
         get_task("nope")
+    bad.write_text(USER_TASK.format(tsv="m.tsv").replace("[neg, pos]", "[neg, pos, neg]"))
+    with pytest.raises(UserError, match="`labels` has duplicates"):  # which id would 'neg' be?
+        load_task_specs(str(bad))
     # token classification reads IOB2 chunks: BIOES tags (an S- or E- tag was read as O) and a
     # CoNLL label given by column name are refused up front
     ner = ("ner:\n  format: conll\n  kind: token_classification\n  train: t.txt\n  dev: t.txt\n"
@@ -177,18 +210,17 @@ def test_tokenization_matches_transformers_fast(minilm_dir, data_dir, tmp_path):
     for name in ("vocab.txt", "tokenizer_config.json"):
         shutil.copy(minilm_dir / name, vocab_only / name)
     ours_vocab = load_tokenizer(vocab_only)[0]
-    pairs = [
-        (e.text_a, e.text_b)
-        for e in read_tsv_examples(get_task("mrpc"), data_dir / "glue/MRPC/dev.tsv")[:100]
-    ]
-    pairs.append(("Ünïcode café — naïve 東京 résumé", "don't STOP!!  tabs\tand  spaces"))
+    examples = read_tsv_examples(get_task("mrpc"), data_dir / "glue/MRPC/dev.tsv")[:100]
+    examples.append(TextExample("Ünïcode café — naïve 東京 résumé", "don't STOP!!  tabs\tand  spaces", 0, 0))
+    # a short first sentence and a long second one: only the second is cut, as transformers does
+    examples.append(TextExample("Is it long?", " ".join(["a very long second sentence"] * 30), 0, 0))
+    pairs = [(e.text_a, e.text_b) for e in examples]
     for max_len in (32, 128):
         want = hf([a for a, _ in pairs], [b for _, b in pairs], truncation=True, max_length=max_len)
         for tok in (ours_json, ours_vocab):
-            tok.enable_truncation(max_len, strategy="longest_first")
-            got = tok.encode_batch(pairs)
-            assert [e.ids for e in got] == want["input_ids"]
-            assert [e.type_ids for e in got] == want["token_type_ids"]
+            got = encode_pairs(tok, examples, max_len)  # what the task models are fed
+            assert [f["input_ids"] for f in got] == want["input_ids"]
+            assert [f["token_type_ids"] for f in got] == want["token_type_ids"]
     assert any(
         len(ids) == 32
         for ids in hf([a for a, _ in pairs], [b for _, b in pairs], truncation=True, max_length=32)[
