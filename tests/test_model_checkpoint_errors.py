@@ -108,6 +108,15 @@ def test_config_whose_shapes_disagree_with_the_weights(good, tmp_path, capsys):
     expect_cli_error(
         ["import-hf", str(d), str(tmp_path / "o")], capsys, str(d / "config.json"), "encoder.layer.2"
     )
+    d = copy_dir(good, tmp_path / "shallow")  # fewer layers than the weights: not silently dropped
+    (d / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    expect_cli_error(
+        ["import-hf", str(d), str(tmp_path / "o")],
+        capsys,
+        str(d / "config.json"),
+        "unexpected",
+        "encoder.layer.1",
+    )
     d = copy_dir(good, tmp_path / "odd-heads")
     (d / "config.json").write_text(json.dumps({**config, "num_attention_heads": 3}))
     expect_cli_error(["import-hf", str(d), str(tmp_path / "o")], capsys, str(d / "config.json"), "divisible")
@@ -122,6 +131,38 @@ def test_tokenizer_missing_or_too_large_for_the_model(good, minilm_dir, tmp_path
         "vocab_size is 64",
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_the_tokenizer_files_written_next_to_a_model(tmp_path):
+    """tokenizer_config.json gets a usable model_max_length (not Hugging Face's 1e30 "no limit"),
+    the casing the tokenizer.json's normalizer applies, and a vocabulary that fits the model."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordPiece
+    from tokenizers.normalizers import BertNormalizer
+
+    from model.hf_io import copy_tokenizer_files
+
+    vocab = SPECIALS.split() + ["the", "cat"]
+    tok = Tokenizer(WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = BertNormalizer(lowercase=True)
+    src = tmp_path / "src"
+    src.mkdir()
+    tok.save(str(src / "tokenizer.json"))
+    no_limit = int(1e30)
+    (src / "tokenizer_config.json").write_text(
+        json.dumps({"do_lower_case": False, "model_max_length": no_limit})
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    copy_tokenizer_files(src, out, vocab_size=len(vocab))  # exactly as many tokens as rows: fits
+    written = json.loads((out / "tokenizer_config.json").read_text())
+    assert written["model_max_length"] == 512 and written["do_lower_case"] is True
+    assert (out / "vocab.txt").read_text().splitlines() == vocab
+    with pytest.raises(
+        UserError,
+        match=f"the tokenizer has {len(vocab)} tokens but the model's vocab_size is {len(vocab) - 1}",
+    ):
+        copy_tokenizer_files(src, tmp_path, vocab_size=len(vocab) - 1)
 
 
 def test_a_tokenizer_other_than_the_checkpoints_own_is_refused(good, tmp_path, capsys):
