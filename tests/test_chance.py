@@ -20,6 +20,8 @@ def test_majority_class_metrics_like_mrpc():
     # the best constant prediction on the evaluation labels, even where the training set's most
     # frequent label is another: a model that always answers 1 must not look above chance
     assert majority_metrics(["accuracy"], [0, 0, 1], [1, 1, 1, 0]) == {"accuracy": 75.0}
+    # ... and even where that label never occurs in the training set
+    assert majority_metrics(["accuracy"], [0, 0], [1, 1, 1, 0]) == {"accuracy": 75.0}
     # with F1 the constant that maximizes the task score: all-positive, even for a negative majority
     both = majority_metrics(["accuracy", "f1"], [0, 0, 1], [0, 0, 0, 1, 1])
     assert both == pytest.approx({"accuracy": 40.0, "f1": 100 * 2 * 2 / (2 * 2 + 3)})
@@ -34,6 +36,23 @@ def test_noise_margin_scales_with_examples():
     # correlations: chance 0, margin 1.645 / sqrt(n - 1)
     assert is_at_chance(5.0, {"mcc": 0.0}, 500) and not is_at_chance(8.0, {"mcc": 0.0}, 500)
     assert is_at_chance(float("nan"), {"pearson": 0.0, "spearman": 0.0}, 1500)
+
+
+def test_noise_margins_exactly():
+    # a correlation's standard error under independence is 1 / sqrt(n - 1): 1/10 on 101 examples
+    assert chance_threshold({"mcc": 0.0}, 101) == pytest.approx(16.45)
+    assert chance_threshold({"pearson": 0.0, "spearman": 0.0}, 401) == pytest.approx(1.645 * 100 / 20)
+    # a single-class dev set (majority 100%) has no binomial spread: its margin is that of a
+    # variance floor of 1e-4 (a standard deviation of one point), not 0
+    assert chance_threshold({"accuracy": 100.0}, 100) == pytest.approx(100 + 1.645 * 100 * 0.01 / 10)
+
+
+def test_one_evaluation_example_cannot_show_a_score_above_chance():
+    """max_eval_examples=1: no spread can be estimated from one example; every score is at chance
+    (a correlation's 1 / sqrt(n - 1) divided by zero)."""
+    for chance in ({"mcc": 0.0}, {"pearson": 0.0, "spearman": 0.0}, {"accuracy": 100.0}):
+        assert chance_threshold(chance, 1) == math.inf
+        assert is_at_chance(100.0, chance, 1)
 
 
 def _unit(label, kind, task, seed, metrics, chance):

@@ -67,8 +67,9 @@ def test_figures_equal_transformers_on_the_same_examples(shards_and_tokenizer, m
     assert ours["beats_unigram"] is False
 
 
-def _store(mlm_ids: list[int], per_example: int) -> ExampleStore:
+def _store(mlm_ids: list[int], per_example: int, nsp_labels: list[int] | None = None) -> ExampleStore:
     n = len(mlm_ids) // per_example
+    nsp = [0, 1] * (n // 2) + [0] * (n % 2) if nsp_labels is None else nsp_labels
     return ExampleStore(
         input_ids=np.zeros(4 * n, np.int32),
         segment_ids=np.zeros(4 * n, np.int8),
@@ -76,7 +77,7 @@ def _store(mlm_ids: list[int], per_example: int) -> ExampleStore:
         mlm_positions=np.tile(np.arange(1, per_example + 1, dtype=np.int32), n),
         mlm_ids=np.array(mlm_ids, np.int32),
         mlm_offsets=np.arange(0, len(mlm_ids) + 1, per_example),
-        nsp_labels=np.array([0, 1] * (n // 2) + [0] * (n % 2), np.int8),
+        nsp_labels=np.array(nsp, np.int8),
     )
 
 
@@ -92,6 +93,38 @@ def test_mlm_baselines_score_the_training_frequencies_on_the_held_out_targets():
     assert first.most_frequent_token_acc == 1.0 and first.unigram_entropy == pytest.approx(-math.log(p5))
 
 
+def test_the_most_frequent_token_is_the_training_sets_not_the_held_out_ones():
+    """Held-out targets 5, 5, 5, 7 but 7 the most frequent training target: a context-free model
+    predicts 7 and scores 1/4, not the 3/4 of the held-out sample's own majority."""
+    b = mlm_baselines(_store([5, 5, 5, 7], per_example=2), np.array([0, 0, 0, 0, 0, 2, 0, 6]))
+    assert b.most_frequent_token_acc == pytest.approx(0.25)
+
+
+def test_nsp_majority_is_the_more_frequent_label_of_the_evaluated_examples():
+    store = _store([5] * 8, per_example=2, nsp_labels=[0, 0, 0, 1])
+    train_counts = np.array([0, 0, 0, 0, 0, 1])
+    assert mlm_baselines(store, train_counts).nsp_majority_acc == pytest.approx(0.75)  # "not next" wins
+    assert mlm_baselines(_store([5] * 8, 2, [1, 1, 1, 0]), train_counts).nsp_majority_acc == pytest.approx(
+        0.75
+    )
+    # only the first num_examples count: the first two are both "is next"
+    assert mlm_baselines(store, train_counts, num_examples=2).nsp_majority_acc == 1.0
+
+
+def test_evaluation_leaves_the_model_in_the_mode_it_was_in(shards_and_tokenizer):
+    """Pretraining evaluates held-out figures between steps: dropout must be on again afterwards
+    (and a model in eval mode stays there)."""
+    from training.evaluate import evaluate_pretraining
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
+    batches = [collate(load_split(shards_and_tokenizer[0], "validation"), np.arange(2))]
+    for training in (True, False):
+        model.train(training)
+        evaluate_pretraining(model, batches, torch.device("cpu"))
+        assert all(m.training is training for m in model.modules())
+
+
 def test_a_small_held_out_sample_does_not_make_the_unigram_baseline_look_low():
     """Four held-out targets, each a different token of a uniform vocabulary of 8: their own
     frequencies have an entropy of log 4, but no context-free predictor does better than log 8 on
@@ -105,6 +138,35 @@ def test_train_target_counts_read_the_train_splits_masked_ids(shards_and_tokeniz
     shards, _ = shards_and_tokenizer
     expected = np.bincount(load_split(shards, "train").mlm_ids, minlength=30522)
     assert np.array_equal(train_target_counts(shards, 30522), expected)
+
+
+def test_max_examples_limits_the_figures_and_the_baselines(shards_and_tokenizer, model_dir):
+    shards, _ = shards_and_tokenizer
+    store = load_split(shards, "validation")
+    result = evaluate_checkpoint(model_dir, shards, max_examples=5)
+    assert result["examples"] == 5 and result["masked_tokens"] == int(store.mlm_offsets[5])
+    counts = train_target_counts(shards, 30522)
+    assert result["baselines"] == mlm_baselines(store, counts, 5).as_dict()
+    assert result["baselines"] != mlm_baselines(store, counts).as_dict()  # those of all examples differ
+
+
+def test_a_checkpoint_without_an_nsp_head_reports_no_nsp_figures(shards_and_tokenizer, tmp_path):
+    """A Hugging Face BertForMaskedLM has no next-sentence layer: the one loaded in its place is
+    random, so its accuracy is not a figure of the checkpoint and is left out."""
+    from transformers import BertConfig as HFConfig
+    from transformers import BertForMaskedLM
+
+    from pipelines.evaluate_command import format_result
+
+    shards, tok = shards_and_tokenizer
+    cfg = HFConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2)
+    mlm_only = tmp_path / "mlm"
+    BertForMaskedLM(cfg).save_pretrained(mlm_only)
+    shutil.copytree(tok, mlm_only, dirs_exist_ok=True)
+    result = evaluate_checkpoint(mlm_only, shards, max_examples=8)
+    assert "val_mlm_acc" in result["metrics"] and not [k for k in result["metrics"] if "nsp" in k]
+    assert result["nsp_at_chance"] is None
+    assert "not evaluated: the checkpoint has no NSP head" in format_result(result)
 
 
 def test_refuses_a_checkpoint_without_pretraining_heads(shards_and_tokenizer, minilm_dir):
@@ -148,6 +210,31 @@ def test_refuses_examples_longer_than_the_checkpoints_positions(shards_and_token
     model_dir = publish_model_dir(BertForPreTraining(short), tmp_path / "short", tok)
     with pytest.raises(UserError, match=r"-token examples, but .* has 16 positions"):
         evaluate_checkpoint(model_dir, shards)
+
+
+def test_refuses_examples_with_more_segment_types_than_the_checkpoint(shards_and_tokenizer, tmp_path):
+    """Sentence pairs (segment ids 0 and 1) on a one-segment-type model: refused with a message,
+    not an IndexError from the token-type embedding."""
+    shards, tok = shards_and_tokenizer
+    one_type = BertConfig.from_preset("tiny", vocab_size=30522, type_vocab_size=1)
+    model_dir = publish_model_dir(BertForPreTraining(one_type), tmp_path / "one_type", tok)
+    with pytest.raises(UserError, match=r"\(and 1 segment types\)"):
+        evaluate_checkpoint(model_dir, shards)
+
+
+def test_refuses_a_token_id_equal_to_the_vocabulary_size(shards_and_tokenizer, tmp_path):
+    """Ids run from 0 to vocab_size - 1: a shard id equal to the size is past the vocabulary (no
+    tokenizer files here, so only the ids' range is checked), while one below it is evaluated."""
+    shards, _ = shards_and_tokenizer
+    largest = load_split(shards, "validation").max_token_id
+    for vocab_size in (largest, largest + 1):
+        model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=vocab_size))
+        model_dir = publish_model_dir(model, tmp_path / str(vocab_size), None)
+        if vocab_size == largest:
+            with pytest.raises(UserError, match=f"hold token id {largest}, but .* vocabulary of {largest}"):
+                evaluate_checkpoint(model_dir, shards)
+        else:
+            assert evaluate_checkpoint(model_dir, shards, max_examples=2)["examples"] == 2
 
 
 def test_a_checkpoint_without_tokenizer_files_is_evaluated_with_a_note(

@@ -82,6 +82,14 @@ def test_entity_f1_seqeval_readme_example():
     )
 
 
+def test_entity_f1_counts_predicted_and_gold_entities_separately():
+    """Recall is over the gold entities, precision over the predicted ones: a model that finds one
+    of two entities has P 1, R 1/2, F1 66.7 (and one that adds a wrong entity to a right one too)."""
+    gold = [["B-PER", "I-PER", "O", "B-LOC"]]
+    assert entity_f1([["B-PER", "I-PER", "O", "O"]], gold) == pytest.approx(100 * 2 / 3)
+    assert entity_f1(gold, [["B-PER", "I-PER", "O", "O"]]) == pytest.approx(100 * 2 / 3)
+
+
 def test_squad_normalization_and_scores():
     assert normalize_answer("The  Quick, brown fox!") == "quick brown fox"
     assert normalize_answer("an apple a day") == "apple day"
@@ -94,3 +102,10 @@ def test_squad_normalization_and_scores():
     assert scores["exact_match"] == pytest.approx(100 / 3)
     assert scores["f1"] == pytest.approx(100 * (1 + 2 / 3 + 0) / 3)
     assert squad_metrics({}, {"q": ["x"]}) == {"exact_match": 0.0, "f1": 0.0}
+
+
+def test_squad_scores_are_the_best_over_all_gold_answers():
+    """As the official script: EM and F1 are each the max over the golds, whichever position the
+    best-matching gold has (here the second: against the first alone EM 0, F1 66.7)."""
+    scores = squad_metrics({"q": "1990"}, {"q": ["the year 1990", "1990"]})
+    assert scores == pytest.approx({"exact_match": 100.0, "f1": 100.0})

@@ -22,6 +22,17 @@ def test_welch_margin_by_hand():
     assert t_95(0.5) == 12.706 and t_95(1000) == 2.042  # clamped at both ends
 
 
+def test_welch_margin_with_unequal_seed_counts_by_hand():
+    # std 2 over 2 seeds, std 1 over 5: se = sqrt(4/2 + 1/5); df = 2.2² / (2²/1 + 0.2²/4) = 1.2 -> 1
+    noise = difference_noise(2.0, 2, 1.0, 5)
+    se = math.sqrt(4 / 2 + 1 / 5)
+    assert noise.standard_error == pytest.approx(se) and noise.margin == pytest.approx(12.706 * se)
+    # std 2 over 3 seeds, std 1 over 5: se = sqrt(4/3 + 1/5); df = 2.61 -> 2
+    noise = difference_noise(2.0, 3, 1.0, 5)
+    se = math.sqrt(4 / 3 + 1 / 5)
+    assert noise.standard_error == pytest.approx(se) and noise.margin == pytest.approx(4.303 * se)
+
+
 def test_no_noise_estimate_without_two_seeds_on_each_side():
     assert difference_noise(1.0, 1, 1.0, 3) is None
     assert difference_noise(None, 3, 1.0, 3) is None
@@ -167,3 +178,19 @@ def test_ahead_on_most_tasks_with_an_average_within_noise_says_so(tmp_path):
     assert h["pretraining_helped"] is False and h["glue_average_delta"] <= h["glue_average_margin"]
     assert "**Pretraining has not clearly helped:**" in md and "but within seed noise (±" in md
     assert "some tasks only" not in md
+
+
+def test_margins_use_each_models_own_seed_count(tmp_path):
+    """Random init ran 5 seeds, the pretrained model 3: each side's variance of its mean is divided
+    by its own seed count, in the task margins and in the GLUE-style average's."""
+    ours, rnd = [80.0, 82.0, 78.0], [70.0, 71.0, 69.0, 72.0, 68.0]
+    card, _ = _card(tmp_path, {("ours", "sst2"): ours, ("random", "sst2"): rnd})
+
+    def std(x):
+        return math.sqrt(sum((v - sum(x) / len(x)) ** 2 for v in x) / (len(x) - 1))
+
+    expected = difference_noise(std(ours), 3, std(rnd), 5).margin
+    assert expected != pytest.approx(difference_noise(std(ours), 3, std(rnd), 3).margin)
+    assert card["headline"]["task_margins"]["sst2"] == pytest.approx(expected)
+    assert card["deltas"][0]["margins"]["sst2/accuracy"] == pytest.approx(expected)
+    assert card["deltas"][0]["glue_average_margin"] == pytest.approx(expected)

@@ -1,0 +1,114 @@
+"""The scorecard's per-task figures and GLUE-style average: chance against the evaluated examples,
+standard deviations per metric, averages over GLUE tasks only, and claims of seed noise only where
+it was measured."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from finetuning.scorecard import build_scorecard, headline_text
+
+
+def _result(label, kind, task, seed, metrics, chance=None, glue=True, n_train=1000, n_eval=872):
+    return {
+        "unit": f"{task}-lr5e-05-s{seed}", "task": task, "metric_names": list(metrics), "metrics": metrics,
+        "score": sum(metrics.values()) / len(metrics), "lr": 5e-5, "seed": seed, "checkpoint": "/x/" + label,
+        "checkpoint_label": label, "checkpoint_kind": kind, "glue": glue, "n_train": n_train,
+        "n_eval": n_eval, "epochs": 1.0, "max_seq_length": 64, "train_examples_per_s": 1.0, "notes": {},
+        "chance_metrics": chance,
+    }  # fmt: skip
+
+
+def _ours(task, seed, metrics, **kw):
+    return _result("ours", "pretrained", task, seed, metrics, **kw)
+
+
+def _random(task, seed, metrics, **kw):
+    return _result("random:tiny", "random", task, seed, metrics, **kw)
+
+
+def _std(values):
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def test_at_chance_is_judged_on_the_evaluation_examples_not_the_training_set(tmp_path):
+    """55.0 against a 50.9 majority is within the noise of 100 dev examples (margin 8.2), however
+    large the training set: with n_train = 10,000 the margin would be 0.8 and 55.0 "above chance"."""
+    chance = {"accuracy": 50.9}
+    card = build_scorecard(
+        [_ours("sst2", 1, {"accuracy": 55.0}, chance=chance, n_train=10_000, n_eval=100)], tmp_path
+    )
+    assert card["rows"][0]["tasks"]["sst2"]["at_chance"] is True
+
+
+def test_the_glue_average_leaves_out_tasks_outside_glue(tmp_path):
+    results = [
+        _ours("sst2", 1, {"accuracy": 80.0}),
+        _ours("conll2003", 1, {"entity_f1": 20.0}, glue=False),
+    ]
+    row = build_scorecard(results, tmp_path)["rows"][0]
+    assert row["glue_average"] == pytest.approx(80.0) and row["glue_tasks"] == ["sst2"]
+
+
+def test_no_glue_average_std_when_tasks_ran_different_seeds(tmp_path):
+    """Per-seed averages need every GLUE task on the same seeds: seeds {1, 2} on SST-2 and {1, 3}
+    on CoLA have no per-seed average of seed 2 or 3."""
+    results = [
+        _ours("sst2", 1, {"accuracy": 80.0}),
+        _ours("sst2", 2, {"accuracy": 82.0}),
+        _ours("cola", 1, {"mcc": 20.0}),
+        _ours("cola", 3, {"mcc": 24.0}),
+    ]
+    row = build_scorecard(results, tmp_path)["rows"][0]
+    assert row["glue_average"] == pytest.approx(51.5) and row["glue_average_std"] is None
+    # the control: the same seeds on both tasks give the std of the per-seed averages (50, 53)
+    results[3] = _ours("cola", 2, {"mcc": 24.0})
+    row = build_scorecard(results, tmp_path)["rows"][0]
+    assert row["glue_average_std"] == pytest.approx(_std([50.0, 53.0]))
+
+
+def test_a_mix_of_single_and_multi_seed_tasks_is_not_claimed_beyond_seed_noise(tmp_path):
+    """SST-2 ran three seeds per model, CoLA one: CoLA's lead is a sign only, so the headline
+    must not say the leads are beyond seed noise."""
+    results = []
+    for seed, (ours, rnd) in enumerate([(90.0, 70.0), (91.0, 71.0), (89.0, 69.0)], start=1):
+        results += [_ours("sst2", seed, {"accuracy": ours}), _random("sst2", seed, {"accuracy": rnd})]
+    results += [_ours("cola", 1, {"mcc": 40.0}), _random("cola", 1, {"mcc": 10.0})]
+    card = build_scorecard(results, tmp_path)
+    h, text = card["headline"], headline_text(card["headline"])
+    assert sorted(h["ahead_on"]) == ["cola", "sst2"] and h["noise_tested"] is False
+    assert "by sign only (fewer than two seeds: no seed-noise estimate)" in text
+    assert "beyond seed noise" not in text
+
+
+def test_the_average_difference_leaves_out_a_task_random_init_lacks(tmp_path):
+    """All random-init units of CoLA failed: the average difference is over SST-2 alone, not the
+    pretrained model's mean of SST-2 and CoLA against random init's SST-2."""
+    results = []
+    for seed in (1, 2):
+        results += [
+            _ours("sst2", seed, {"accuracy": 80.0 + seed}),
+            _ours("cola", seed, {"mcc": 10.0 * seed}),
+            _random("sst2", seed, {"accuracy": 70.0 + 2 * seed}),
+        ]
+    card = build_scorecard(results, tmp_path)
+    d, h = card["deltas"][0], card["headline"]
+    assert d["glue_average"] == pytest.approx(81.5 - 73.0) and d["glue_average_tasks"] == ["sst2"]
+    assert d["glue_average_margin"] is not None and h["glue_average_left_out"] == ["cola"]
+
+
+def test_metric_std_is_per_metric_for_a_task_with_two_metrics(tmp_path):
+    """MRPC is scored on accuracy and F1: each column's ± is its own metric's spread over seeds,
+    not the spread of their mean."""
+    acc, f1 = [80.0, 82.0, 84.0], [88.0, 88.0, 85.0]
+    results = [_ours("mrpc", s, {"accuracy": a, "f1": f}) for s, a, f in zip((1, 2, 3), acc, f1)]
+    info = build_scorecard(results, tmp_path)["rows"][0]["tasks"]["mrpc"]
+    assert info["metrics_std"] == pytest.approx({"accuracy": 2.0, "f1": _std(f1)})
+    assert info["score_std"] == pytest.approx(_std([84.0, 85.0, 84.5]))
+    row = next(
+        line for line in (tmp_path / "scorecard.md").read_text().splitlines() if line.startswith("| ours")
+    )
+    assert f"| 82.0 ±2.0 | 87.0 ±{_std(f1):.1f} |" in row
