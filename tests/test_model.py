@@ -72,6 +72,35 @@ def test_decoder_is_tied_to_word_embeddings():
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
 
 
+def test_initialization_is_berts():
+    """normal(0, 0.02) weights, zero biases, unit LayerNorm (init_bert_weights' docstring)."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=1000))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert linears and all(m.bias is None or not m.bias.any() for m in linears)
+    assert norms and all(bool((m.weight == 1).all()) and not m.bias.any() for m in norms)
+    weights = torch.cat([m.weight.flatten() for m in linears])
+    assert abs(weights.mean().item()) < 1e-3 and weights.std().item() == pytest.approx(0.02, rel=0.02)
+
+
+def test_the_classifier_reads_the_pooled_vector_through_dropout():
+    """In training mode the sequence classifier drops units of [CLS]'s pooled vector: with that
+    dropout at 1 the logits are the classifier's bias alone."""
+    torch.manual_seed(0)
+    cfg = BertConfig.from_preset(
+        "tiny", vocab_size=100, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    model = BertForSequenceClassification(cfg, num_labels=3)
+    torch.nn.init.normal_(model.classifier.bias)
+    model.dropout.p = 1.0
+    ids = torch.randint(0, 100, (2, 8))
+    _, logits = model.train()(ids)
+    torch.testing.assert_close(logits, model.classifier.bias.expand(2, 3))
+    _, logits = model.eval()(ids)
+    assert not torch.allclose(logits, model.classifier.bias.expand(2, 3))
+
+
 def test_sequence_regression_uses_mse():
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig.from_preset("tiny", vocab_size=100), num_labels=1)
