@@ -352,6 +352,51 @@ def test_checkpoint_fallback_prune_and_unverified(tmp_path):
     assert [t.name for t in checkpoint.tag_dirs(root)] == ["global_step28", "global_step24", "global_step20"]
 
 
+def test_a_restart_resumes_from_the_newest_good_tag_and_clears_the_rest(tmp_path):
+    """prepare_resume (rank 0, before the ranks load): a damaged newer tag is kept aside as
+    *.corrupt, never reused; a save killed before its verification file is removed."""
+    root = tmp_path / "checkpoints"
+    for s in (4, 8, 12):
+        _fake_tag(root, s)
+    damaged = root / "global_step12" / "mp_rank_00_model_states.pt"
+    damaged.write_bytes(damaged.read_bytes()[:10])
+    half = root / checkpoint.tag_for(16)
+    half.mkdir()
+    (half / "mp_rank_00_model_states.pt").write_bytes(b"partial")
+    tag, info = checkpoint.prepare_resume(root, warn=lambda _: None)
+    assert tag.name == "global_step8" and info["step"] == 8
+    assert sorted(p.name for p in root.iterdir()) == ["global_step12.corrupt", "global_step4", "global_step8"]
+
+
+def test_step_stats_count_real_tokens_and_score_only_real_mlm_slots():
+    """A padded micro batch: tokens are the attention mask's ones (not the padded width), MLM
+    accuracy is over the real label slots only (not the NSP examples too)."""
+    from training.step_stats import StepStats
+
+    torch.manual_seed(0)
+    cfg = BertConfig.from_preset("tiny", vocab_size=50)
+    model = BertForPreTraining(cfg).eval()
+    batch = {
+        "input_ids": torch.randint(5, 50, (2, 8)),
+        "token_type_ids": torch.tensor([[0] * 4 + [1] * 4, [0] * 3 + [1] * 2 + [0] * 3]),
+        "attention_mask": torch.tensor([[1] * 8, [1] * 5 + [0] * 3]),
+        "masked_lm_positions": torch.tensor([[1, 2, 6], [1, 3, 0]]),
+        "masked_lm_labels": torch.tensor([[7, 8, 9], [10, 11, -100]]),
+        "next_sentence_labels": torch.tensor([0, 1]),
+    }
+    batch["input_ids"][1, 5:] = 0
+    with torch.no_grad():  # the model's own predictions as three of the five labels: 3 correct
+        guesses = model(**batch).mlm_predictions
+        batch["masked_lm_labels"][0] = guesses[:3]
+        out = model(**batch)
+    stats = StepStats()
+    stats.add(out, batch, out.loss, cfg)
+    assert stats.tokens == 13 and stats.quality.mlm_count == 5 and stats.quality.nsp_count == 2
+    correct = int((out.mlm_predictions == torch.cat([guesses[:3], torch.tensor([10, 11])])).sum())
+    assert correct >= 3 and stats.train_metrics()["mlm_acc"] == correct / 5
+    assert stats.flops == step_flops(cfg, 2, 8, 5, 13)
+
+
 def test_phase_2_starts_from_phase_1_weights(tmp_path, minilm_dir):
     """init_from: the model shape comes from the phase-1 dir, weights are loaded, dropouts from the
     config; a resume ignores init_from (the checkpoint wins)."""
