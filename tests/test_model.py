@@ -21,6 +21,22 @@ def test_base_and_large_parameter_counts_match_the_paper():
     assert 334e6 <= large <= 341e6, large
 
 
+def test_model_info_counts_equal_transformers(capsys):
+    """`bertflow model-info` prints BertForPreTraining's and BertModel's parameter counts, the
+    numbers transformers gives for the same shape."""
+    import transformers
+
+    from pipelines.cli import main as cli
+
+    assert cli(["model-info", "--preset", "base"]) == 0
+    printed = capsys.readouterr().out
+    cfg = transformers.BertConfig()  # BERT-base, vocabulary 30522
+    with torch.device("meta"):
+        total = transformers.BertForPreTraining(cfg).num_parameters()
+        encoder = transformers.BertModel(cfg).num_parameters()
+    assert f"parameters: {total:,} total" in printed and f"{encoder:,} in BertModel" in printed
+
+
 def test_unknown_preset_is_a_user_error():
     with pytest.raises(UserError, match="unknown model preset 'huge'"):
         BertConfig.from_preset("huge")
