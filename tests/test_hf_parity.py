@@ -114,7 +114,7 @@ def test_export_cli_output_loads_in_automodel_and_autotokenizer(minilm_dir, data
 
 
 def _layouts(tmp_path: Path, model: BertForPreTraining) -> dict[str, Path]:
-    """The same weights in four HF layouts."""
+    """The same weights in five HF layouts."""
     from safetensors.torch import save_file
 
     full = {k: v.clone() for k, v in model.state_dict().items() if k != "cls.predictions.decoder.weight"}
@@ -144,6 +144,16 @@ def _layouts(tmp_path: Path, model: BertForPreTraining) -> dict[str, Path]:
     }
     torch.save(old, d / "pytorch_model.bin")
     dirs["prefix-gamma-beta-no-heads"] = d
+    # the MLM output bias only as the decoder's (`cls.predictions.decoder.bias`), as some
+    # transformers versions save it
+    d = tmp_path / "decoder-bias-with-heads"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(model.config.to_hf_dict()))
+    decoder_bias = {
+        k.replace("cls.predictions.bias", "cls.predictions.decoder.bias"): v for k, v in full.items()
+    }
+    save_file(decoder_bias, str(d / "model.safetensors"))
+    dirs["decoder-bias-with-heads"] = d
     return dirs
 
 
@@ -151,7 +161,7 @@ def test_import_every_layout(tmp_path):
     source = random_tiny(vocab_size=120, seed=3)
     want = source.state_dict()
     layouts = _layouts(tmp_path, source)
-    assert len(layouts) == 4
+    assert len(layouts) == 5
     for name, directory in layouts.items():
         has_heads = "no-heads" not in name
         loaded = load_checkpoint(directory)
