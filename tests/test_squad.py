@@ -210,3 +210,25 @@ def test_qa_loss_is_the_mean_start_and_end_cross_entropy_over_real_tokens():
     ]
     assert loss.item() == pytest.approx(torch.stack(real).mean().item(), rel=1e-5)
     assert batch(16)[0].item() == pytest.approx(loss.item(), rel=1e-5)  # 6 more pad columns
+
+
+def test_a_squad_unit_counts_questions_not_windows(minilm_dir, data_dir, tmp_path):
+    """A unit's n_eval is the number of dev questions (the chance margin's n), not the number of
+    context windows they are cut into."""
+    from common.tracking import WandbTarget
+    from finetuning.config import FinetuneConfig
+    from finetuning.fanout import plan
+    from finetuning.units import run_finetune_unit
+
+    cfg = FinetuneConfig(
+        tasks=["squad"],
+        max_train_examples=4,
+        max_eval_examples=4,
+        epochs=1.0,
+        max_seq_length=64,
+        batch_size=8,
+    )
+    [job] = plan(cfg, ["random:tiny"], tmp_path, tokenizer_dir=minilm_dir, data_root=str(data_dir))
+    result = run_finetune_unit(cfg, job, data_root=str(data_dir), wandb=WandbTarget(mode="disabled"))
+    assert result["n_train"] == 4 and result["n_eval"] == 4
+    assert set(result["metrics"]) == {"exact_match", "f1"}
