@@ -202,23 +202,22 @@ def test_cli_prints_figures_and_exits_2_on_missing_shards(model_dir, shards_and_
     assert "no shards" in capsys.readouterr().err
 
 
-def test_refuses_examples_longer_than_the_checkpoints_positions(shards_and_tokenizer, tmp_path):
-    """A model with fewer positions than the shards' examples: one message naming both, not an
-    IndexError from the embedding lookup (a device-side assert on a GPU)."""
+@pytest.mark.parametrize(
+    ("shape", "refusal"),
+    [
+        ({"max_position_embeddings": 16}, r"-token examples, but .* has 16 positions"),
+        ({"type_vocab_size": 1}, r"\(and 1 segment types\)"),  # the shards hold sentence pairs
+    ],
+)
+def test_refuses_examples_the_checkpoint_has_no_position_or_segment_type_for(
+    shards_and_tokenizer, tmp_path, shape, refusal
+):
+    """A model with fewer positions, or fewer segment types, than the shards' examples use: one
+    message naming both, not an IndexError from the embedding lookup (a device-side assert on a GPU)."""
     shards, tok = shards_and_tokenizer
-    short = BertConfig.from_preset("tiny", vocab_size=30522, max_position_embeddings=16)
-    model_dir = publish_model_dir(BertForPreTraining(short), tmp_path / "short", tok)
-    with pytest.raises(UserError, match=r"-token examples, but .* has 16 positions"):
-        evaluate_checkpoint(model_dir, shards)
-
-
-def test_refuses_examples_with_more_segment_types_than_the_checkpoint(shards_and_tokenizer, tmp_path):
-    """Sentence pairs (segment ids 0 and 1) on a one-segment-type model: refused with a message,
-    not an IndexError from the token-type embedding."""
-    shards, tok = shards_and_tokenizer
-    one_type = BertConfig.from_preset("tiny", vocab_size=30522, type_vocab_size=1)
-    model_dir = publish_model_dir(BertForPreTraining(one_type), tmp_path / "one_type", tok)
-    with pytest.raises(UserError, match=r"\(and 1 segment types\)"):
+    small = BertConfig.from_preset("tiny", vocab_size=30522, **shape)
+    model_dir = publish_model_dir(BertForPreTraining(small), tmp_path / "small", tok)
+    with pytest.raises(UserError, match=refusal):
         evaluate_checkpoint(model_dir, shards)
 
 
