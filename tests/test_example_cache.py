@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from preprocessing import shard_format
@@ -73,6 +74,50 @@ def test_complete_cache_is_reused_and_a_damaged_or_stale_one_rebuilt(shards, tmp
         and json.loads((path / example_cache.CACHE_META).read_text())["version"] == example_cache.VERSION
     )
     assert not list(root.glob(".*tmp*"))  # no temp directories left behind
+
+
+def test_shards_rewritten_under_the_same_names_and_counts_rebuild_the_cache(shards, tmp_path):
+    """A rerun of preprocess with other masking writes shards of the same names and sizes: only
+    their sha256 in the manifest tells them apart, and the cache must follow them."""
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    root = tmp_path / "cache"
+    path = example_cache.ensure(copy, "train", root)
+    manifest = json.loads((copy / shard_format.MANIFEST_NAME).read_text())
+    entry = manifest["splits"]["train"][0]
+    shard = copy / "train" / entry["path"]
+    table = shard_format.read_shard(shard)
+    flipped = table.set_column(
+        table.schema.get_field_index("next_sentence_label"),
+        "next_sentence_label",
+        pa.array([1 - v for v in table.column("next_sentence_label").to_pylist()], pa.int8()),
+    )
+    rewritten = shard_format.write_shard(shard, flipped)
+    assert rewritten["path"] == entry["path"] and rewritten["num_examples"] == entry["num_examples"]
+    entry["sha256"] = rewritten["sha256"]
+    (copy / shard_format.MANIFEST_NAME).write_text(json.dumps(manifest))
+    logs: list[str] = []
+    example_cache.ensure(copy, "train", root, log=logs.append)
+    assert len(logs) == 1  # rebuilt
+    assert np.array_equal(mapped_split(path).nsp_labels, load_split(copy, "train").nsp_labels)
+
+
+def test_shards_of_another_schema_version_are_refused(shards, tmp_path):
+    import shutil
+
+    from common.errors import UserError
+
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    manifest = json.loads((copy / shard_format.MANIFEST_NAME).read_text())
+    manifest["schema_version"] = shard_format.SCHEMA_VERSION + 1
+    (copy / shard_format.MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(
+        UserError, match=f"shard schema version {shard_format.SCHEMA_VERSION + 1}, this code reads"
+    ):
+        example_cache.ensure(copy, "train", tmp_path / "cache")
 
 
 def test_missing_split_is_a_user_error(shards, tmp_path):
