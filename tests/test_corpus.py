@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -141,6 +142,9 @@ def test_globs_and_labels(data_dir):
         expand_inputs(["data:wiki/nothing-*.gz"], str(data_dir))
     with pytest.raises(UserError, match="no corpus input"):
         expand_inputs([])
+    # one file is labelled by its name alone: its documents' ids (hence the split and buckets) do
+    # not depend on where the file lives
+    assert file_labels([files[0]]) == {files[0]: "wiki_00.gz"}
 
 
 def test_missing_file_path_is_user_error(tmp_path: Path):
@@ -167,6 +171,10 @@ def test_a_directory_input_is_every_file_below_it(tmp_path: Path, data_dir: Path
     (corpus / ".hidden.txt").write_text("editor backup\n")
     expected = [corpus / "a.txt", corpus / "part2" / "b.txt"]
     assert expand_inputs([str(corpus)]) == expected
+    # hidden files are those hidden inside the folder: a corpus kept under ~/.data is read
+    dotted = tmp_path / ".data" / "corpus"
+    shutil.copytree(corpus, dotted)
+    assert expand_inputs([str(dotted)]) == [dotted / "a.txt", dotted / "part2" / "b.txt"]
 
     cfg = load_config(
         None, [f"tokenizer.input=[{corpus}]", f"preprocess.input=[{corpus}]", "finetune.tasks=[]"]
