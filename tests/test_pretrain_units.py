@@ -285,6 +285,7 @@ def test_ds_config_muon_needs_zero_stage_0():
         ({}, {"train_batch_size": 30}, "train_batch_size=30 contradicts"),
         ({}, {"train_micro_batch_size_per_gpu": 4}, "train_micro_batch_size_per_gpu=4 contradicts"),
         ({"precision": "fp32"}, {"bf16": {"enabled": True}}, "enables bf16 but pretrain.precision"),
+        ({}, {"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enables both fp16 and bf16"),
         ({}, {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "offloads"),
         # DeepSpeed silently prefers the run's own optimizer and schedule over a template's
         ({}, {"optimizer": {"type": "Adam", "params": {"lr": 3e-4}}}, "'optimizer' section, which the run"),
