@@ -267,6 +267,39 @@ def test_binary_only_corpus_is_a_clear_error(tmp_path, minilm_dir):
     assert "Traceback" not in r.stderr and read_marker(tmp_path / "o") is None
 
 
+def test_example_settings_other_than_the_defaults_reach_the_shards(tmp_path, data_dir, minilm_dir):
+    """masked_lm_prob, whole_word_mask, short_seq_prob and balance_nsp, each away from its default,
+    change the shards the stage writes (each was recorded in the manifest but could be dropped on
+    the way to the job unnoticed)."""
+    docs = (data_dir / "wiki" / "summaries_en.txt").read_text(encoding="utf-8").split("\n\n")[:300]
+    (tmp_path / "c.txt").write_text("\n\n".join(docs), encoding="utf-8")
+    vocab = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    settings = dict(masked_lm_prob=0.3, max_predictions_per_seq=40, whole_word_mask=True, balance_nsp=False)
+
+    def run(name, short_seq_prob):
+        cfg = PreprocessConfig(
+            input=[str(tmp_path / "c.txt")], max_seq_length=64, dupe_factor=1, num_shards=1,
+            validation_fraction=0.0, workers=1, seed=3, short_seq_prob=short_seq_prob, **settings,
+        )  # fmt: skip
+        return run_preprocess_stage(cfg, minilm_dir, tmp_path / name)
+
+    stats, fewer_short = run("short", 1.0), run("few-short", 0.1)
+    assert stats["mean_masked_per_example"] / stats["mean_tokens_per_example"] == pytest.approx(0.3, abs=0.02)
+    # whole words: a masked '##' piece has its word's previous piece masked too (but where
+    # truncation cut the word's head off)
+    pieces = split = 0
+    for row in read_shard(shard_paths(tmp_path / "short", "train")[0]).to_pylist():
+        chosen = set(row["masked_lm_positions"])
+        for position, token in zip(row["masked_lm_positions"], row["masked_lm_ids"]):
+            if vocab[token].startswith("##"):
+                pieces += 1
+                split += position - 1 not in chosen
+    assert pieces > 100 and split < 0.05 * pieces
+    assert stats["examples"] > 1.2 * fewer_short["examples"]  # shorter targets: more, shorter pairs
+    # Google's exact NSP rule on short documents: forced NotNext pairs are not paid back
+    assert stats["is_next_ratio"] < 0.3
+
+
 def test_work_dir_is_under_temp_location_when_the_pipeline_declares_one(tmp_path):
     """The workers' exchange files go to --temp_location (a cluster's shared scratch, with its own
     lifecycle), one folder per output so two stages do not clear each other's; without one, to
