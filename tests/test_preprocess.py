@@ -300,6 +300,22 @@ def test_example_settings_other_than_the_defaults_reach_the_shards(tmp_path, dat
     assert stats["is_next_ratio"] < 0.3
 
 
+def test_documents_that_tokenize_to_nothing_are_skipped_and_counted(tmp_path, data_dir, minilm_dir):
+    """A document of zero-width spaces is text to the reader but no token to WordPiece: skipped and
+    counted, never drawn as a NotNext partner (which has no sentence to start from)."""
+    docs = (data_dir / "wiki" / "summaries_en.txt").read_text(encoding="utf-8").split("\n\n")[:100]
+    blanks = ["\u200b\u200b\n\u200b"] * 100
+    (tmp_path / "c.txt").write_text(
+        "\n\n".join(d for pair in zip(docs, blanks) for d in pair), encoding="utf-8"
+    )
+    cfg = PreprocessConfig(
+        input=[str(tmp_path / "c.txt")], max_seq_length=64, dupe_factor=3, num_shards=1, workers=1, seed=3
+    )
+    stats = run_preprocess_stage(cfg, minilm_dir, tmp_path / "out")
+    assert stats["skipped"]["documents_skipped_no_tokens"] == 100
+    assert stats["documents_read"] == 200 and stats["examples"] > 300
+
+
 def test_work_dir_is_under_temp_location_when_the_pipeline_declares_one(tmp_path):
     """The workers' exchange files go to --temp_location (a cluster's shared scratch, with its own
     lifecycle), one folder per output so two stages do not clear each other's; without one, to
