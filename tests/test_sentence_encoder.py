@@ -65,6 +65,12 @@ def test_special_token_text_in_the_corpus_is_text(trained):
     assert trained.encode("[MASK]", add_special_tokens=False).ids == [
         trained.token_to_id("[MASK]")
     ]  # untouched
+    # the same on the route that hands every sentence to the tokenizer (a non-BERT pipeline)
+    other = Tokenizer.from_str(trained.to_str())
+    other.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase()])
+    assert bert_pipeline_lowercase(other) is None
+    [ids] = encoded(SentenceEncoder(other), ["the [MASK] token and [SEP] and [cls] in text"])
+    assert not specials & set(ids)
 
 
 def encoded(encoder: SentenceEncoder, sentences: list[str]) -> list[list[int]]:
