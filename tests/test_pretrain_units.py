@@ -303,6 +303,18 @@ def test_ds_config_contradictions_are_user_errors(tmp_path, kw, template, match)
         build_ds_config(_pcfg(**kw), world_size=2, on_gpu=False, bf16_ok=False)
 
 
+def test_ds_config_keeps_parameter_offload_only_at_zero_3(tmp_path):
+    """Only ZeRO 3 partitions (and can offload) the parameters: a template's offload_param is
+    dropped at stages 1 and 2, where DeepSpeed has no use for it, and kept at 3."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}))
+    for stage, kept in ((1, False), (2, False), (3, True)):
+        ds = build_ds_config(
+            _pcfg(deepspeed_config=str(path), zero_stage=stage), world_size=2, on_gpu=False, bf16_ok=False
+        )
+        assert ("offload_param" in ds["zero_optimization"]) is kept, stage
+
+
 def test_ds_config_lamb_is_not_offloaded(tmp_path):
     """DeepSpeed takes only its own CPU Adam under ZeRO-Offload: refused here, not in every rank."""
     path = tmp_path / "offload.json"
