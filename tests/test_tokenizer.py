@@ -214,6 +214,11 @@ def test_a_word_wordpiece_never_splits_adds_no_vocabulary(data_dir):
     assert with_word == vocab_list(train_tokenizer(common, vocab_size=800))
     assert counts["words_skipped_over_100_chars"] == 1
     assert len("x" * MAX_WORD_CHARS) == 100  # as BERT's max_input_chars_per_word
+    # the bound itself: WordPiece still splits a word of exactly 100 characters, not one of 101
+    for length, skipped in ((MAX_WORD_CHARS, 0), (MAX_WORD_CHARS + 1, 1)):
+        counts.clear()
+        train_tokenizer([*common, f"a {'q' * length} b"], vocab_size=800, counts=counts)
+        assert counts["words_skipped_over_100_chars"] == skipped, length
     # 40 Hangul syllables are 40 characters, but 120 jamo once normalized: also one [UNK], also left out
     counts.clear()
     hangul = "한국어" * 13 + "말"
