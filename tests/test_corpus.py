@@ -223,6 +223,8 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
     text = "Café au lait is a drink. It has milk.\n\nAnother document here. It ends.\n\n" * 20
     (tmp_path / "bom16.txt").write_bytes(text.encode("utf-16"))
     (tmp_path / "le16.txt").write_bytes(text.encode("utf-16-le"))  # no byte-order mark
+    # nor with a few characters past Latin-1 (their high byte is not 0)
+    (tmp_path / "dash16.txt").write_bytes(text.replace(" is ", " \u2014 ").encode("utf-16-le"))
     (tmp_path / "latin1.txt").write_bytes(text.encode("latin-1"))
     good = "A fine line. It is UTF-8.\n" * 300
     (tmp_path / "stray.txt").write_bytes(good.encode() + b"One caf\xe9 here. Then more.\n")
@@ -232,7 +234,7 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
         counts: Counter = Counter()
         return list(read_documents(tmp_path / name, counts)), counts
 
-    for name, encoding in (("bom16.txt", "UTF-16"), ("le16.txt", "UTF-16LE")):
+    for name, encoding in (("bom16.txt", "UTF-16"), ("le16.txt", "UTF-16LE"), ("dash16.txt", "UTF-16LE")):
         docs, counts = read(name)
         path = tmp_path / name
         assert docs == [] and counts["files_skipped_not_utf8"] == 1 and not counts["files_skipped_binary"]
