@@ -73,12 +73,33 @@ def test_token_ids_beyond_the_vocabulary(data, tmp_path):
     _fails(config(), copy, small, tmp_path / "out", r"token id \d+ in input_ids.*only 2000 entries")
 
 
-def test_shard_with_a_foreign_schema(data, tmp_path):
+def _our_columns_as_int64() -> pa.Table:
+    """Our column names, but every integer 64-bit (as pandas writes them)."""
+    lists = {
+        "input_ids": [[2, 5, 3]],
+        "segment_ids": [[0, 0, 0]],
+        "masked_lm_positions": [[1]],
+        "masked_lm_ids": [[7]],
+    }
+    return pa.table(
+        {
+            **{k: pa.array(v, pa.list_(pa.int64())) for k, v in lists.items()},
+            "next_sentence_label": pa.array([0], pa.int64()),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "make_table",
+    [lambda: pa.table({"input_ids": pa.array([[1, 2, 3]]), "label": pa.array([0])}), _our_columns_as_int64],
+    ids=["other columns", "our columns in other types"],
+)
+def test_shard_with_a_foreign_schema(data, tmp_path, make_table):
     shards, tok = data
     copy = tmp_path / "shards"
     shutil.copytree(shards, copy)
     bad = copy / "train" / shard_format.shard_name(0, 2)
-    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3]]), "label": pa.array([0])}), bad)
+    pq.write_table(make_table(), bad)
     manifest = json.loads((copy / shard_format.MANIFEST_NAME).read_text())
     manifest["splits"]["train"][0]["sha256"] = sha256_file(bad)
     _rewrite_manifest(copy, splits=manifest["splits"])
