@@ -60,15 +60,20 @@ def test_a_bucket_with_one_document_keeps_its_pairs_as_isnext(seed):
     assert [inst.a_sentences[0] for inst in instances] == [0, 13, 26]
 
 
-def test_instances_provenance_lengths_and_nsp(corpus):
-    docs, vocab = corpus
-    rng = random.Random(3)
+@pytest.fixture(scope="module")
+def instances(corpus):
+    """The pairs of the whole corpus as one bucket (max_seq_length 128, short_seq_prob 0.1)."""
     from preprocessing.examples import NspBalance
 
-    balance = NspBalance(True)
-    instances = []
-    for d in range(len(docs)):
-        instances += create_instances_from_document(docs, d, 128, 0.1, rng, balance)
+    docs, _ = corpus
+    rng, balance = random.Random(3), NspBalance(True)
+    return [
+        i for d in range(len(docs)) for i in create_instances_from_document(docs, d, 128, 0.1, rng, balance)
+    ]
+
+
+def test_instances_provenance_lengths_and_nsp(corpus, instances):
+    docs, vocab = corpus
     assert len(instances) > 5000
 
     def concat(doc, lo, hi):
@@ -90,6 +95,60 @@ def test_instances_provenance_lengths_and_nsp(corpus):
             assert inst.b_sentences[0] == inst.a_sentences[1]
     ratio = sum(not i.is_random_next for i in instances) / len(instances)
     assert abs(ratio - 0.5) <= 0.02, ratio
+
+
+def test_a_split_and_a_notnext_b_start_at_any_sentence(instances):
+    """A ends at a random sentence of its chunk (not always after one), and a NotNext B starts at a
+    random sentence of its document: were it always the first, NSP could be told from B's start."""
+    not_next = [i for i in instances if i.is_random_next]
+    assert sum(i.a_sentences[1] - i.a_sentences[0] >= 2 for i in instances) > 0.3 * len(instances)
+    assert sum(i.b_sentences[0] > 0 for i in not_next) > 0.5 * len(not_next)
+
+
+def test_every_sentence_goes_into_a_pair(corpus, instances):
+    """Each sentence is in an A or an IsNext B: the sentences after A in a NotNext chunk are put
+    back to start the next chunk (as in Google's script), not thrown away."""
+    docs, _ = corpus
+    used = [set() for _ in docs]
+    for inst in instances:
+        used[inst.a_doc].update(range(*inst.a_sentences))
+        if not inst.is_random_next:
+            used[inst.b_doc].update(range(*inst.b_sentences))
+    assert used == [set(range(len(doc))) for doc in docs]
+
+
+def test_notnext_b_comes_from_another_document_of_a_small_bucket():
+    """In a bucket of 3 documents, B of a NotNext pair is drawn among the 2 others, never A's own."""
+    docs = [[[1000 * d + 10 * s + k for k in range(10)] for s in range(30)] for d in range(3)]
+    pairs = Counter()
+    for seed in range(30):
+        rng = random.Random(seed)
+        for d in range(3):
+            pairs.update(
+                (i.a_doc, i.b_doc)
+                for i in create_instances_from_document(docs, d, 128, 0.0, rng)
+                if i.is_random_next
+            )
+    assert all(a != b for a, b in pairs)
+    assert len(pairs) == 6  # every other document is drawn
+
+
+def test_a_short_target_also_bounds_notnext_pairs():
+    """With short_seq_prob 1 every document gets a short target length, for its NotNext pairs too
+    (A plus a B of the target's remaining length). One-token sentences make the target visible: a
+    full chunk, hence an IsNext pair not at the document's end, is exactly target tokens long."""
+    docs = [[[1000 * d + s] for s in range(2000)] for d in range(4)]
+    checked = 0
+    for seed in range(10):
+        rng = random.Random(seed)
+        for d in range(4):
+            instances = create_instances_from_document(docs, d, 128, 1.0, rng)
+            target = max(len(i.tokens_a) + len(i.tokens_b) for i in instances if not i.is_random_next)
+            for inst in instances:
+                if inst.is_random_next:
+                    assert len(inst.tokens_a) + len(inst.tokens_b) <= target
+                    checked += 1
+    assert checked > 100
 
 
 def test_google_exact_rule_skews_nsp_on_short_documents(corpus):
@@ -158,6 +217,9 @@ def test_whole_word_masking_masks_whole_words(corpus):
     examples = list(create_examples(docs[:500], params_for(vocab), spec, "g", Counter()))
     partial = 0
     for e in examples:
+        assert e.masked_lm_positions == sorted(e.masked_lm_positions)  # the shard schema's order
+        # a word that does not fit the remaining budget is skipped, not taken beyond it
+        assert len(e.masked_lm_positions) <= num_to_predict(len(e.input_ids), spec)
         pos = set(e.masked_lm_positions)
         original = list(e.input_ids)
         for p, label in zip(e.masked_lm_positions, e.masked_lm_ids):
@@ -183,9 +245,16 @@ def test_deterministic_and_seed_dependent(corpus):
             for e in create_examples(docs[:200], params_for(vocab, seed=seed), spec, group, Counter())
         ]
 
+    def texts(seed, group):  # the pairs before masking (the keys name the group by themselves)
+        return [
+            restored(e)
+            for e in create_examples(docs[:200], params_for(vocab, seed=seed), spec, group, Counter())
+        ]
+
     assert run(1) == run(1)
     assert run(1) != run(2)
     assert run(1, "a") != run(1, "b")
+    assert texts(1, "a") != texts(1, "b")  # buckets that hold the same documents draw other pairs
 
 
 def restored(example) -> tuple[int, ...]:
@@ -215,13 +284,15 @@ def test_dupe_factor_gives_different_masks_of_same_text(corpus):
     assert len(differ) > 0.9 * len(same_text)
 
 
-def test_truncate_seq_pair_trims_longer_side_from_both_ends():
+@pytest.mark.parametrize("a_longer", [True, False])
+def test_truncate_seq_pair_trims_longer_side_from_both_ends(a_longer):
     rng = random.Random(0)
-    a, b = list(range(100)), list(range(1000, 1010))
-    ta, tb = truncate_seq_pair(a, b, 50, rng)
-    assert len(ta) + len(tb) == 50 and tb == b
-    assert ta[0] > 0 and ta[-1] < 99  # cut at the front and at the back
-    assert ta == list(range(ta[0], ta[-1] + 1))
+    long, short = list(range(100)), list(range(1000, 1010))
+    ta, tb = truncate_seq_pair(long, short, 50, rng) if a_longer else truncate_seq_pair(short, long, 50, rng)
+    trimmed, kept = (ta, tb) if a_longer else (tb, ta)
+    assert len(ta) + len(tb) == 50 and kept == short
+    assert trimmed[0] > 0 and trimmed[-1] < 99  # cut at the front and at the back
+    assert trimmed == list(range(trimmed[0], trimmed[-1] + 1))
 
 
 def test_pack_round_trip(corpus):
@@ -243,6 +314,33 @@ def test_build_example_layout(corpus):
     assert ex.segment_ids == [0, 0, 0, 0, 1, 1, 1, 1]
     assert ex.next_sentence_label == IS_NEXT and NOT_NEXT == 1
     assert len(ex.masked_lm_positions) == 1  # max(1, round(8 * 0.15))
+
+
+def test_num_to_predict_rounds_to_nearest():
+    """Google's min(max_predictions, max(1, int(round(len * masked_lm_prob)))): 31 * 0.15 = 4.65
+    gives 5 predictions, not 4."""
+    spec = MaskingSpec(0.15, 20, False, 103, frozenset(), frozenset(), (1,))
+    assert [num_to_predict(n, spec) for n in (3, 8, 10, 31, 128, 512)] == [1, 1, 2, 5, 19, 20]
+
+
+def test_whole_word_masking_keeps_a_piece_after_sep_out_of_the_previous_word(corpus):
+    """B cut at the front can start with a '##' piece: it is a word of its own, not part of A's
+    last word across the [SEP] (so it is sometimes masked alone, and A's last word too)."""
+    _, vocab = corpus
+    from preprocessing.examples import Instance
+
+    spec = spec_for(vocab, whole_word=True)
+    a = [vocab.index(w) for w in ("the", "cat", "sat", "on", "a")]
+    b = [vocab.index(w) for w in ("##s", "mat", "and", "slept", "well")]
+    inst = Instance(a, b, False, 0, (0, 1), 0, (1, 2))
+    last_a, first_b = len(a), len(a) + 2  # positions of "a" and of "##s" in [CLS] A [SEP] B [SEP]
+    alone = Counter()
+    for seed in range(200):
+        ex = build_example(inst, vocab.index("[CLS]"), vocab.index("[SEP]"), spec, random.Random(seed), 0)
+        pos = set(ex.masked_lm_positions)
+        alone["##s"] += first_b in pos and last_a not in pos
+        alone["a"] += last_a in pos and first_b not in pos
+    assert alone["##s"] > 0 and alone["a"] > 0
 
 
 def test_build_example_masks_as_the_generic_rule_does(corpus):

@@ -190,6 +190,27 @@ def test_dynamic_masking_never_emits_a_special_token():
     assert replaced_by_random > 50  # the random-replacement branch was exercised
 
 
+def test_dynamic_masking_predicts_as_preprocessing_does_at_any_length():
+    """As many predictions as num_to_predict for every length (10 and 31 tokens round 1.5 and 4.65
+    up), and never more than a row has non-special tokens: a row of [UNK]s with one word predicts
+    that word only, no special or padding position."""
+    vocab = [*SPECIAL_TOKENS, *(f"w{i}" for i in range(20))]
+    spec = MaskingSpec.from_vocab(vocab, SPECIAL_TOKENS, 0.15, 20, whole_word=False)
+    cls_id, sep_id, unk_id = (vocab.index(t) for t in ("[CLS]", "[SEP]", "[UNK]"))
+    word = vocab.index("w3")
+    plain = [[cls_id, *(5 + np.arange(n - 3) % 20), sep_id, word, sep_id] for n in range(4, 60)]
+    sparse = [[cls_id, *[unk_id] * k, word, sep_id] for k in (8, 29, 40)]  # wanted 2, 5 and 6; one word
+    store = _store_of(plain + sparse)
+    for epoch in range(3):
+        batch = collate(store, np.arange(len(plain) + len(sparse)), spec, epoch=epoch, seed=1)
+        real = batch["masked_lm_labels"] != -100
+        lengths = batch["attention_mask"].sum(1).tolist()
+        assert real.sum(1).tolist() == [num_to_predict(n, spec) for n in lengths[: len(plain)]] + [1, 1, 1]
+        for row in range(len(plain), len(plain) + len(sparse)):
+            assert batch["masked_lm_positions"][row][real[row]].tolist() == [lengths[row] - 2]
+            assert batch["masked_lm_labels"][row][real[row]].tolist() == [word]
+
+
 def test_eval_batches_equal_count_per_rank_and_disjoint(shards):
     val = load_split(shards, "validation")
     a = eval_batches(val, 4, 2, 0, max_steps=100)
