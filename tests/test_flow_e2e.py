@@ -14,6 +14,7 @@ from uuid import uuid4
 import pytest
 
 from common.atomic import MARKER_NAME
+from common.errors import UserError
 from tests.flow_support import stop_ephemeral_prefect, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -255,3 +256,18 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     shutil.rmtree(new_pretrain / "model")
     sixth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"])
     assert _status(sixth)["pretrain"] == "ran" and (new_pretrain / "model" / "config.json").is_file()
+
+    # --- `--force finetune` (what a reuse after a code change advises): every unit trains again
+    # (this model's units under every fine-tuning setting tried above; the flow's four retrain)
+    units = sorted(fourth_finetune.parent.glob(f"units/*{new_pretrain.name}_model-*/result.json"))
+    before = {p: p.stat().st_mtime_ns for p in units}
+    seventh = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"], force=["finetune"])
+    assert _status(seventh)["finetune-units"] == "4 ran, 0 cached", _status(seventh)
+    assert _status(seventh)["pretrain"] == "cached"
+    retrained = [p for p, t in before.items() if p.stat().st_mtime_ns != t]
+    assert len(retrained) == 4, retrained
+
+    # --- `--only finetune` on a pretraining whose model is gone: said before any unit, not later
+    shutil.rmtree(new_pretrain / "model")
+    with pytest.raises(UserError, match="stage 'pretrain' has no complete output for this config"):
+        bert_pipeline(config=config, overrides=["pretrain.max_steps=6"], only="finetune")

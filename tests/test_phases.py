@@ -150,3 +150,12 @@ def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, dat
     assert card["rows"][0]["name"] == "pretrained (tiny, 6 + 8 steps)", card["rows"][0]
     report = (Path(stages["report"]["out_dir"]) / "report.md").read_text()
     assert "| seq32 | 32 | 6 × 16 |" in report and "| main | 64 | 8 × 8 |" in report, report
+
+    # `--force pretrain` retrains every phase's pretraining, and only those
+    try:
+        forced = bert_pipeline(config=str(config), force=["pretrain"])
+    finally:
+        stop_ephemeral_prefect()
+    status = {r["stage"]: r["status"] for r in forced["stages"]}
+    assert (status["pretrain@seq32"], status["pretrain"]) == ("ran", "ran"), status
+    assert (status["preprocess@seq32"], status["preprocess"], status["tokenizer"]) == ("cached",) * 3, status
