@@ -163,3 +163,9 @@ def test_make_run_goes_online_with_a_wandb_api_key_as_the_readme_says(tmp_path) 
     assert mode_under_make() == "offline"
     assert mode_under_make(WANDB_API_KEY="x" * 40) == "online"
     assert mode_under_make(WANDB_API_KEY="x" * 40, WANDB_MODE="disabled") == "disabled"
+
+
+def test_set_of_a_key_below_a_value_is_a_user_error() -> None:
+    """`--set pretrain.lr=1 pretrain.lr.x=2` makes a value a section: one clear error, no traceback."""
+    with pytest.raises(UserError, match=r"--set pretrain\.lr\.x: 'lr' is not a section"):
+        load_config(None, ["pretrain.lr=1", "pretrain.lr.x=2"])

@@ -128,6 +128,21 @@ def test_missing_data_path_names_key_and_path(tmp_path: Path, data_dir: Path) ->
     assert "preprocess.input" in msg and "no_such_corpus.txt" in msg and "BERTFLOW_DATA" in msg
 
 
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        ("tokenizer.input=[]", "config key tokenizer.input is empty"),
+        ("tokenizer.vocab=data:wiki/no_such_vocab.txt", "config key tokenizer.vocab: .*no_such_vocab.txt does not exist"),
+    ],
+)  # fmt: skip
+def test_no_corpus_and_a_missing_vocab_are_refused_naming_the_key(
+    data_dir: Path, setting: str, message: str
+) -> None:
+    """Before compute, not after: a tokenizer trained on nothing, or a stage failing on the vocab."""
+    with pytest.raises(UserError, match=message):
+        check_data_paths(load_config(None, [setting]))
+
+
 def test_empty_glob_is_a_missing_path(data_dir: Path) -> None:
     cfg = load_config(None, ["tokenizer.input=[data:wiki/enwiki-2015/ZZ/*.gz]"])
     with pytest.raises(UserError, match="tokenizer.input"):
@@ -158,6 +173,25 @@ def test_checksums_catch_a_corrupt_file(tmp_path: Path) -> None:
     assert summary["checksummed"] == 1 and summary["files"] == 1
     corpus.write_text("First sentence. Second sentence changed.\n")
     with pytest.raises(UserError, match="corrupt"):
+        verify_data(load_config(None, overrides))
+
+
+def test_checksums_in_binary_mode_are_matched_and_other_sums_files_refused(tmp_path: Path) -> None:
+    """`sha256sum -b` writes `HASH *PATH`; an md5sum file (or a malformed line) is refused as not
+    sha256sum output, not read as checksums that every file then fails."""
+    import hashlib
+
+    root = tmp_path / "data"
+    (root / "wiki").mkdir(parents=True)
+    corpus = root / "wiki" / "summaries_en.txt"
+    corpus.write_text("First sentence. Second sentence.\n")
+    sums = root / "SHA256SUMS"
+    sums.write_text(f"{hashlib.sha256(corpus.read_bytes()).hexdigest()} *wiki/summaries_en.txt\n")
+    overrides = [f"data_root={root}", "finetune.tasks=[]", "verify.checksums=true"]
+    summary = verify_data(load_config(None, overrides))
+    assert (summary["checksummed"], summary["not_listed"]) == (1, 0)
+    sums.write_text(f"{hashlib.md5(corpus.read_bytes()).hexdigest()}  wiki/summaries_en.txt\n")
+    with pytest.raises(UserError, match="SHA256SUMS line 1 is not `SHA256  PATH`"):
         verify_data(load_config(None, overrides))
 
 
@@ -377,3 +411,29 @@ def test_the_flow_preflight_skips_a_complete_preprocess_and_reads_tokenizer_voca
     check_flow_init_vocabulary(load_config(None, [*sets, "tokenizer.lowercase=false"]))
     with pytest.raises(UserError, match="another vocabulary.*lowercase False vs True"):
         check_flow_init_vocabulary(load_config(None, [*sets, "tokenizer.lowercase=true"]))
+
+
+def test_the_flow_preflight_compares_init_from_with_the_tokenizer_the_flow_trained(
+    tmp_path: Path, minilm_dir: Path
+) -> None:
+    """Without tokenizer.vocab the pretraining reads the flow's trained tokenizer: once that is
+    complete, one with another vocabulary than init_from's is refused before any stage runs."""
+    from common.atomic import write_marker
+    from pipelines.flow_preflight import check_flow_init_vocabulary
+    from pipelines.stage_keys import stage_dir
+
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "config.json").write_text((minilm_dir / "config.json").read_text())
+    (init / "vocab.txt").write_text((minilm_dir / "vocab.txt").read_text())
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", f"pretrain.init_from={init}"])
+    trained = stage_dir(cfg, "tokenizer")
+    trained.mkdir(parents=True)
+    tokens = (minilm_dir / "vocab.txt").read_text().splitlines()
+    (trained / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    write_marker(trained, {"stage": "tokenizer"})
+    check_flow_init_vocabulary(cfg)  # the same vocabulary
+    tokens[2000], tokens[2001] = tokens[2001], tokens[2000]
+    (trained / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    with pytest.raises(UserError, match="another vocabulary .*token id 2000"):
+        check_flow_init_vocabulary(cfg)

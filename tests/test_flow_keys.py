@@ -112,8 +112,10 @@ def test_outputs_made_before_run_only_settings_left_the_keys_are_found(tmp_path:
     # a run-only setting added since (RUN_ONLY_SINCE) was in no earlier key
     newer = load_config(None, [f"run_dir={tmp_path}", "pretrain.stop_grace_s=30"])
     assert stage_dir(newer, "pretrain") == made_then
-    # once an output has the current key, it is the one
+    # once an output has the current key, it is the one (also while another stage has outputs,
+    # so that stage_dirs looks for earlier keys at all)
     (tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]).mkdir()
+    (tmp_path / "finetune").mkdir()
     assert stage_dir(cfg, "pretrain") == tmp_path / "pretrain" / stage_keys(cfg)["pretrain"]
 
 
@@ -142,6 +144,33 @@ def test_corpus_content_is_part_of_the_key_and_its_mtime_is_not(tmp_path: Path) 
     corpus.write_text("A first sentence. A second one!\n")  # same size, other bytes
     after = stage_keys(load_config(None, overrides))
     assert _changed(before, after) == DOWNSTREAM["tokenizer"] | {"verify"}
+
+
+def test_files_read_by_content_move_their_stage_and_downstream_when_edited_in_place(tmp_path: Path) -> None:
+    """A DeepSpeed JSON, a given vocab.txt and init_from's weights edited or retrained at the same
+    path: the stages that read them recompute, not reuse the output made from the old content."""
+    deepspeed = tmp_path / "zero2.json"
+    deepspeed.write_text((PROJECT_ROOT / "infra" / "deepspeed" / "zero2.json").read_text())
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "config.json").write_text('{"model_type": "bert"}')
+    (init / "model.safetensors").write_bytes(b"weights of the first training")
+    sets = [
+        f"pretrain.deepspeed_config={deepspeed}",
+        f"tokenizer.vocab={vocab}",
+        f"pretrain.init_from={init}",
+    ]
+    before = stage_keys(load_config(None, sets))
+    deepspeed.write_text(deepspeed.read_text().replace("{", '{"prescale_gradients": true, ', 1))
+    edited = stage_keys(load_config(None, sets))
+    assert _changed(before, edited) == DOWNSTREAM["pretrain"]
+    (init / "model.safetensors").write_bytes(b"weights of another training")  # retrained in place
+    retrained = stage_keys(load_config(None, sets))
+    assert _changed(edited, retrained) == DOWNSTREAM["pretrain"]
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nand\n")  # a token added
+    assert _changed(retrained, stage_keys(load_config(None, sets))) == DOWNSTREAM["tokenizer"]
 
 
 def test_with_checksums_an_edited_checksum_file_is_verified_again(tmp_path: Path) -> None:
@@ -211,6 +240,7 @@ def test_stage_selection() -> None:
         plan_stages("report", "report", None)
 
 
+@pytest.mark.parametrize("earlier", [False, True], ids=["explicit", "explicit-before-run-only"])
 @pytest.mark.parametrize(
     "path,spelled_out",
     [
@@ -220,15 +250,16 @@ def test_stage_selection() -> None:
     ],
 )
 def test_outputs_of_the_shipped_configs_from_before_num_processes_auto_are_found(
-    tmp_path: Path, path: str, spelled_out: list[str]
+    tmp_path: Path, path: str, spelled_out: list[str], earlier: bool
 ) -> None:
     """The shipped configs spelled out ranks, micro batch and accumulation before 2026-11-26 (2 CPU
-    ranks; 8 GPUs for the GPU configs); their pretraining (every phase) is found after the upgrade."""
+    ranks; 8 GPUs for the GPU configs); their pretraining (every phase) is found after the upgrade,
+    also one made before 2026-11-25 (`earlier`: keyed with the run-only settings)."""
     shipped = PROJECT_ROOT / "configs" / path
     now = load_config(shipped, [f"run_dir={tmp_path}"])
     before = load_config(shipped, [f"run_dir={tmp_path}", "pretrain.global_batch_size=null", *spelled_out])
     stages = [s for s in stage_keys(now) if base_stage(s) == "pretrain"]
-    old, new = stage_keys(before), stage_keys(now)
+    old, new = stage_keys(before, earlier=earlier), stage_keys(now)
     assert all(old[s] != new[s] for s in stages)  # the keys did change
     for s in stages:
         (tmp_path / "pretrain" / old[s]).mkdir(parents=True)

@@ -3,8 +3,12 @@ naming the file, through the real readers (shard manifest, DeepSpeed template, m
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 
+from common.atomic import MARKER_NAME, atomic_write_json, progress_state, read_marker
 from common.errors import UserError
 from model.hf_io import read_config
 from preprocessing.shard_format import read_manifest
@@ -33,3 +37,23 @@ def test_deepspeed_template_and_model_config(tmp_path):
     (tmp_path / "config.json").write_text('"bert"')
     with pytest.raises(UserError, match=r"model config .*config.json must hold a JSON object, not str"):
         read_config(tmp_path)
+
+
+def test_an_unreadable_completion_marker_is_not_complete(tmp_path):
+    """A marker cut short (`{`, a disk that filled up) says nothing: the output is not complete,
+    so it is redone rather than trusted."""
+    (tmp_path / MARKER_NAME).write_text("{")
+    assert read_marker(tmp_path) is None
+    assert progress_state(tmp_path) == "unfinished"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_atomically_written_files_get_the_usual_mode(tmp_path, umask):
+    """The temp file is made 0600; the finished file has the mode any new file gets (others in
+    the group can read a shared run directory)."""
+    old = os.umask(umask)
+    try:
+        atomic_write_json(tmp_path / "stats.json", {"docs": 1})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "stats.json").stat().st_mode) == 0o666 & ~umask

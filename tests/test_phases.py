@@ -89,6 +89,28 @@ def test_phase_keys_chain_and_match_a_config_of_their_own(tmp_path: Path) -> Non
     assert with_phase_init(cfg).pretrain.init_from == str(dirs["pretrain@seq32"] / "model")
 
 
+def test_a_phase_only_corpus_is_checked_before_compute_and_verified_again_when_edited(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """A corpus only a phase reads is a data file of the flow: missing, the flow refuses to start
+    (naming the phase's key), not after the stages before it; edited, the data check runs again."""
+    from pipelines.verify_data import check_data_paths
+
+    corpus = tmp_path / "phase_corpus.txt"
+    phase = {**SEQ32, "preprocess": {**SEQ32["preprocess"], "input": [str(corpus)]}}
+    with pytest.raises(UserError, match=r"phases\[0\]\.preprocess\.input: data path .*phase_corpus.txt"):
+        check_data_paths(load_config(_config(tmp_path, [phase])))
+    corpus.write_text("A first sentence. A second one.\n")
+    cfg = load_config(_config(tmp_path, [phase]))
+    assert corpus in check_data_paths(cfg)
+    before = stage_keys(cfg)
+    corpus.write_text("A first sentence. A second one, edited.\n")
+    after = stage_keys(load_config(_config(tmp_path, [phase])))
+    assert {s for s in before if before[s] != after[s]} == {
+        "verify", "preprocess@seq32", "pretrain@seq32", "pretrain", "finetune", "report"
+    }  # fmt: skip
+
+
 def test_with_two_phases_each_finds_the_one_before_it(tmp_path: Path) -> None:
     """Phase b's own config (and the main one's) must key phase a as the flow does. Phase a's
     changes used to be applied to phase b's sections, not the main ones: a and b's directories as

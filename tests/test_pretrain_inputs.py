@@ -339,3 +339,20 @@ def test_a_relative_output_works_from_any_directory(data, tmp_path):
     res = subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert (cwd / "relative_run" / "model" / "model.safetensors").is_file()
+
+
+def test_an_output_inside_the_tokenizer_directory_is_refused(data, tmp_path):
+    """Pretraining writes (and clears parts of) its output: inside an input it would change that
+    input, so `--output TOK/run` is refused like `--output TOK`."""
+    shards, tok = data
+    _fails(config(), shards, tok, tok / "run", r"pretrain output .*/run lies inside the tokenizer directory")
+    assert not (tok / "run").exists()
+
+
+def test_an_output_that_holds_another_stages_output_is_refused(data, tmp_path):
+    """`--output` naming a finished tokenizer (another one than the run's input) would overwrite it."""
+    shards, tok = data
+    other = tmp_path / "tok2"
+    shutil.copytree(tok, other)
+    write_marker(other, {"stage": "tokenizer"})
+    _fails(config(), shards, tok, other, r"pretrain output .*tok2 holds a bertflow tokenizer output")

@@ -173,18 +173,26 @@ def test_a_live_flow_run_keeps_what_it_will_use_and_a_killed_one_reads_interrupt
 ) -> None:
     """A flow run records its writer and the outputs it plans to use from its first moment: while
     it runs, cleaning an older run keeps those (pretrain/p1, which it is about to reuse); once its
-    process is gone without finishing, `bertflow runs` says interrupted, not running forever."""
-    code = "import sys, time; print('up', flush=True); time.sleep(60)"
-    live = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    process is gone without finishing, `bertflow runs` says interrupted, not running forever. The
+    record is the one `write_record` writes, from the flow run's own process."""
+    killed = _stage(root, "pretrain", "p3", complete=False)  # a pretraining killed earlier
+    (killed / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 1, "host": os.uname().nodename}))
+    planned = [str(root / "tokenizer" / "t1"), str(root / "pretrain" / "p1"), str(killed)]
+    code = (
+        "import json, sys, time; from pathlib import Path; "
+        "from pipelines.flow_records import stage_record, write_record; root = Path(sys.argv[1]); "
+        "tok = stage_record('tokenizer', root / 'tokenizer' / 't1', 'cached', 1.0, 0.0); "
+        "write_record(root, 'third-run', 'g', [tok], 1767434400.0, planned=json.loads(sys.argv[2])); "
+        "print('up', flush=True); time.sleep(60)"
+    )  # started 2026-01-03 10:00 UTC: the newest run
+    live = subprocess.Popen(
+        [sys.executable, "-c", code, str(root), json.dumps(planned)],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert live.stdout.readline() == "up\n"
-        path = _record(root, "third-run", "2026-01-03 10:00:00", {"tokenizer": root / "tokenizer" / "t1"})
-        data = json.loads(path.read_text())
-        killed = _stage(root, "pretrain", "p3", complete=False)  # a pretraining killed earlier
-        (killed / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 1, "host": os.uname().nodename}))
-        data |= {"status": "running", "writer": {"pid": live.pid, "host": os.uname().nodename},
-                 "planned": [str(root / "tokenizer" / "t1"), str(root / "pretrain" / "p1"), str(killed)]}  # fmt: skip
-        path.write_text(json.dumps(data))
         assert cli(["runs", "--run-dir", str(root)]) == 0
         assert re.search(r"third-run .* running", capsys.readouterr().out)
         assert cli(["runs", "clean", "first-run", "--run-dir", str(root), "--yes"]) == 0
@@ -198,6 +206,40 @@ def test_a_live_flow_run_keeps_what_it_will_use_and_a_killed_one_reads_interrupt
     assert re.search(r"third-run .* interrupted", capsys.readouterr().out)
     assert cli(["runs", "clean", "--incomplete", "--run-dir", str(root), "--yes"]) == 0
     assert not killed.exists()
+
+
+@pytest.mark.parametrize("status", ["completed", "failed"])
+def test_cleaning_a_finished_run_keeps_what_it_only_planned(
+    root: Path, status: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record keeps its planned outputs after the run ends (a failed run, or `--only verify`,
+    plans every stage but uses few): only a live run's plan counts, so cleaning a finished run
+    deletes what it used, never an output it merely planned."""
+    from pipelines.flow_records import stage_record, write_record
+
+    planned_only = _stage(root, "pretrain", "p3")  # used by no flow run
+    tok = stage_record("tokenizer", root / "tokenizer" / "t1", "cached", 1.0, 0.0)
+    own = _stage(root, "preprocess", "s3")
+    shards = stage_record("preprocess", own, "ran", 1.0, 1.0)
+    planned = [str(root / "tokenizer" / "t1"), str(own), str(planned_only)]
+    write_record(root, "third-run", "g", [tok, shards], 1767434400.0, status=status, planned=planned)
+    assert cli(["runs", "clean", "third-run", "--run-dir", str(root), "--yes"]) == 0
+    assert not own.exists() and (root / "tokenizer" / "t1" / MARKER_NAME).is_file()
+    assert (planned_only / MARKER_NAME).is_file()
+
+
+def test_clean_leaves_no_dangling_latest_links(root: Path) -> None:
+    """`latest/` links to the newest run's outputs; cleaning that run removes the links that would
+    point at nothing (a broken `latest/model` reads as a missing file, not a cleaned run)."""
+    (root / "pretrain" / "p2" / "model").mkdir()
+    record = next((root / "flow_runs").glob("*second-run.json"))
+    dirs = {s: root / s / k for s, k in (("tokenizer", "t1"), ("pretrain", "p2"), ("finetune", "f2"))}
+    latest = update_latest(root, dirs, record)
+    assert (latest / "model").is_dir()
+    assert cli(["runs", "clean", "second-run", "--run-dir", str(root), "--yes"]) == 0
+    assert not (root / "pretrain" / "p2").exists()
+    assert not [p.name for p in latest.iterdir() if p.is_symlink() and not p.exists()]
+    assert (latest / "tokenizer").is_dir()  # still used by first-run, and still linked
 
 
 def test_latest_links_follow_the_newest_flow_run(root: Path) -> None:
