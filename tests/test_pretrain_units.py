@@ -218,6 +218,8 @@ def test_peak_table_and_override():
     assert device_peak_tflops("NVIDIA L40S", "bf16") is None
     assert device_peak_tflops("NVIDIA A10", "bf16") == 125.0
     assert device_peak_tflops("NVIDIA A10G", "bf16") is None
+    assert device_peak_tflops("NVIDIA GH200 480GB", "bf16") == 989.0  # an entry of its own
+    assert device_peak_tflops("Tesla V100S-PCIE-32GB", "fp16") == 130.0
 
 
 def _pcfg(**kw) -> PretrainConfig:

@@ -30,10 +30,12 @@ from model.config import BertConfig
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.5},  # SXM
     "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.5},
+    "GH200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.5},  # its GPU is an H100/H200
     "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
     "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0},
     "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 62.5},
     "V100": {"bf16": 0.0, "fp16": 125.0, "fp32": 15.7},
+    "V100S": {"bf16": 0.0, "fp16": 130.0, "fp32": 16.4},
 }
 
 
@@ -58,7 +60,7 @@ def step_flops(
 def device_peak_tflops(device_name: str, precision: str, override: float | None = None) -> float | None:
     """Peak dense TFLOP/s of a GPU by name (e.g. 'NVIDIA H100 80GB HBM3'), or the override; None
     for a GPU not in the table or a precision it lacks. A table name matches as a whole model name:
-    'L4' is not the peak of an L40S, nor 'A10' of an A100 or A10G."""
+    'L4' is not the peak of an L40S, nor 'A10' of an A10G."""
     if override:
         return override
     for key, table in PEAK_TFLOPS.items():
