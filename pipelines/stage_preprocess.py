@@ -281,11 +281,9 @@ def run_preprocess_stage(
         storage.write_json(storage.join(work_dir, "job.json"), {"output": out_dir, "inputs": len(files)})
         input_bytes = sum(text_size(p) for p in files)
         num_buckets = max(1, math.ceil(input_bytes / (cfg.bucket_size_mb * 2**20)))
-        start = time.perf_counter()
-        counts, entries = _run_job(
+        counts, entries, seconds = _run_job(
             cfg, files, input_bytes, num_buckets, tokenizer_json, vocab, out_dir, work_dir, options
         )
-        seconds = time.perf_counter() - start
         stats = _summarize(counts, input_bytes, seconds, entries)
         try:
             _refuse_useless_output(counts, stats, files, tokenizer_path)
@@ -315,9 +313,9 @@ def _run_job(
     out_dir: str,
     work_dir: str,
     options: PipelineOptions,
-) -> tuple[dict[str, int], list[tuple[str, int, dict]]]:
-    """The Beam job: its counters and the written shards' (split, index, entry); a full disk
-    anywhere in it is said with the space the job needs."""
+) -> tuple[dict[str, int], list[tuple[str, int, dict]], float]:
+    """The Beam job: its counters, the written shards' (split, index, entry) and its seconds; a
+    full disk anywhere in it is said with the space the job needs."""
     from preprocessing.beam_job import run_pipeline
     from preprocessing.examples import ExampleParams
     from preprocessing.masking import MaskingSpec
@@ -335,12 +333,14 @@ def _run_job(
         "preprocess: %d file(s), %.1f MB of text, %d bucket(s), %d shard(s), runner %s",
         len(files), input_bytes / 2**20, num_buckets, cfg.num_shards, options.get_all_options()["runner"],
     )  # fmt: skip
+    start = time.perf_counter()
     try:
         with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
-            return run_pipeline(
+            counts, entries = run_pipeline(
                 [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
                 cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,
             )  # fmt: skip
+        return counts, entries, time.perf_counter() - start
     except Exception as exc:  # a Beam worker's error arrives as text in a RuntimeError
         if (full := full_disk_path(exc)) is None:
             raise

@@ -101,8 +101,7 @@ def run_pretrain_stage(
             mark_in_progress(out_dir)  # until write_marker below
         spec_path = out_dir / "run_spec.json"
         spec.write(spec_path)
-        started = time.time()
-        _run_ranks(p, spec_path, world, node_rank, on_gpu, out_dir, log_line, log_debug)
+        started = _run_ranks(p, spec_path, world, node_rank, on_gpu, out_dir, log_line, log_debug)
 
         model_dir = out_dir / "model"
         if node_rank > 0:
@@ -163,9 +162,10 @@ def _run_ranks(
     out_dir: Path,
     log_line: Callable[[str], None],
     log_debug: Callable[[str], None] | None,
-) -> None:
+) -> float:
     """This node's ranks through the launcher, their output streamed to `log_line` / `log_debug`
-    and OUT/launcher.log; returns when they are done, raises when they failed."""
+    and OUT/launcher.log; returns when they are done (the time.time() they started at), raises
+    when they failed."""
     from pipelines.launcher_log import LauncherLog, jit_build_notice
     from training import launch
 
@@ -177,11 +177,13 @@ def _run_ranks(
     )
     if notice := jit_build_notice(on_gpu):
         log_line(notice)
+    started = time.time()
     ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
     try:
         launch.run_launcher(cmd, launch.child_env(local, on_gpu, p.stop_grace_s), ranks_log, p.stop_grace_s)
     finally:
         ranks_log.close()
+    return started
 
 
 def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:
