@@ -103,7 +103,7 @@ def test_the_most_frequent_token_is_the_training_sets_not_the_held_out_ones():
 def test_nsp_majority_is_the_more_frequent_label_of_the_evaluated_examples():
     store = _store([5] * 8, per_example=2, nsp_labels=[0, 0, 0, 1])
     train_counts = np.array([0, 0, 0, 0, 0, 1])
-    assert mlm_baselines(store, train_counts).nsp_majority_acc == pytest.approx(0.75)  # "not next" wins
+    assert mlm_baselines(store, train_counts).nsp_majority_acc == pytest.approx(0.75)  # "is next" (0) wins
     assert mlm_baselines(_store([5] * 8, 2, [1, 1, 1, 0]), train_counts).nsp_majority_acc == pytest.approx(
         0.75
     )

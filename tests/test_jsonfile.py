@@ -49,7 +49,7 @@ def test_an_unreadable_completion_marker_is_not_complete(tmp_path):
 
 @pytest.mark.parametrize("umask", [0o022, 0o002])
 def test_atomically_written_files_get_the_usual_mode(tmp_path, umask):
-    """The temp file is made 0600; the finished file has the mode any new file gets (others in
+    """The finished file has the mode any new file gets (not the 0600 of its temp file) (others in
     the group can read a shared run directory)."""
     old = os.umask(umask)
     try:

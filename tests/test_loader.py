@@ -192,7 +192,7 @@ def test_dynamic_masking_never_emits_a_special_token():
 
 def test_dynamic_masking_predicts_as_preprocessing_does_at_any_length():
     """As many predictions as num_to_predict for every length (10 and 31 tokens round 1.5 and 4.65
-    up), and never more than a row has non-special tokens: a row of [UNK]s with one word predicts
+    to nearest), and never more than a row has non-special tokens: a row of [UNK]s with one word predicts
     that word only, no special or padding position."""
     vocab = [*SPECIAL_TOKENS, *(f"w{i}" for i in range(20))]
     spec = MaskingSpec.from_vocab(vocab, SPECIAL_TOKENS, 0.15, 20, whole_word=False)

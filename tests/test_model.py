@@ -89,7 +89,7 @@ def test_decoder_is_tied_to_word_embeddings():
 
 
 def test_initialization_is_berts():
-    """normal(0, 0.02) weights, zero biases, unit LayerNorm (init_bert_weights' docstring)."""
+    """normal(0, 0.02) Linear weights, zero biases, unit LayerNorm (init_bert_weights' docstring)."""
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=1000))
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]

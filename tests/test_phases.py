@@ -173,7 +173,7 @@ def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, dat
     report = (Path(stages["report"]["out_dir"]) / "report.md").read_text()
     assert "| seq32 | 32 | 6 × 16 |" in report and "| main | 64 | 8 × 8 |" in report, report
 
-    # `--force pretrain` retrains every phase's pretraining, and only those
+    # `--force pretrain` retrains every phase's pretraining; the stages before them are reused
     try:
         forced = bert_pipeline(config=str(config), force=["pretrain"])
     finally:

@@ -302,7 +302,8 @@ def test_example_settings_other_than_the_defaults_reach_the_shards(tmp_path, dat
 
 def test_documents_that_tokenize_to_nothing_are_skipped_and_counted(tmp_path, data_dir, minilm_dir):
     """A document of zero-width spaces is text to the reader but no token to WordPiece: skipped and
-    counted, never drawn as a NotNext partner (which has no sentence to start from)."""
+    counted; the job does not fail on them (a NotNext partner without sentences would have no
+    sentence to start from)."""
     docs = (data_dir / "wiki" / "summaries_en.txt").read_text(encoding="utf-8").split("\n\n")[:100]
     blanks = ["\u200b\u200b\n\u200b"] * 100
     (tmp_path / "c.txt").write_text(

@@ -344,7 +344,9 @@ def test_a_relative_output_works_from_any_directory(data, tmp_path):
 def test_an_output_inside_the_tokenizer_directory_is_refused(data, tmp_path):
     """Pretraining writes (and clears parts of) its output: inside an input it would change that
     input, so `--output TOK/run` is refused like `--output TOK`."""
-    shards, tok = data
+    shards, shared_tok = data
+    tok = tmp_path / "tok"  # a copy: a regression would write into the module's tokenizer
+    shutil.copytree(shared_tok, tok)
     _fails(config(), shards, tok, tok / "run", r"pretrain output .*/run lies inside the tokenizer directory")
     assert not (tok / "run").exists()
 
