@@ -1,0 +1,83 @@
+"""How ranks are counted and launched, without launching a run: hostfiles, world size, the
+launcher chosen, the ranks' thread share, a launcher killed by a signal; and where W&B runs go."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from common.tracking import Tracker, WandbTarget
+from training import launch
+from training.config import PretrainConfig
+
+
+def test_a_hostfile_counts_every_hosts_slots_and_skips_comments(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(
+        "# two nodes, the second with fewer GPUs\nnode-a slots=8\nnode-b slots=4  # older\n\n"
+    )
+    assert launch.hostfile_slots(hostfile) == 12
+    assert launch.world_size(PretrainConfig(hostfile=str(hostfile))) == 12
+    assert launch.world_size(PretrainConfig(num_processes=2, nnodes=3)) == 6  # without a hostfile
+
+
+def test_auto_launches_a_hostfile_with_deepspeeds_runner_and_one_node_with_torchrun(tmp_path: Path) -> None:
+    spec = tmp_path / "run_spec.json"
+    with_hosts = launch.build_command("auto", 12, spec, 29500, hostfile="/etc/hosts12")
+    assert (
+        "deepspeed.launcher.runner" in with_hosts
+        and with_hosts[with_hosts.index("--hostfile") + 1] == "/etc/hosts12"
+    )
+    assert "torch.distributed.run" in launch.build_command("auto", 2, spec, 29500)
+
+
+def test_cpu_ranks_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert launch.child_env(4, on_gpu=False, stop_grace_s=30)["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting wins
+    assert launch.child_env(4, on_gpu=False, stop_grace_s=30)["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_launcher_killed_by_a_signal_is_a_failed_run() -> None:
+    """An OOM killer's SIGKILL gives a negative exit code: not a success."""
+    cmd = [
+        sys.executable,
+        "-c",
+        "import os, signal; print('rank 0 started', flush=True); os.kill(os.getpid(), signal.SIGKILL)",
+    ]
+    lines: list[str] = []
+    with pytest.raises(RuntimeError, match="launcher exit code -9"):
+        launch.run_launcher(cmd, dict(os.environ), lines.append, stop_grace_s=1)
+    assert "rank 0 started" in lines
+
+
+def test_an_api_key_turns_only_the_default_offline_mode_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A WANDB_API_KEY in the environment never uploads a run the config keeps local."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert WandbTarget().resolved_mode() == "online"
+    assert WandbTarget(mode="disabled").resolved_mode() == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the environment's mode wins
+    assert WandbTarget().resolved_mode() == "offline"
+
+
+def test_a_disabled_tracker_writes_metrics_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mode disabled: metrics.jsonl, no W&B files, and wandb is not imported (a GPU image may lack it)."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # importing it would raise ImportError
+    tracker = Tracker(tmp_path, WandbTarget(mode="disabled"), name="n")
+    tracker.log({"loss": 1.5}, 1)
+    tracker.finish()
+    assert (tmp_path / "metrics.jsonl").is_file() and not (tmp_path / "wandb_files").exists()
+
+
+def test_a_hostfile_line_that_is_not_host_and_slots_is_refused(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=8\nnode-b 4\n")
+    with pytest.raises(UserError, match="hostfile:2: expected 'HOSTNAME slots=N'"):
+        launch.hostfile_slots(hostfile)
