@@ -48,6 +48,15 @@ def test_run_lines_at_info_self_talk_at_debug_all_in_the_file(tmp_path: Path) ->
     assert (tmp_path / "launcher.log").read_text() == RANK_OUTPUT
 
 
+def test_deepspeeds_errors_and_critical_lines_stay_visible(tmp_path: Path) -> None:
+    info: list[str] = []
+    log = LauncherLog(info.append, None, tmp_path / "launcher.log")
+    for level in ("INFO", "WARNING", "ERROR", "CRITICAL"):
+        log(f"[2026-11-22 21:30:40,001] [{level}] [engine.py:10:step] a {level.lower()} line")
+    log.close()
+    assert [line.split("] [")[1] for line in info] == ["ERROR", "CRITICAL"]
+
+
 def test_notice_before_the_first_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     notice = jit_build_notice(on_gpu=False)
