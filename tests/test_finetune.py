@@ -25,7 +25,7 @@ from finetuning.config import UNIT_CODE, FinetuneConfig
 from finetuning.fanout import plan, reuse_random_init_units, unit_key, worker_count
 from finetuning.scorecard import build_scorecard, table_rows
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
-from tests.wandb_records import by_step, history, logged_table
+from tests.wandb_records import by_step, history, logged_table, run_info
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -378,6 +378,12 @@ def test_unit_end_to_end_resume_and_determinism(tmp_path, minilm_dir):
     assert rows[-1]["eval/accuracy"] == result["metrics"]["accuracy"]
     logged = by_step(history(out), "_step")  # what the offline W&B run file holds
     assert logged == by_step(rows, "step")  # every row of metrics.jsonl, with the same values
+    info = run_info(out)  # the run is found in W&B under its flow's group, as a fine-tuning unit
+    assert (info["group"], info["job_type"], info["name"]) == (
+        "g1",
+        "finetune",
+        f"random:tiny/{job.unit.name}",
+    )
     assert [step for step, row in logged.items() if "train/loss" in row] == [1, 4]
     assert logged[4]["eval/accuracy"] == result["metrics"]["accuracy"]
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
