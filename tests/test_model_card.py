@@ -22,7 +22,7 @@ def _facts(val_mlm_loss: float, beats: bool) -> CardFacts:
         parameters=1_600_000,
         model_max_length=128,
         data=DataFacts([("corpus.txt", 5 * 2**20)], 10_000, 1_100_000, {"train": 900, "validation": 100},
-                       128, 0.15, 20, False, 1, 8192, True),
+                       128, 0.15, 20, False, 1, 8192, True, 0.496),
         training=TrainingFacts(300, 64, 1_900_000, 5e-4, 30, "adamw", "fp32", 2, 2, 350.0),
         evaluation=EvalFacts(300, {"val_mlm_acc": 0.2, "val_mlm_loss": val_mlm_loss, "val_nsp_acc": 0.7},
                              {"most_frequent_token_acc": 0.06, "unigram_entropy": 6.0, "nsp_majority_acc": 0.5},
@@ -38,6 +38,9 @@ def test_card_tells_data_training_quality_and_usage() -> None:
     assert "the model uses the context" in text and "not yet language" not in text
     assert "`corpus.txt` (5.0 MiB)" in text and "900 train, 100 validation" in text
     assert "300 optimizer steps × 64 sequences = 19,200 sequences" in text
+    assert "for 300 steps (19,200 sequences, about 1.9M tokens)" in text  # the summary line
+    assert "(vocabulary 8,192, lowercased)" in text and "50% with B the true next segment" in text
+    assert "- Wall time 5.8 min" in text  # 350 s
     assert "`model_max_length` in tokenizer_config.json is 128" in text
     assert 'pipeline("fill-mask", model="/models/tiny")' in text
 
@@ -99,3 +102,34 @@ def test_the_saved_parameter_count_is_the_models_own(tmp_path: Path) -> None:
     write_hf_dir(model, tmp_path / "model")
     assert saved_parameter_count(tmp_path / "model") == count_parameters(model)
     assert saved_parameter_count(tmp_path / "elsewhere") is None
+
+
+def test_pretraining_card_reads_the_runs_facts(tmp_path: Path, minilm_dir: Path, data_dir: Path) -> None:
+    """The facts come from what the run left: steps from the metrics (logged every 10 steps: still
+    300 steps, not 30), tokens = steps x global batch x tokens per example, the precision, world size
+    and masking of its config, and the held-out examples of all ranks (2 ranks x 1 batch x 8)."""
+    from pipelines.config import load_config
+    from pipelines.pretrain_card import pretraining_card
+    from tests.report_fixtures import make_stage_outputs
+
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled", "finetune.tasks=[]"])
+    dirs = make_stage_outputs(cfg, minilm_dir, data_dir)
+    spec_path, manifest_path = dirs["pretrain"] / "run_spec.json", dirs["preprocess"] / "manifest.json"
+    stats_path = dirs["preprocess"] / "stats.json"
+    spec = json.loads(spec_path.read_text())
+    spec["world_size"] = 2
+    spec["ds_config"]["bf16"] = {"enabled": True}
+    spec_path.write_text(json.dumps(spec))
+    manifest = json.loads(manifest_path.read_text())
+    manifest["config"]["masked_lm_prob"] = 0.2
+    manifest_path.write_text(json.dumps(manifest))
+    stats_path.write_text(json.dumps({**json.loads(stats_path.read_text()), "mean_tokens_per_example": 50.5}))
+
+    facts = pretraining_card(dirs["pretrain"])
+    assert facts.evaluation.examples == 16
+    text = render_model_card(facts, Path("/m"))
+    assert "(300 steps, bertflow)" in facts.name
+    assert "300 optimizer steps × 64 sequences = 19,200 sequences, about 969,600 tokens" in text
+    assert "precision bf16; DeepSpeed ZeRO stage 2 on 2 process(es)" in text
+    assert "20% of tokens masked" in text
+    assert "Measured at step 300 on 16 held-out examples" in text

@@ -69,6 +69,8 @@ def run_dir(tmp_path_factory, minilm_dir: Path, data_dir: Path) -> tuple:
         "stages": [
             {"stage": "pretrain", "key": dirs["pretrain"].name, "out_dir": str(dirs["pretrain"]),
              "status": "ran", "seconds": 350.5, "compute_seconds": 350.0},
+            {"stage": "preprocess", "key": dirs["preprocess"].name, "out_dir": str(dirs["preprocess"]),
+             "status": "reused", "seconds": 30.0, "compute_seconds": 0.0},
             {"stage": "finetune", "key": dirs["finetune"].name, "out_dir": str(dirs["finetune"]),
              "status": "cached", "seconds": 0.2, "compute_seconds": 0.0,
              "code_note": "finetune: reusing 3 of 3 complete outputs made by other code (changed since: "
@@ -109,7 +111,7 @@ def test_report_leads_with_the_result_then_the_evidence(run_dir) -> None:
     assert "| pretrain | ran | 5 min 50 s | 5 min 50 s |" in md and "| finetune | cached |" in md
     assert (
         "| report | ran (this page) |" in md
-        and "| **total** | 1 of 2 stages cached or reused | **8 min 20 s**" in md
+        and "| **total** | 2 of 3 stages cached or reused | **8 min 20 s**" in md
     )
     # an output reused although its code changed since is said, with the files and the fix
     made_by_other_code = md.split("**Made by other code than this run's:**")[1].split("## ")[0]
@@ -210,3 +212,66 @@ def test_report_alone_is_marked_complete_only_once_its_run_is(tmp_path, minilm_d
     assert read_marker(dirs["report"]) is not None
     md = (dirs["report"] / "report.md").read_text()
     assert "this-configs-run" in md and "a-verify-run" not in md
+
+
+def test_result_states_the_pretraining_figures_and_verdict(run_dir) -> None:
+    """The headline compares the held-out accuracy with the context-free baseline of the same
+    examples (not with itself) and ends with the verdict; its step count is the run's 300 steps,
+    not the 30 rows logged every 10 steps."""
+    _, _, paths, _ = run_dir
+    md = paths["report_md"].read_text()
+    assert (
+        "> **Pretraining (300 steps):** held-out masked-LM accuracy 25.0% (always the most frequent "
+        "token: 16.7%), loss 5.00 nats (unigram entropy: 7.84). The masked-LM loss is below the unigram "
+        "entropy: the model uses the context." in md
+    )
+    assert "300 steps × 64 sequences on 1 process(es), adamw, peak lr 0.0005, fp32, ZeRO stage 2." in md
+
+
+def test_last_logged_accuracies_are_shown_in_percent(run_dir) -> None:
+    _, _, paths, _ = run_dir
+    md = paths["report_md"].read_text()
+    assert "| held-out masked-LM accuracy | 25.00 | % | 300 | `val_mlm_acc` |" in md
+    assert "| training masked-LM accuracy (last logged batches) | 25.94 | % | 300 | `mlm_acc` |" in md
+
+
+def test_data_and_stage_totals_are_counted_right(run_dir) -> None:
+    """3 MiB of corpus is 3.0 MiB (not 3.1: MiB are 2**20 bytes); a skipped file means the
+    "nothing was skipped" line is not shown; a reused stage counts as cached; the compute total adds
+    up compute seconds (5 min 50 s), not wall seconds (6 min 21 s)."""
+    _, _, paths, _ = run_dir
+    md = paths["report_md"].read_text()
+    assert "| corpus size (uncompressed) | 3.0 MiB | `input_bytes` |" in md
+    assert "Nothing was skipped" not in md
+    assert (
+        "| **total** | 2 of 3 stages cached or reused | **8 min 20 s** | 5 min 50 s | up to this report |"
+        in md
+    )
+
+
+def test_curves_draw_the_context_free_baselines(run_dir, tmp_path, monkeypatch) -> None:
+    """The dashed lines: the unigram entropy on the loss panel, the most-frequent-token accuracy on
+    the accuracy panel, both of the held-out examples the report states, and nothing elsewhere."""
+    from matplotlib.axes import Axes
+
+    from pipelines.report_builder import gather
+
+    cfg, _, _, _ = run_dir
+    drawn = []
+    axhline = Axes.axhline
+
+    def record(ax, y=0, *args, **kwargs):
+        drawn.append((ax, y))
+        return axhline(ax, y, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "axhline", record)
+    inputs = gather(cfg, tmp_path, {})
+    baselines = inputs.card.evaluation.baselines
+    levels = {ax.get_title(): y for ax, y in drawn}
+    assert levels == {
+        "Pretraining loss": pytest.approx(baselines["unigram_entropy"]),
+        "Masked-LM (MLM) and next-sentence (NSP) accuracy": pytest.approx(
+            baselines["most_frequent_token_acc"]
+        ),
+    }
+    assert len(drawn) == 2 and baselines["most_frequent_token_acc"] == pytest.approx(1 / 6)
