@@ -291,3 +291,16 @@ def test_a_hostfile_enters_the_key_by_its_ranks_not_its_hosts(tmp_path: Path) ->
     made_then = tmp_path / "runs" / "pretrain" / before["pretrain"]
     made_then.mkdir(parents=True)
     assert before["pretrain"] != first["pretrain"] and stage_dirs(cfg)["pretrain"] == made_then
+
+
+def test_the_default_configs_keys_are_those_its_outputs_were_made_under(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """The tokenizer, shards and pretraining of `make run` keep their keys (they name its outputs
+    on disk; these depend on the settings and the corpus' content, not on where the data lives).
+    A change to the key recipe would orphan every user's finished outputs: if this fails on
+    purpose, make `stage_dirs` find the old keys (as `explicit_layouts` and `earlier` do) and then
+    update the values here."""
+    keys = stage_keys(load_config(PROJECT_ROOT / "configs" / "default.yaml", [f"run_dir={tmp_path}"]))
+    made_under = {"tokenizer": "f8329824db9a", "preprocess": "02f8976d9d95", "pretrain": "16d81b4ccba1"}
+    assert {stage: keys[stage] for stage in made_under} == made_under
