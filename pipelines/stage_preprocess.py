@@ -252,7 +252,8 @@ def run_preprocess_stage(
     from preprocessing.wordpiece import load_tokenizer, vocab_list
 
     out_dir = str(out_dir)
-    if not storage.is_remote(out_dir):
+    local = not storage.is_remote(out_dir)  # an object store has no locks: one writer is up to the user
+    if local:
         check_own_output(out_dir, "preprocess", {"tokenizer": Path(tokenizer_path)})
     options = check_preprocess_settings(cfg, beam_args)
     storage.use_options(options)  # the driver's own reads and writes (S3 endpoint, credentials)
@@ -265,14 +266,13 @@ def run_preprocess_stage(
     tok, _ = load_tokenizer(tokenizer_path)
     tokenizer_json, vocab = tok.to_str(), vocab_list(tok)
     identity = shard_identity(cfg, files, tokenizer_json, vocab)
-    work_dir = work_dir_for(out_dir, options.get_all_options()["temp_location"])
     stats = _finished_stats(out_dir, identity)
     if stats is not None:
         log.info("shards in %s are up to date", out_dir)
         if note := code_change_note("preprocess", [out_dir], read=_read_marker):
             log.warning(note)
         return stats
-    local = not storage.is_remote(out_dir)  # an object store has no locks: one writer is up to the user
+    work_dir = work_dir_for(out_dir, options.get_all_options()["temp_location"])
     with exclusive_dir(out_dir, "preprocess") if local else nullcontext():
         _clear_outputs(out_dir, work_dir)
         # fail here, not in a worker, when the output or the work folder cannot be written
