@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +25,15 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 _PREFECT_HOME = fresh_prefect_home(PREFECT_TESTS_DIR / os.environ.get("PYTEST_XDIST_WORKER", "main"))
 os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
 
-from common.paths import data_root  # noqa: E402
+from common.paths import data_root, torch_extensions_dir  # noqa: E402
+
+# The per-user cache (common.paths.user_cache_dir) is a temporary folder for the tests and the processes
+# they start, not the user's ~/.cache/bertflow, where every tmp corpus a test stamps would leave a file-hash
+# memo for good. DeepSpeed's compiled CPU op is used where `make install` built it (a rebuild takes minutes).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
+_CACHE_HOME = tempfile.mkdtemp(prefix="bertflow-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+atexit.register(shutil.rmtree, _CACHE_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

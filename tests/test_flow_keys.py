@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from common.errors import UserError
 from common.fingerprint import content_stamp, digest
-from common.paths import PROJECT_ROOT
+from common.paths import PROJECT_ROOT, user_cache_dir
 from pipelines.config import load_config
 from pipelines.stage_keys import STAGES, base_stage, stage_dir, stage_dirs, stage_key_inputs, stage_keys
 from pipelines.stage_plan import plan_stages
@@ -214,6 +215,13 @@ def test_a_data_root_moved_keeps_the_pretraining_and_a_renamed_file_does_not(tmp
     assert _changed(keys(first), keys(moved)) == {"verify", "finetune", "report"}
     (moved / "corpus" / "b.txt").rename(moved / "corpus" / "c.txt")  # other document names
     assert _changed(keys(first), keys(moved)) == DOWNSTREAM["tokenizer"] | {"verify"}
+
+
+def test_the_suite_keeps_out_of_the_users_cache() -> None:
+    """conftest points the per-user cache at a temporary folder: the tmp corpora the tests stamp
+    would otherwise leave their file-hash memos in the user's ~/.cache/bertflow for good."""
+    assert user_cache_dir().is_relative_to(tempfile.gettempdir())
+    assert not user_cache_dir().is_relative_to(Path.home() / ".cache")
 
 
 def test_a_file_version_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
