@@ -316,6 +316,24 @@ def _check_phases(cfg: PipelineConfig, where: str) -> None:
                 raise UserError(f"{where} is invalid: {message}") from None
 
 
+def _blamed(exc: ValidationError, where: str, overrides: list[str] | None) -> str:
+    """What a validation error is about: the `--set` items when they set every key that failed,
+    else `where` (the config file), with the `--set` items among the failed keys if any."""
+    failed = [".".join(str(x) for x in err["loc"]) for err in exc.errors()]
+
+    def sets(item: str, key: str) -> bool:
+        name = item.split("=", 1)[0].strip()
+        return key == name or key.startswith(name + ".")
+
+    blamed = [item for item in overrides or [] if any(sets(item, key) for key in failed)]
+    if not blamed:
+        return where
+    items = " ".join(f"--set {item}" for item in blamed)
+    return (
+        items if all(any(sets(item, key) for item in blamed) for key in failed) else f"{where} with {items}"
+    )
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> PipelineConfig:
     """Read, merge overrides into, and validate a pipeline YAML. Errors name the file and key."""
     raw: dict[str, Any] = {}
@@ -333,7 +351,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(f"{where} is invalid: {validation_message(exc)}") from None
+        raise UserError(f"{_blamed(exc, where, overrides)} is invalid: {validation_message(exc)}") from None
     _check_phases(cfg, where)
     if cfg.pretrain.init_from and "preset" not in cfg.model.model_fields_set:
         cfg.model.preset = None  # the model is init_from's; the record must not name a default preset

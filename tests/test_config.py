@@ -68,6 +68,24 @@ def test_override_wins_and_is_validated(tmp_path: Path) -> None:
         load_config(path, ["pretrain.max_steps"])
 
 
+def test_a_bad_override_is_blamed_not_the_file(tmp_path: Path) -> None:
+    """The message names what the user got wrong: the --set item, or the file, or the file with it."""
+    path = _write(tmp_path, "pretrain:\n  max_steps: 10\n")
+    with pytest.raises(UserError) as exc:
+        load_config(path, ["pretrain.lr=abc", "pretrain.warmup_steps=5"])
+    assert str(exc.value).startswith("--set pretrain.lr=abc is invalid: pretrain.lr:")
+    with pytest.raises(UserError) as exc:
+        load_config(path, ["pretrain.lrr=1"])
+    assert str(exc.value).startswith("--set pretrain.lrr=1 is invalid: pretrain.lrr: unknown key")
+    bad = _write(tmp_path, "pretrain:\n  lr: x\n")
+    with pytest.raises(UserError) as exc:
+        load_config(bad, ["pretrain.max_steps=-1"])
+    assert str(exc.value).startswith(f"config file {bad} with --set pretrain.max_steps=-1 is invalid:")
+    with pytest.raises(UserError) as exc:
+        load_config(bad, ["pretrain.max_steps=3"])
+    assert str(exc.value).startswith(f"config file {bad} is invalid: pretrain.lr:")
+
+
 def test_override_that_is_not_yaml_is_named() -> None:
     glob = "data:wiki/enwiki-2015/AA/wiki_[0-3]*.gz"  # brackets make YAML read a nested list
     with pytest.raises(UserError) as exc:
