@@ -82,7 +82,7 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
     if last is None:
         return None
     from finetuning.chance import nsp_at_chance
-    from training.data import eval_step_batches, load_split
+    from training.data import eval_example_count, load_split
     from training.evaluate import MlmBaselines, beats_unigram, mlm_baselines, train_target_counts
 
     p = spec.get("pretrain", {})
@@ -90,7 +90,7 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
     micro = int(p.get("micro_batch_size", 1))
     store = load_split(shards_dir, "validation", verify=False)
     steps, accumulation = int(p.get("eval_batches", 1)), int(p.get("gradient_accumulation_steps", 1))
-    n = eval_step_batches(len(store), micro, world, steps, accumulation) * micro * world
+    n = eval_example_count(len(store), micro, world, steps, accumulation)
     vocab_size = int(spec.get("model", {}).get("vocab_size", 0))
     baselines = (
         mlm_baselines(store, train_target_counts(shards_dir, vocab_size), n)

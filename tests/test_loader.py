@@ -231,23 +231,35 @@ def test_eval_batches_equal_count_per_rank_and_disjoint(shards):
     assert sorted(read_a + read_b) == sorted(first)  # together: the split's first examples
 
 
-@pytest.mark.parametrize("n_examples", [1000, 60, 16, 15])
+def _evaluated(n_examples: int, world: int, micro: int, accumulation: int) -> list[int]:
+    """The held-out examples that `world` ranks read together, checked to be read once each, the
+    same number of batches on every rank (ZeRO-3), none larger than the micro batch."""
+    from training.data import eval_example_count, eval_example_indices
+
+    per_rank = [eval_example_indices(n_examples, micro, world, r, 4, accumulation) for r in range(world)]
+    assert len({len(batches) for batches in per_rank}) == 1
+    assert all(len(idx) <= micro for batches in per_rank for idx in batches)
+    read = [int(i) for batches in per_rank for idx in batches for i in idx]
+    assert len(read) == len(set(read)) == eval_example_count(n_examples, micro, world, 4, accumulation)
+    return sorted(read)
+
+
+@pytest.mark.parametrize("n_examples", [1000, 60, 16])
 def test_every_split_of_a_step_evaluates_the_same_held_out_examples(n_examples: int) -> None:
     """2 ranks x micro 8, 1 rank x micro 8 x 2 accumulation steps and 4 ranks x micro 4: the same
-    first examples of the split, also where the split is too small for `max_steps` steps (60, 16)
-    or for one (15)."""
-    from training.data import eval_example_indices
-
-    def examples(world: int, micro: int, accumulation: int) -> list[int]:
-        per_rank = [eval_example_indices(n_examples, micro, world, r, 4, accumulation) for r in range(world)]
-        assert len({len(batches) for batches in per_rank}) == 1  # the same count on every rank (ZeRO-3)
-        read = [int(i) for batches in per_rank for idx in batches for i in idx]
-        assert len(read) == len(set(read))  # no example twice: the ranks are disjoint
-        return sorted(read)
-
-    expected = examples(2, 8, 1)
-    assert examples(1, 8, 2) == examples(4, 4, 1) == expected
+    first examples of the split, also where the split is too small for `max_steps` steps (60, 16)."""
+    expected = _evaluated(n_examples, 2, 8, 1)
+    assert _evaluated(n_examples, 1, 8, 2) == _evaluated(n_examples, 4, 4, 1) == expected
     assert expected == list(range(min(64, n_examples // 16 * 16)))
+
+
+@pytest.mark.parametrize("n_examples", [15, 5, 1])
+def test_a_split_smaller_than_one_step_is_still_evaluated(n_examples: int) -> None:
+    """A split too small for one step (a small corpus, a small validation_fraction) is evaluated
+    whole but for the last n % world examples, which no layout could share evenly: an evaluation
+    of no examples would leave the run without any held-out figure and say nothing."""
+    for world, micro, accumulation in [(2, 8, 1), (1, 8, 2), (4, 4, 1), (1, 16, 1)]:  # steps of 16
+        assert _evaluated(n_examples, world, micro, accumulation) == list(range(n_examples // world * world))
 
 
 def test_corrupt_shard_is_named(tmp_path, shards):

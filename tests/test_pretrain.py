@@ -150,17 +150,13 @@ def test_the_exported_model_scores_what_training_logged_last(ref_run, data):
     training evaluated at its last step: `bertflow evaluate` of it on the same held-out examples
     (eval_batches global batches, the split's first ones) gives the figures the run logged."""
     from pipelines.evaluate_command import evaluate_checkpoint
-    from training.data import eval_step_batches, load_split
+    from training.data import eval_example_count, load_split
 
     out, model_dir, _ = ref_run
     shards, _ = data
     p = config().pretrain
     n = len(load_split(shards, "validation"))
-    examples = (
-        eval_step_batches(n, p.micro_batch_size, p.num_processes, p.eval_batches)
-        * p.micro_batch_size
-        * p.num_processes
-    )
+    examples = eval_example_count(n, p.micro_batch_size, p.num_processes, p.eval_batches)
     assert 0 < examples <= n
     logged = [r for r in read_metrics(out) if "val_mlm_acc" in r][-1]
     assert logged["step"] == p.max_steps

@@ -610,3 +610,19 @@ def test_a_nan_loss_without_a_checkpoint_claims_none_to_resume():
     with pytest.raises(FloatingPointError, match=r"global_step4\).*resumes from that checkpoint"):
         check_finite(float("nan"), 7, Path("ckpt/global_step4"), "fp32")
     check_finite(2.5, 1, None, "fp32")  # a finite loss passes
+
+
+def test_a_small_held_out_split_is_said_before_training() -> None:
+    """A validation split smaller than one step (2 ranks x 32) is still evaluated, and the run says
+    how many examples its held-out figures rest on; one that the ranks cannot share says none."""
+    from training.train import small_held_out_note
+
+    p = PretrainConfig(micro_batch_size=32)
+    assert small_held_out_note(64, p, world=2) is None
+    note = small_held_out_note(59, p, world=2)
+    assert "59 examples, fewer than one step's 64" in note and "from 58 of them" in note
+    assert "preprocess.validation_fraction" in note
+    assert "will not be logged" in small_held_out_note(1, p, world=2)
+    accumulating = PretrainConfig(micro_batch_size=16, gradient_accumulation_steps=2)  # steps of 32, one rank
+    assert small_held_out_note(32, accumulating, world=1) is None
+    assert "fewer than one step's 32" in small_held_out_note(31, accumulating, world=1)

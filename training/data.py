@@ -333,9 +333,8 @@ class PretrainLoader:
 def eval_batches(
     store: ExampleStore, batch_size: int, world_size: int, rank: int, max_steps: int, accumulation: int = 1
 ) -> list[dict[str, torch.Tensor]]:
-    """Validation batches for this rank: `max_steps` steps' worth (`eval_step_batches`), the same
-    count on every rank (ZeRO-3 needs all ranks in every forward), examples in file order, disjoint
-    across ranks."""
+    """Validation batches for this rank (`eval_example_indices`): the same count on every rank
+    (ZeRO-3 needs all ranks in every forward), examples in file order, disjoint across ranks."""
     indices = eval_example_indices(len(store), batch_size, world_size, rank, max_steps, accumulation)
     return [collate(store, idx) for idx in indices]
 
@@ -344,9 +343,24 @@ def eval_example_indices(
     n_examples: int, batch_size: int, world_size: int, rank: int, max_steps: int, accumulation: int = 1
 ) -> list[np.ndarray]:
     """The split's example indices in each of this rank's validation batches (`eval_batches`):
-    batch b of rank r holds examples (b * batch_size + i) * world_size + r."""
+    `max_steps` steps' worth (`eval_step_batches`), batch b of rank r holding examples
+    (b * batch_size + i) * world_size + r. A split smaller than one step is evaluated whole, but
+    for the last `n_examples % world_size` examples (every rank gets as many), in batches of at
+    most `batch_size`; together the ranks read the split's first `eval_example_count` examples."""
     count = eval_step_batches(n_examples, batch_size, world_size, max_steps, accumulation)
-    return [np.arange(b * batch_size, (b + 1) * batch_size) * world_size + rank for b in range(count)]
+    if count:
+        return [np.arange(b * batch_size, (b + 1) * batch_size) * world_size + rank for b in range(count)]
+    rows = np.arange(n_examples // world_size) * world_size + rank
+    return [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)]
+
+
+def eval_example_count(
+    n_examples: int, batch_size: int, world_size: int, max_steps: int, accumulation: int = 1
+) -> int:
+    """How many of the split's examples (its first ones) a held-out evaluation reads over every
+    rank (`eval_example_indices`)."""
+    count = eval_step_batches(n_examples, batch_size, world_size, max_steps, accumulation)
+    return count * batch_size * world_size if count else n_examples // world_size * world_size
 
 
 def eval_step_batches(

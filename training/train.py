@@ -43,7 +43,14 @@ from preprocessing.masking import MaskingSpec
 from preprocessing.wordpiece import SPECIAL_TOKENS
 from training import checkpoint, example_cache, preflight
 from training.config import PretrainConfig
-from training.data import BatchPlan, ExampleStore, PretrainLoader, eval_batches, mapped_split
+from training.data import (
+    BatchPlan,
+    ExampleStore,
+    PretrainLoader,
+    eval_batches,
+    eval_example_count,
+    mapped_split,
+)
 from training.ds_config import offloads_optimizer, precision_of
 from training.evaluate import PretrainEval, evaluate_pretraining, target_counts
 from training.flops import device_peak_tflops
@@ -186,10 +193,30 @@ def prepare_data(spec: RunSpec, ranks: Ranks) -> TrainData:
     val_cache = cache_root / "validation"
     val_store = mapped_split(val_cache) if (val_cache / example_cache.CACHE_META).is_file() else None
     p = spec.pretrain
+    if val_store is not None and (note := small_held_out_note(len(val_store), p, ranks.world)):
+        log0(f"warning: {note}")
     plan = BatchPlan(
         len(store), p.micro_batch_size, p.gradient_accumulation_steps, ranks.world, ranks.rank, p.seed
     )
     return TrainData(store, val_store, plan, dynamic_masking(spec), cache_root)
+
+
+def small_held_out_note(n_examples: int, p: PretrainConfig, world: int) -> str | None:
+    """What a validation split smaller than one step means for the held-out figures (they are
+    few, or none), said before training; None for a split of at least one step."""
+    step = p.micro_batch_size * p.gradient_accumulation_steps * world
+    if n_examples >= step:
+        return None
+    used = eval_example_count(
+        n_examples, p.micro_batch_size, world, p.eval_batches, p.gradient_accumulation_steps
+    )
+    fix = "a larger preprocess.validation_fraction (or more text) gives more held-out examples"
+    if not used:
+        return f"the validation split has {n_examples} example(s) for {world} ranks; held-out accuracy will not be logged ({fix})"
+    return (
+        f"the validation split has {n_examples} examples, fewer than one step's {step}; held-out figures "
+        f"come from {used} of them and are noisy ({fix})"
+    )
 
 
 def dynamic_masking(spec: RunSpec) -> MaskingSpec | None:
