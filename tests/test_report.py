@@ -174,6 +174,26 @@ def test_report_in_a_real_browser(run_dir) -> None:
         browser.close()
 
 
+def test_the_flow_rebuilds_a_report_built_alone(tmp_path, minilm_dir, data_dir) -> None:
+    """A report `bertflow report` built before any flow run says that no flow-run record was found;
+    the flow builds it again with its own record instead of presenting that page as its result."""
+    from common.atomic import read_marker
+    from pipelines.cli import main as cli
+    from pipelines.flow import bert_pipeline
+
+    overrides = [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled", "finetune.tasks=[]"]
+    dirs = make_stage_outputs(load_config(None, overrides), minilm_dir, data_dir)
+    assert cli(["report", "--set", *overrides]) == 0
+    assert "No flow-run record found" in (dirs["report"] / "report.md").read_text()
+    summary = bert_pipeline(config=None, overrides=overrides, only="report")
+    assert [s["status"] for s in summary["stages"] if s["stage"] == "report"] == ["ran"]
+    md = (dirs["report"] / "report.md").read_text()
+    assert "No flow-run record found" not in md and summary["flow_run"] in md
+    assert read_marker(dirs["report"]).get("by") != "bertflow report"
+    again = bert_pipeline(config=None, overrides=overrides, only="report")  # the flow's own page is reused
+    assert [s["status"] for s in again["stages"] if s["stage"] == "report"] in (["cached"], ["reused"])
+
+
 def test_report_alone_is_marked_complete_only_once_its_run_is(tmp_path, minilm_dir, data_dir, capsys) -> None:
     """`bertflow report` while the flow still fine-tunes writes a partial page, which the flow's
     report stage must not reuse as final; and it reports on the last flow run of its own config,
