@@ -126,6 +126,25 @@ def check_model_limits(cfg: FinetuneConfig, checkpoint: str, tasks: set[str]) ->
     check_architecture(cfg, model, f"checkpoint {checkpoint}", tasks)
 
 
+def untrained_positions_notes(cfg: FinetuneConfig, jobs: list[Job]) -> list[str]:
+    """One note per checkpoint that was pretrained on shorter sequences than `cfg.max_seq_length`
+    (its `model_max_length`): fine-tuning inputs longer than that reach position embeddings that
+    pretraining never trained. A warning, not a refusal: fine-tuning trains them too."""
+    from model.model_dir import trained_length
+
+    notes = []
+    for checkpoint in sorted({j.checkpoint for j in jobs if not is_random(j.checkpoint)}):
+        trained = trained_length(Path(checkpoint))
+        if trained is not None and trained < cfg.max_seq_length:
+            notes.append(
+                f"warning: {checkpoint} was pretrained on sequences of {trained} tokens, but "
+                f"finetune.max_seq_length is {cfg.max_seq_length}: positions {trained}..{cfg.max_seq_length - 1} "
+                f"of longer inputs start untrained. Set finetune.max_seq_length (--max-seq-length) to "
+                f"{trained}, or pretrain on longer examples."
+            )
+    return notes
+
+
 def nonfinite_encoder_weight(model_dir: Path) -> str | None:
     """The first weight of the encoder (what a unit takes from a checkpoint; its heads are
     replaced) holding NaN or Inf, read one tensor at a time; None when all are finite."""

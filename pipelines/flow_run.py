@@ -174,7 +174,12 @@ class FlowRun:
         """One task per fine-tuning unit of the flow's plan (`units` output: their futures)."""
         if not self.wanted("finetune"):
             return
-        from finetuning.fanout import UnitPool, refuse_nonfinite_encoders, reuse_random_init_units
+        from finetuning.fanout import (
+            UnitPool,
+            refuse_nonfinite_encoders,
+            reuse_random_init_units,
+            untrained_positions_notes,
+        )
         from pipelines.stage_finetune import flow_plan
 
         pretrain, tokenizer = (self.upstream(s) for s in upstream)
@@ -183,6 +188,8 @@ class FlowRun:
         self.unit_dirs = [str(job.out_dir) for job in jobs]
         self.write_record()  # the units it is about to use
         refuse_nonfinite_encoders(jobs, retrain="finetune" in self.forced)  # before --force clears any
+        for note in untrained_positions_notes(self.cfg.finetune, jobs):
+            get_run_logger().warning(note)
         if "finetune" in self.forced:
             for job in jobs:
                 clear(job.out_dir)

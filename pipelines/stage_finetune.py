@@ -247,6 +247,8 @@ def main(args: argparse.Namespace) -> int:
 
     reused = fanout.reuse_random_init_units(selected)
     fanout.refuse_nonfinite_encoders(selected)
+    for note in fanout.untrained_positions_notes(cfg, selected):
+        print(f"bertflow finetune: {note}", flush=True)
     complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
     print(
         f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete"

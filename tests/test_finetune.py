@@ -124,6 +124,26 @@ def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):
         plan(cfg, ["random:tiny"], tmp_path)  # before any unit runs
 
 
+def test_fine_tuning_past_the_pretrained_length_is_said(tmp_path, minilm_dir):
+    """A model pretrained on 64-token examples (its model_max_length) fine-tuned at 128 reaches
+    position embeddings pretraining never trained: said before any unit runs, naming the fix."""
+    import json
+    import shutil
+
+    from finetuning.fanout import untrained_positions_notes
+
+    short = tmp_path / "short"
+    shutil.copytree(minilm_dir, short)
+    tokenizer_config = json.loads((short / "tokenizer_config.json").read_text())
+    (short / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "model_max_length": 64}))
+    cfg = FinetuneConfig(tasks=["rte"], max_seq_length=128)
+    jobs = plan(cfg, [str(short), f"random:{short}", str(minilm_dir)], tmp_path)
+    (note,) = untrained_positions_notes(cfg, jobs)  # not random init's, not the 512-token MiniLM's
+    assert f"{short} was pretrained on sequences of 64 tokens" in note
+    assert "positions 64..127" in note and "finetune.max_seq_length" in note
+    assert untrained_positions_notes(cfg.model_copy(update={"max_seq_length": 64}), jobs) == []
+
+
 def test_a_tokenizer_that_does_not_load_is_refused_by_the_plan_naming_the_flag(tmp_path, minilm_dir):
     """A missing --tokenizer, a folder without vocab.txt / tokenizer.json or a pretraining output
     failed every unit (exit 1, a unit folder left behind) with a fix naming --vocab."""
