@@ -166,6 +166,12 @@ def data_warnings(stats: dict, cfg: PreprocessConfig) -> list[str]:
             f"the validation split is empty (validation_fraction {cfg.validation_fraction}, "
             f"{stats.get('documents_read')} documents): pretraining will report no validation metrics."
         )
+    if stats.get("documents_used", {}).get("validation") == 1:
+        found.append(
+            f"the validation split holds one document (validation_fraction {cfg.validation_fraction}): its "
+            "NotNext pairs need a second document, so all its examples are IsNext and held-out NSP accuracy "
+            "says nothing (raise validation_fraction)."
+        )
     duplicate = stats.get("documents_duplicate", 0)
     if duplicate:
         found.append(

@@ -112,3 +112,15 @@ def test_a_latin1_corpus_file_is_a_warning_naming_it(tmp_path, corpus, minilm_di
     [warning] = [w for w in stats["warnings"] if "UTF-8" in w]
     assert warning.startswith(f"{latin}: ") and f"iconv -f latin1 -t utf-8 {latin}" in warning
     assert str(corpus) not in warning
+
+
+def test_a_validation_split_of_one_document_is_a_warning() -> None:
+    """One validation document has no other document to draw NotNext B from: every held-out example
+    is IsNext (a new-user walkthrough saw 352 of 352), so its NSP accuracy would mean nothing."""
+    from pipelines.stage_preprocess import data_warnings
+
+    cfg = PreprocessConfig(input=["x.txt"], validation_fraction=0.01)
+    stats = {"documents_used": {"train": 99, "validation": 1}, "examples_per_split": {"validation": 352}}
+    (warning,) = data_warnings(stats, cfg)
+    assert "validation split holds one document" in warning and "raise validation_fraction" in warning
+    assert data_warnings({**stats, "documents_used": {"train": 98, "validation": 2}}, cfg) == []
