@@ -377,8 +377,7 @@ def wandb_section(runs: list[Path], root: Path, links: Links) -> list[str]:
         "Runs are offline unless `WANDB_MODE=online` and `WANDB_API_KEY` are set. Upload them with:",
         "",
         "```bash",
-        f"wandb sync {root}/*/*/wandb_files/wandb/offline-run-* "
-        f"{root}/finetune/units/*/wandb_files/wandb/offline-run-*",
+        f"find {root} -type d -name 'offline-run-*' -exec wandb sync {{}} +  # every run in the run dir, once",
         "```",
         "",
     ]

@@ -83,6 +83,34 @@ def run_dir(tmp_path_factory, minilm_dir: Path, data_dir: Path) -> tuple:
     return cfg, dirs, build_report(cfg, dirs["report"], record_path=record_path), tmp
 
 
+def test_the_sync_command_names_every_offline_run_once(run_dir) -> None:
+    """The report's `wandb sync` command reaches every offline run of the run directory, a
+    `bertflow finetune` scorecard's (`scorecard_run/`) included, and none twice through the
+    `latest/` links."""
+    import shutil
+    import subprocess
+
+    _, dirs, paths, tmp = run_dir
+    runs = tmp / "runs"
+    lines = paths["report_md"].read_text().splitlines()
+    (command,) = [line for line in lines if "wandb sync" in line and not line.startswith("|")]
+    extra = runs / "finetune" / "k1" / "scorecard_run" / "wandb_files" / "wandb" / "offline-run-x"
+    latest = runs / "latest" / "pretrain"
+    try:  # added to the shared run directory for this test only
+        extra.mkdir(parents=True)
+        latest.parent.mkdir()
+        latest.symlink_to(dirs["pretrain"])
+        listing = command.replace("wandb sync", "printf '%s\\n'")
+        listed = subprocess.run(
+            ["bash", "-c", listing], capture_output=True, text=True, check=True
+        ).stdout.split()
+        expected = [str(d) for d in runs.rglob("offline-run-*") if d.is_dir()]  # rglob follows no links
+        assert sorted(listed) == sorted(expected) and str(extra) in listed and len(expected) >= 3
+    finally:
+        shutil.rmtree(runs / "finetune" / "k1", ignore_errors=True)
+        shutil.rmtree(runs / "latest", ignore_errors=True)
+
+
 def test_report_leads_with_the_result_then_the_evidence(run_dir) -> None:
     _, dirs, paths, _ = run_dir
     md = paths["report_md"].read_text()
