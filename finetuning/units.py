@@ -126,7 +126,9 @@ def build_model(task: Any, checkpoint: str, vocab_size: int, dropout: float, see
         if vocab_size > config.vocab_size:
             raise UserError(
                 f"the tokenizer has {vocab_size} tokens but checkpoint {checkpoint} has {config.vocab_size}.",
-                fix="pass the tokenizer the checkpoint was trained with (--tokenizer).",
+                fix=f"read it with the tokenizer it was trained with: `bertflow finetune --checkpoint {checkpoint} "
+                "--tokenizer DIR`; for a finetune.baselines model of a config (no --tokenizer there), put "
+                f"that tokenizer's vocab.txt into {checkpoint}: a model with tokenizer files is read with them.",
             )
     config = dataclasses.replace(config, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     torch.manual_seed(seed)

@@ -11,6 +11,7 @@ them (`pipelines/pretrain_card.py` for pretraining, `model/model_dir.py` for imp
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,14 @@ class CardFacts:
     headline: str | None = None  # the fine-tuning scorecard's headline, when known
     fresh_weights: list[str] = field(default_factory=list)  # not from the source checkpoint
     provenance: dict[str, str] = field(default_factory=dict)
+    init_from: str | None = None  # the model pretraining continued from (markdown), None: from scratch
+    encoder_only: bool = False  # written without the pretraining heads (export-hf --encoder-only)
+
+    @property
+    def mlm_head_trained(self) -> bool:
+        """False when the directory has no masked-LM head (`encoder_only`) or a freshly initialized
+        one (a checkpoint without pretraining heads, e.g. a sentence encoder): no fill-mask then."""
+        return not self.encoder_only and not any(w.startswith("cls.predictions.") for w in self.fresh_weights)
 
 
 def _n(value: float | int | None) -> str:
@@ -103,8 +112,9 @@ def _summary(f: CardFacts) -> str:
     if f.training is not None:
         t = f.training
         seen = f", about {_n(t.tokens_seen)} tokens" if t.tokens_seen else ""
+        start = f"continued pretraining from {f.init_from}" if f.init_from else "pretrained from scratch"
         parts.append(
-            f"pretrained from scratch with masked-LM and next-sentence prediction for {t.steps:,} steps "
+            f"{start} with masked-LM and next-sentence prediction for {t.steps:,} steps "
             f"({t.steps * t.global_batch:,} sequences{seen})"
         )
     if f.data is not None and f.data.tokens:
@@ -201,32 +211,52 @@ def _training(t: TrainingFacts, max_len: int | None) -> list[str]:
     return [*lines, ""]
 
 
+def finetune_command(model_dir: Path) -> str:
+    """The `bertflow finetune` command line that scores `model_dir` as written (`--checkpoint` needs
+    `--output`): the scores go to `finetune-NAME/` in the current folder."""
+    name = model_dir.name
+    if name == "model" and model_dir.parent.name:  # a pretraining's model/: its run's name too
+        name = f"{model_dir.parent.name}-{name}"
+    return f"bertflow finetune --checkpoint {shlex.quote(str(model_dir))} --tasks sst2,mrpc --output {shlex.quote(f'finetune-{name}')}"
+
+
 def _usage(f: CardFacts, model_dir: Path) -> list[str]:
     path = str(model_dir)
-    return [
-        "## Use it",
-        "",
-        "```python",
+    fill = [
         "from transformers import AutoModel, AutoTokenizer, pipeline",
         "",
         f'fill = pipeline("fill-mask", model="{path}")',
         'print(fill("the capital of france is [MASK]."))',
+    ]
+    lines = [
+        "## Use it",
+        "",
+        "```python",
+        *(fill if f.mlm_head_trained else ["from transformers import AutoModel, AutoTokenizer"]),
         "",
         f'tokenizer = AutoTokenizer.from_pretrained("{path}")',
         f'encoder = AutoModel.from_pretrained("{path}")  # BertModel: the pretraining heads are not loaded',
         "```",
         "",
-        "Fine-tune and score it: `bertflow finetune --checkpoint " + path + " --tasks sst2,mrpc`.",
-        "",
     ]
+    if f.encoder_only:
+        lines += ["No fill-mask: this directory holds the encoder only, without the pretraining heads.", ""]
+    elif not f.mlm_head_trained:
+        lines += [
+            "No fill-mask: the masked-LM head was not in the source checkpoint and is untrained (see Not "
+            "trained), so its predictions would be noise. Use the encoder, fine-tune it, or pretrain it "
+            "further (`pretrain.init_from`) to train the heads.",
+            "",
+        ]
+    return [*lines, f"Fine-tune and score it: `{finetune_command(model_dir)}`.", ""]
 
 
 def render_model_card(f: CardFacts, model_dir: Path) -> str:
     lines = [
         "---",
         "library_name: transformers",
-        "pipeline_tag: fill-mask",
-        "tags: [bert, masked-lm, bertflow]",
+        "pipeline_tag: fill-mask" if f.mlm_head_trained else "pipeline_tag: feature-extraction",
+        "tags: [bert, masked-lm, bertflow]" if f.mlm_head_trained else "tags: [bert, bertflow]",
         "---",
         "",
         f"# {f.name}",

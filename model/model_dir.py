@@ -10,6 +10,7 @@ previous complete one, and a rerun produces the same files.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -78,7 +79,8 @@ def publish_model_dir(
     try:
         model_max_length = card.model_max_length if card else None
         write_hf_dir(model, tmp, tokenizer_dir, encoder_only=encoder_only, model_max_length=model_max_length)
-        write_model_card(tmp, card or basic_card(model, tmp, info or {}), final_dir=out)
+        facts = card or basic_card(model, tmp, info or {})
+        write_model_card(tmp, dataclasses.replace(facts, encoder_only=encoder_only), final_dir=out)
         reloaded = load_checkpoint(tmp).model.state_dict()
         for name, tensor in model.state_dict().items():
             if encoder_only and not name.startswith("bert."):

@@ -119,6 +119,23 @@ def steps_before(init_from: str | None) -> list[int]:
     return [*marker.get("steps_before", []), int(marker["max_steps"])]
 
 
+def init_from_text(init_from: str) -> str:
+    """`init_from` as the model card names it: its directory, and where known the Hugging Face model
+    it holds (config.json's `_name_or_path`, its own or that of the directory `import-hf` read):
+    "`DIR` (`nreimers/MiniLM-L6-H384-uncased`, imported from `HF_DIR`)"."""
+    init_dir = Path(init_from)
+    marker = read_json_or_empty(init_dir / MARKER_NAME)  # import-hf/export-hf name their source
+    source = marker.get("source") if isinstance(marker.get("source"), str) and marker["source"] else None
+    dirs = [init_dir, *([Path(source)] if source else [])]
+    names = [read_json_or_empty(d / "config.json").get("_name_or_path") for d in dirs]
+    hf_name = next((n for n in names if isinstance(n, str) and n), None)
+    details = [f"`{hf_name}`"] if hf_name else []
+    if source:
+        made = {"import-hf": "imported", "export-hf": "exported"}.get(marker.get("command"), "converted")
+        details.append(f"{made} from `{source}`")
+    return f"`{init_from}`" + (f" ({', '.join(details)})" if details else "")
+
+
 def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | None = None) -> CardFacts:
     """The model card facts of the pretraining output directory `out_dir` (its model is
     `out_dir/model`)."""
@@ -149,6 +166,7 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
         data=data,
         training=training,
         evaluation=_eval_facts(spec, rows, shards_dir) if shards_dir else None,
+        init_from=init_from_text(init_from) if init_from else None,
         provenance={
             "pretraining output": f"`{out_dir}`",
             **({"continued from": f"`{init_from}` (its weights; a fresh optimizer)"} if init_from else {}),

@@ -364,7 +364,8 @@ def _refuse_useless_output(
             f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
             f"{ {k: v for k, v in counts.items() if k != 'files_read' and ':' not in k} }).",
             fix=" ".join(encoding_warnings(counts))
-            or "check --input; plain text needs non-empty lines, WikiExtractor files <doc> blocks, JSONL a 'text' field.",
+            or "check preprocess.input (--input): plain text needs non-empty lines, WikiExtractor files "
+            "<doc> blocks, JSONL a 'text' field.",
         )
     if counts.get("examples", 0) == 0:
         raise UserError(

@@ -184,7 +184,8 @@ def _train(cfg: TokenizerConfig, files: list[Path], counts: Counter) -> Tokenize
         raise UserError(
             f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
             fix=" ".join(encoding_warnings(counts))
-            or "check --input (plain text needs non-empty lines; WikiExtractor files <doc> blocks).",
+            or "check tokenizer.input (--input): plain text needs non-empty lines, WikiExtractor files "
+            "<doc> blocks, JSONL a 'text' field.",
         )
     if tok.get_vocab_size() < 6:
         raise UserError("the trained vocabulary is empty.", fix="use a larger corpus or lower min_frequency.")

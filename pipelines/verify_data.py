@@ -63,6 +63,11 @@ def check_data_paths(cfg: PipelineConfig) -> list[Path]:
             files.extend(found)
     if cfg.tokenizer.vocab:
         vocab = cfg.data_path(cfg.tokenizer.vocab)
+        if vocab.is_dir() and (vocab / "vocab.txt").is_file():
+            raise UserError(
+                f"config key tokenizer.vocab: {vocab} is a folder; name its vocab.txt: {vocab / 'vocab.txt'}.",
+                fix=f"set tokenizer.vocab: {vocab / 'vocab.txt'}.",
+            )
         if not vocab.is_file():
             raise UserError(
                 f"config key tokenizer.vocab: {vocab} does not exist.",

@@ -161,6 +161,33 @@ def test_no_corpus_and_a_missing_vocab_are_refused_naming_the_key(
         check_data_paths(load_config(None, [setting]))
 
 
+def test_init_froms_own_vocabulary_is_named_as_the_file_tokenizer_vocab_takes(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """With pretrain.init_from=DIR and another tokenizer, the fix said `tokenizer.vocab: DIR`, which the
+    flow then refused as "DIR does not exist": it names DIR/vocab.txt, which passes, and a folder given
+    to tokenizer.vocab is said to be one, with its vocab.txt named."""
+    from training.preflight import check_init_vocabulary
+
+    model = tmp_path / "model"  # a model and a tokenizer with the same tokens in another order
+    (model / "tokenizer").mkdir(parents=True)
+    (model / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nof\n")
+    (model / "tokenizer" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nof\nthe\n")
+    with pytest.raises(UserError) as exc:
+        check_init_vocabulary(model, model / "tokenizer" / "vocab.txt")
+    said = str(exc.value)
+    assert f"tokenizer.vocab: {model / 'vocab.txt'} (bertflow pretrain --tokenizer {model})" in said, said
+    check_init_vocabulary(model, model / "vocab.txt")  # the fix, followed
+    assert model / "vocab.txt" in check_data_paths(
+        load_config(None, [f"tokenizer.vocab={model / 'vocab.txt'}"])
+    )
+    with pytest.raises(UserError) as exc:
+        check_data_paths(load_config(None, [f"tokenizer.vocab={model}"]))
+    assert f"tokenizer.vocab: {model} is a folder; name its vocab.txt: {model / 'vocab.txt'}" in str(
+        exc.value
+    )
+
+
 def test_empty_glob_is_a_missing_path(data_dir: Path) -> None:
     cfg = load_config(None, ["tokenizer.input=[data:wiki/enwiki-2015/ZZ/*.gz]"])
     with pytest.raises(UserError, match="tokenizer.input"):

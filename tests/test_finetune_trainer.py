@@ -143,3 +143,21 @@ def test_build_model_sets_both_dropouts_and_refuses_a_larger_tokenizer(minilm_di
     assert model.config.hidden_dropout_prob == 0.3 and model.config.attention_probs_dropout_prob == 0.3
     with pytest.raises(UserError, match="the tokenizer has 40000 tokens but checkpoint"):
         build_model(_Task(), str(minilm_dir), 40000, dropout=0.1, seed=1)
+
+
+def test_a_larger_tokenizer_is_refused_with_what_the_command_and_the_flow_can_do(minilm_dir):
+    """The fix said "(--tokenizer)", but the flow (`bertflow run`, where a finetune.baselines model
+    meets the flow's tokenizer) has no such option: it names the finetune flag and the flow's remedy."""
+    from finetuning.units import build_model
+
+    with pytest.raises(UserError) as exc:
+        build_model(_Task(), str(minilm_dir), 40000, dropout=0.1, seed=1)
+    said = str(exc.value)
+    assert (
+        f"Fix: read it with the tokenizer it was trained with: `bertflow finetune --checkpoint {minilm_dir} --tokenizer DIR`"
+        in said
+    )
+    assert (
+        f"for a finetune.baselines model of a config (no --tokenizer there), put that tokenizer's vocab.txt into {minilm_dir}"
+        in said
+    )

@@ -106,6 +106,11 @@ def test_export_cli_output_loads_in_automodel_and_autotokenizer(minilm_dir, data
     assert not info["missing_keys"] and all(k.startswith("cls.") for k in info["unexpected_keys"]), info
     model, info = transformers.AutoModel.from_pretrained(enc, output_loading_info=True)
     assert type(model).__name__ == "BertModel" and not any(info.values()), info
+    # the cards: fill-mask only where the heads are; the encoder-only card says why it has none
+    assert "pipeline_tag: fill-mask" in (full / "README.md").read_text()
+    encoder_card = (enc / "README.md").read_text()
+    assert "pipeline_tag: feature-extraction" in encoder_card and 'pipeline("fill-mask"' not in encoder_card
+    assert "the encoder only, without the pretraining heads" in encoder_card
 
     reference = transformers.AutoTokenizer.from_pretrained(minilm_dir)
     exported = transformers.AutoTokenizer.from_pretrained(full)

@@ -8,6 +8,8 @@ import json
 import stat
 from pathlib import Path
 
+import pytest
+
 from finetuning.chance import nsp_at_chance
 from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts, render_model_card
 from pipelines.cli import main as cli
@@ -72,11 +74,52 @@ def test_import_writes_card_keeps_max_length_and_usual_modes(minilm_dir: Path, t
     assert cli(["import-hf", str(minilm_dir), str(out)]) == 0
     card = (out / "README.md").read_text()
     assert f"BERT from {minilm_dir.name} (import-hf)" in card and "cls.seq_relationship" in card
-    assert f'pipeline("fill-mask", model="{out}")' in card  # the final path, not the temp dir
+    assert f'AutoModel.from_pretrained("{out}")' in card  # the final path, not the temp dir
     source = json.loads((minilm_dir / "tokenizer_config.json").read_text()).get("model_max_length", 512)
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == source
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
     assert len(set(modes.values())) == 1 and modes["model.safetensors"] & 0o044 == 0o044, modes
+
+
+def test_import_without_pretraining_heads_offers_no_fill_mask(minilm_dir: Path, tmp_path: Path) -> None:
+    """MiniLM has no MLM/NSP heads: import-hf initializes them freshly, so its card must not tag it
+    fill-mask or show a fill-mask example (the predictions would be noise); it says the head is untrained."""
+    out = tmp_path / "ours"
+    assert cli(["import-hf", str(minilm_dir), str(out)]) == 0
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: feature-extraction" in card and "masked-lm" not in card
+    assert 'pipeline("fill-mask"' not in card and "pipeline_tag: fill-mask" not in card
+    assert "No fill-mask: the masked-LM head was not in the source checkpoint and is untrained" in card
+    assert f'encoder = AutoModel.from_pretrained("{out}")' in card
+
+
+def test_the_cards_finetune_command_runs_as_written(
+    minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The card's `bertflow finetune --checkpoint DIR ...` has the --output that --checkpoint needs
+    (it was refused: '--checkpoint needs --output DIR'): parsed as written, it plans its units."""
+    import re
+    import shlex
+
+    from pipelines.cli import build_parser
+    from pipelines.config import load_config
+    from pipelines.stage_finetune import _plan_from_args, apply_flags
+
+    out = tmp_path / "ours"
+    assert cli(["import-hf", str(minilm_dir), str(out)]) == 0
+    command = re.search(
+        r"Fine-tune and score it: `(bertflow finetune [^`]+)`", (out / "README.md").read_text()
+    )
+    assert command is not None
+    argv = shlex.split(command.group(1))[1:]
+    assert argv[:3] == ["finetune", "--checkpoint", str(out)] and "--output" in argv
+    args = build_parser("finetune").parse_args(argv)
+    monkeypatch.chdir(tmp_path)
+    cfg_all = load_config(args.config, args.set)
+    jobs, output = _plan_from_args(cfg_all, apply_flags(cfg_all.finetune, args), args)
+    assert output == Path("finetune-ours")
+    assert {job.unit.task for job in jobs} == {"sst2", "mrpc"}
+    assert str(out) in {job.checkpoint for job in jobs}
 
 
 def test_weights_get_the_same_mode_as_their_siblings(tmp_path: Path) -> None:
@@ -133,3 +176,29 @@ def test_pretraining_card_reads_the_runs_facts(tmp_path: Path, minilm_dir: Path,
     assert "precision bf16; DeepSpeed ZeRO stage 2 on 2 process(es)" in text
     assert "20% of tokens masked" in text
     assert "Measured at step 300 on 16 held-out examples" in text
+
+
+def test_card_of_a_continued_pretraining_names_the_model_it_started_from(
+    tmp_path: Path, minilm_dir: Path, data_dir: Path
+) -> None:
+    """A run from pretrain.init_from (here an imported MiniLM) continued that model's pretraining: the
+    card says so, naming its directory and Hugging Face name, not 'pretrained from scratch'."""
+    from pipelines.config import load_config
+    from pipelines.pretrain_card import pretraining_card
+    from tests.report_fixtures import make_stage_outputs
+
+    init = tmp_path / "minilm"
+    assert cli(["import-hf", str(minilm_dir), str(init)]) == 0
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled", "finetune.tasks=[]"])
+    dirs = make_stage_outputs(cfg, minilm_dir, data_dir)
+    spec_path = dirs["pretrain"] / "run_spec.json"
+    spec = json.loads(spec_path.read_text())
+    spec["pretrain"]["init_from"] = str(init)
+    spec_path.write_text(json.dumps(spec))
+
+    text = render_model_card(pretraining_card(dirs["pretrain"]), Path("/m"))
+    assert "from scratch" not in text
+    assert (
+        f"continued pretraining from `{init}` (`nreimers/MiniLM-L6-H384-uncased`, imported from `{minilm_dir}`) "
+        "with masked-LM and next-sentence prediction for 300 steps"
+    ) in text

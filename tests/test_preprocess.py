@@ -267,6 +267,22 @@ def test_binary_only_corpus_is_a_clear_error(tmp_path, minilm_dir):
     assert "Traceback" not in r.stderr and read_marker(tmp_path / "o") is None
 
 
+def test_a_corpus_without_documents_names_the_config_key_and_the_flag(tmp_path, minilm_dir):
+    """Inside `bertflow run CONFIG` the user set preprocess.input, not --input: the fix names both."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps({"body": f"Sentence {i}. Another one."}) for i in range(5)) + "\n")
+    cfg = PreprocessConfig(input=[str(corpus)], workers=1, num_shards=1)
+    with pytest.raises(UserError) as exc:
+        run_preprocess_stage(cfg, minilm_dir, tmp_path / "o")
+    assert "the corpus has no documents" in str(exc.value) and "jsonl_lines_skipped_no_text_field" in str(
+        exc.value
+    )
+    assert "Fix: check preprocess.input (--input): " in str(exc.value) and "JSONL a 'text' field" in str(
+        exc.value
+    )
+    assert read_marker(tmp_path / "o") is None
+
+
 def test_example_settings_other_than_the_defaults_reach_the_shards(tmp_path, data_dir, minilm_dir):
     """masked_lm_prob, whole_word_mask, short_seq_prob and balance_nsp, each away from its default,
     change the shards the stage writes (each was recorded in the manifest but could be dropped on

@@ -140,6 +140,19 @@ def test_missing_vocab_and_empty_corpus_are_user_errors(tmp_path):
         run_tokenizer_stage(TokenizerConfig(input=[str(tmp_path / "*.nothing")]), tmp_path / "t")
 
 
+def test_a_corpus_without_documents_names_the_config_key_and_the_flag(tmp_path):
+    """Inside `bertflow run CONFIG` the user set tokenizer.input, not --input: the fix names both, and
+    a JSONL whose lines lack the 'text' field is said to need one (as the preprocess stage says)."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps({"body": f"Sentence {i}. Another one."}) for i in range(5)) + "\n")
+    with pytest.raises(UserError) as exc:
+        run_tokenizer_stage(TokenizerConfig(input=[str(corpus)], vocab_size=100), tmp_path / "t")
+    assert f"the corpus {corpus} holds no documents" in str(exc.value)
+    assert "Fix: check tokenizer.input (--input): " in str(exc.value) and "JSONL a 'text' field" in str(
+        exc.value
+    )
+
+
 def test_training_gives_the_same_vocabulary_in_every_process(tmp_path, data_dir):
     """The Rust trainer alone assigns `##x` ids in hash-map order (huggingface/tokenizers#1794), so
     two processes trained on the same text differed in ~half their ids; ours must not."""

@@ -186,7 +186,7 @@ def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | Non
     """The rows of init_from's embeddings are the ids of its own vocabulary: a tokenizer with other
     tokens, the same ones in another order, or another casing would train them on the wrong words.
     `lowercase`: the casing `tokenizer` is read with (a bare vocab.txt: tokenizer.lowercase)."""
-    from model.hf_io import has_tokenizer
+    from model.hf_io import TOKENIZER_FILES, has_tokenizer
     from preprocessing.wordpiece import tokenizer_difference
 
     differs = (
@@ -195,10 +195,12 @@ def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | Non
         else None
     )
     if differs is not None:
+        # tokenizer.vocab names a file (the flow checks it is one); --tokenizer takes the directory
+        own = next(init_dir / n for n in TOKENIZER_FILES if (init_dir / n).is_file())
         raise UserError(
             f"pretrain.init_from {init_dir} was trained with another vocabulary than {tokenizer} "
             f"({differs}): its embeddings would be read as the wrong tokens.",
-            fix=f"pretrain with init_from's own tokenizer: tokenizer.vocab: {init_dir} "
+            fix=f"pretrain with init_from's own tokenizer: tokenizer.vocab: {own} "
             f"(bertflow pretrain --tokenizer {init_dir}).",
         )
 
