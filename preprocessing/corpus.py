@@ -44,6 +44,7 @@ _WIDE_BOMS = (
 NOT_UTF8_KEY = "not_utf8:"  # not_utf8:ENCODING:PATH = 1, a UTF-16/32 file (skipped)
 REPLACED_KEY = "utf8_replaced_lines:"  # utf8_replaced_lines:PATH = lines with invalid UTF-8 replaced
 TEXT_LINES_KEY = "text_lines:"  # text_lines:PATH = its non-blank lines (counted only beside the above)
+BINARY_KEY = "binary:"  # binary:PATH = 1, a file with NUL bytes in its head (skipped)
 INVALID_UTF8_WARN_SHARE = 0.01  # of a file's lines: more is another encoding, not a stray byte
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
@@ -229,7 +230,8 @@ def _utf8_name(path: str) -> str:
 
 def encoding_warnings(counts: Mapping[str, int]) -> list[str]:
     """One line per corpus file of another encoding than UTF-8 (a UTF-16/32 file, skipped; or a
-    meaningful share of lines with invalid UTF-8, replaced), naming it and the iconv command."""
+    meaningful share of lines with invalid UTF-8, replaced), naming it and the iconv command; and
+    one per binary file (skipped)."""
     found = []
     for key, n in sorted(counts.items()):
         if key.startswith(NOT_UTF8_KEY):
@@ -237,6 +239,12 @@ def encoding_warnings(counts: Mapping[str, int]) -> list[str]:
             found.append(
                 f"{path} is {encoding} text, not UTF-8, and was skipped: convert it with "
                 f"`iconv -f {encoding} -t UTF-8 {path} > {_utf8_name(path)}` and use that file."
+            )
+        elif key.startswith(BINARY_KEY):
+            path = key[len(BINARY_KEY) :]
+            found.append(
+                f"{path} is a binary file (NUL bytes), not text, and was skipped: the corpus is read as "
+                "plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)."
             )
         elif key.startswith(REPLACED_KEY):
             path = key[len(REPLACED_KEY) :]
@@ -278,6 +286,7 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                 return
             if b"\x00" in head:
                 counts["files_skipped_binary"] += 1
+                counts[f"{BINARY_KEY}{path}"] = 1
                 warn("skipping %s: binary file (NUL bytes)", path)
                 return
             any_content = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
 import shutil
@@ -219,7 +220,8 @@ def test_an_existing_file_whose_name_looks_like_a_glob_is_that_file(tmp_path: Pa
 def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
     """A UTF-16 file was 'binary file (NUL bytes)'; a Latin-1 file's replaced lines were only a
     count. Now each is a warning naming the file, its encoding and the iconv command; a stray bad
-    byte in a UTF-8 file (under 1% of its lines) and real binary data are what they were."""
+    byte in a UTF-8 file (under 1% of its lines) is what it was; a binary file (a .bz2 corpus) is
+    named too (it was only a log line)."""
     text = "Café au lait is a drink. It has milk.\n\nAnother document here. It ends.\n\n" * 20
     (tmp_path / "bom16.txt").write_bytes(text.encode("utf-16"))
     (tmp_path / "le16.txt").write_bytes(text.encode("utf-16-le"))  # no byte-order mark
@@ -249,5 +251,11 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
     assert f"iconv -f latin1 -t utf-8 {tmp_path / 'latin1.txt'}" in warning
     docs, counts = read("stray.txt")
     assert counts["lines_with_invalid_utf8_replaced"] == 1 and encoding_warnings(counts) == []
-    docs, counts = read("nuls.bin")
-    assert counts["files_skipped_binary"] == 1 and encoding_warnings(counts) == []
+    (tmp_path / "wiki.txt.bz2").write_bytes(bz2.compress(text.encode()))  # a compression not read
+    for name in ("nuls.bin", "wiki.txt.bz2"):
+        docs, counts = read(name)
+        assert docs == [] and counts["files_skipped_binary"] == 1
+        assert encoding_warnings(counts) == [
+            f"{tmp_path / name} is a binary file (NUL bytes), not text, and was skipped: the corpus is read "
+            "as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)."
+        ]
