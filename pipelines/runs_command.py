@@ -207,7 +207,8 @@ def clean(root: Path, targets: list[str], incomplete: bool, yes: bool) -> str:
     if not plan:
         return "nothing to delete (every output of these runs is still used by another flow run)."
     sizes = {p: dir_size(p) if p.is_dir() else p.stat().st_size for p in plan}
-    lines = [f"  {byte_size(sizes[p]):>10}  {p}" for p in plan]
+    users = _users(root, plan)
+    lines = [f"  {byte_size(sizes[p]):>10}  {p}{users.get(p, '')}" for p in plan]
     total = byte_size(sum(sizes.values()))
     if not yes:
         return "\n".join(
@@ -220,6 +221,19 @@ def clean(root: Path, targets: list[str], incomplete: bool, yes: bool) -> str:
         if link.is_symlink() and not link.exists():
             link.unlink()  # pointed at something just deleted
     return "\n".join(["deleted:", *lines, f"  {total} freed."])
+
+
+def _users(root: Path, plan: list[Path]) -> dict[Path, str]:
+    """For each stage output in `plan` that a flow run kept in the records still uses (a stage
+    output named by path), a note naming those runs: `runs show` will list it as deleted."""
+    kept = [r for r in flow_runs(root) if r.path.resolve() not in plan]
+    notes = {}
+    for path in plan:
+        names = [r.name for r in kept if path in {d.resolve() for d in r.out_dirs()}]
+        if names:
+            runs, records = ("runs", "their records") if len(names) > 1 else ("run", "its record")
+            notes[path] = f"  (used by flow {runs} {', '.join(names)}: {records} will name a deleted output)"
+    return notes
 
 
 def main(args: argparse.Namespace) -> int:

@@ -88,6 +88,21 @@ def test_clean_a_run_keeps_what_another_run_uses(root: Path, capsys: pytest.Capt
     assert (root / "pretrain" / "p2" / MARKER_NAME).is_file()
 
 
+def test_cleaning_a_stage_output_a_run_uses_names_that_run(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stage output named by path is deleted as asked, but the listing says which flow runs'
+    records still use it (their `runs show` will list it as deleted); an unused one says nothing."""
+    assert cli(["runs", "clean", "tokenizer/t1", "preprocess/s9", "--run-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    (tokenizer,) = [line for line in out.splitlines() if "tokenizer" in line]
+    assert "(used by flow runs second-run, first-run: their records will name a deleted output)" in tokenizer
+    (preprocess,) = [line for line in out.splitlines() if "preprocess" in line]
+    assert "used by" not in preprocess and "Dry run" in out
+    assert cli(["runs", "clean", "first-run", "--run-dir", str(root)]) == 0  # a run's own outputs: no note
+    assert "used by" not in capsys.readouterr().out
+
+
 def test_a_copied_run_directory_cleans_its_own_outputs_never_the_originals(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
