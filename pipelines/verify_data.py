@@ -9,6 +9,7 @@ the path and the fix.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from common.errors import UserError
 from common.textfile import read_user_text
 from pipelines.config import PipelineConfig
 from preprocessing.corpus import match_inputs
+
+log = logging.getLogger("bertflow.verify")
 
 # Built-in fine-tuning task → the folder (under the data root) it reads.
 TASK_DATA: dict[str, str] = {
@@ -153,4 +156,13 @@ def verify_data(cfg: PipelineConfig) -> dict[str, Any]:
                 fix="restore the file from the original data release.",
             )
         summary["checksummed"] += 1
+    if unlisted := [p for p in files if p.resolve() not in sums]:
+        shown = ", ".join(map(str, unlisted[:3])) + (
+            f" and {len(unlisted) - 3} more" if len(unlisted) > 3 else ""
+        )
+        log.warning(
+            "verify: %d of %d data files are not listed in %s, so their checksums were not checked: %s "
+            "(verify.checksum_file: a sha256sum file that lists them too checks them)",
+            len(unlisted), len(files), sums_path, shown,
+        )  # fmt: skip
     return summary

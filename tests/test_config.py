@@ -204,7 +204,7 @@ def test_missing_task_data_is_named(tmp_path: Path) -> None:
     assert "finetune.tasks" in str(exc.value) and "rte" in str(exc.value)
 
 
-def test_checksums_catch_a_corrupt_file(tmp_path: Path) -> None:
+def test_checksums_catch_a_corrupt_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import hashlib
 
     root = tmp_path / "data"
@@ -216,6 +216,15 @@ def test_checksums_catch_a_corrupt_file(tmp_path: Path) -> None:
     overrides = [f"data_root={root}", "finetune.tasks=[]", "verify.checksums=true"]
     summary = verify_data(load_config(None, overrides))
     assert summary["checksummed"] == 1 and summary["files"] == 1
+    own = tmp_path / "mine.txt"  # a corpus of the user's own, not in the data release's SHA256SUMS
+    own.write_text("My sentence. Another one.\n")
+    with caplog.at_level("WARNING", logger="bertflow.verify"):
+        summary = verify_data(load_config(None, [*overrides, f"tokenizer.input=[{own}]"]))
+    assert (summary["checksummed"], summary["not_listed"]) == (1, 1)
+    assert (
+        f"1 of 2 data files are not listed in {root / 'SHA256SUMS'}" in caplog.text
+        and str(own) in caplog.text
+    )
     corpus.write_text("First sentence. Second sentence changed.\n")
     with pytest.raises(UserError, match="corrupt"):
         verify_data(load_config(None, overrides))
