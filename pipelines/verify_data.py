@@ -58,10 +58,15 @@ def check_data_paths(cfg: PipelineConfig) -> list[Path]:
         for pattern in patterns:
             found, unmatched = match_inputs([pattern], cfg.data_root)
             if unmatched:
+                root_fix = (  # only a data: path is read under the data root
+                    f", or point the data root (now {root}) elsewhere with `data_root:` in the config or the "
+                    "BERTFLOW_DATA environment variable"
+                    if str(pattern).startswith("data:")
+                    else ""
+                )
                 raise UserError(
                     f"config key {key}: data path {pattern!r} ({cfg.data_path(pattern)}) does not exist.",
-                    fix=f"correct {key}, or point the data root (now {root}) elsewhere with "
-                    "`data_root:` in the config or the BERTFLOW_DATA environment variable.",
+                    fix=f"correct {key}{root_fix}.",
                 )
             files.extend(found)
     if cfg.tokenizer.vocab:

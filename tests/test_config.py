@@ -144,6 +144,10 @@ def test_missing_data_path_names_key_and_path(tmp_path: Path, data_dir: Path) ->
         check_data_paths(cfg)
     msg = str(exc.value)
     assert "preprocess.input" in msg and "no_such_corpus.txt" in msg and "BERTFLOW_DATA" in msg
+    # a path of the user's own is not read under the data root: moving the root is no fix for it
+    with pytest.raises(UserError) as exc:
+        check_data_paths(load_config(None, [f"preprocess.input=[{tmp_path / 'mine.txt'}]"]))
+    assert str(tmp_path / "mine.txt") in str(exc.value) and "data root" not in str(exc.value)
 
 
 @pytest.mark.parametrize(
