@@ -317,6 +317,8 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
     ahead_at_chance = [t for t in shared if verdicts[t] == "ahead" and t in at_chance]
     ahead_on = [t for t in shared if verdicts[t] == "ahead" and t not in at_chance]
     avg, avg_noise = d["glue_average"], _glue_average_noise(row, base)
+    glue_tasks = _shared_glue_tasks(row, base)
+    average_ahead = verdict(avg, avg_noise) == "ahead" if glue_tasks else True  # no GLUE task: tasks alone
     return {
         "checkpoint": d["checkpoint"],
         "name": row["name"],
@@ -338,7 +340,8 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
         "seeds": max((len(row["tasks"][t]["seeds"]) for t in shared), default=0),
         "at_chance": at_chance,
         "random_at_chance": [t for t in shared if base["tasks"][t]["at_chance"]],
-        "pretraining_helped": verdict(avg, avg_noise) == "ahead" and 2 * len(ahead_on) > len(shared),
+        "glue_tasks": glue_tasks,
+        "pretraining_helped": average_ahead and 2 * len(ahead_on) > len(shared),
     }
 
 
@@ -431,18 +434,20 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
         "pretraining); docs/quality.md has the measurements."
     )
     avg = h["glue_average_delta"]
-    if avg is None or avg <= 0 or not h["ahead_on"]:
+    glue = h.get("glue_tasks", True)  # a scorecard from before 2026-11-27 had GLUE tasks or said nothing else
+    if (glue and (avg is None or avg <= 0)) or not h["ahead_on"]:
         margin = h.get("glue_average_margin")
         behind = avg is not None and margin is not None and avg < -margin
+        reason = (
+            "its GLUE-style average is behind by more than seed noise"
+            if behind
+            else "GLUE-style average not above it, or ahead on half the tasks or fewer"
+            if glue
+            else "ahead on half the tasks or fewer"
+        )
         return (
             f"**Pretraining has not helped here:** {name} is no better than {versus} of the same shape "
-            "under the same fine-tuning budget ("
-            + (
-                "its GLUE-style average is behind by more than seed noise"
-                if behind
-                else "GLUE-style average not above it, or ahead on half the tasks or fewer"
-            )
-            + f"). {advice}"
+            f"under the same fine-tuning budget ({reason}). {advice}"
         )
     deltas = h.get("task_deltas") or {}
 
@@ -465,11 +470,12 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
         else "Its GLUE-style average is above"
     )
     most = 2 * len(h["ahead_on"]) > len(h["tasks"])
+    lead = f"{average}, and that is" if glue else "That is"  # no GLUE task: no average to speak of
+    needed = "on the average and on more than half the tasks" if glue else "on more than half the tasks"
     return (
         f"**Pretraining {'has not clearly helped' if most else 'helped on some tasks only'}:** {name} is ahead "
         f"of {versus} on {listed(h['ahead_on'])}{'; ' + '; '.join(where) if where else ' and nowhere else'}. "
-        f"{average}, and that is short of pretraining that helps: ahead{' beyond seed noise' if tested else ''} "
-        f"on the average and on more than half the tasks. {advice}"
+        f"{lead} short of pretraining that helps: ahead{' beyond seed noise' if tested else ''} {needed}. {advice}"
     )
 
 

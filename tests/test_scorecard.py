@@ -53,6 +53,35 @@ def test_the_glue_average_leaves_out_tasks_outside_glue(tmp_path):
     assert row["glue_average"] == pytest.approx(80.0) and row["glue_tasks"] == ["sst2"]
 
 
+def test_a_scorecard_without_glue_tasks_is_judged_on_its_tasks(tmp_path):
+    """NER and SQuAD only: there is no GLUE-style average, so pretraining that is ahead beyond seed
+    noise on both tasks has helped (it was 'has not helped: GLUE-style average not above it'), and
+    one ahead on one of two is told so without citing an average it does not have."""
+    results = []
+    for seed, (ours_f1, rnd_f1, ours_em, rnd_em) in enumerate(
+        [(80, 40, 70, 20), (81, 41, 71, 21), (82, 42, 72, 22)], 1
+    ):
+        results += [
+            _ours("conll2003", seed, {"entity_f1": ours_f1}, glue=False, n_eval=5000),
+            _random("conll2003", seed, {"entity_f1": rnd_f1}, glue=False, n_eval=5000),
+            _ours("squad", seed, {"exact_match": ours_em, "f1": ours_em + 5}, glue=False, n_eval=5000),
+            _random("squad", seed, {"exact_match": rnd_em, "f1": rnd_em + 5}, glue=False, n_eval=5000),
+        ]
+    card = build_scorecard(results, tmp_path)
+    assert card["headline"]["glue_tasks"] == [] and card["headline"]["pretraining_helped"] is True
+    assert "GLUE-style" not in (tmp_path / "scorecard.md").read_text().split("## ")[0]
+    level = [r if r["task"] != "squad" or r["checkpoint_kind"] != "pretrained" else
+             {**r, "metrics": {"exact_match": r["metrics"]["exact_match"] - 50, "f1": r["metrics"]["f1"] - 50},
+              "score": r["score"] - 50} for r in results]  # fmt: skip
+    card = build_scorecard(level, tmp_path / "level")
+    md = (tmp_path / "level" / "scorecard.md").read_text()
+    assert card["headline"]["pretraining_helped"] is False and card["headline"]["ahead_on"] == ["conll2003"]
+    assert (
+        "That is short of pretraining that helps: ahead beyond seed noise on more than half the tasks." in md
+    )
+    assert "GLUE-style average" not in md
+
+
 def test_no_glue_average_std_when_tasks_ran_different_seeds(tmp_path):
     """Per-seed averages need every GLUE task on the same seeds: seeds {1, 2} on SST-2 and {1, 3}
     on CoLA have no per-seed average of seed 2 or 3."""
