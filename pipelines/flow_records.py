@@ -19,7 +19,8 @@ def stage_record(
     stage: str, out_dir: Path, status: str, seconds: float, compute_seconds: float, code_note: str = ""
 ) -> dict:
     """One row: `status` is ran (computed in this flow run), cached (Prefect cache hit) or reused
-    (a complete output found on disk, e.g. written by the stage command alone); `code_note`: what
+    (a complete output found on disk, e.g. written by the stage command alone); running while it
+    runs (a killed flow run's record keeps it), failed (`failed_record`); `code_note`: what
     `stage_keys.code_change_note` says when the output was made by other code than this run's."""
     return {
         "stage": stage,
@@ -30,6 +31,12 @@ def stage_record(
         "compute_seconds": round(compute_seconds, 3),
         "code_note": code_note,
     }
+
+
+def failed_record(stage: str, out_dir: Path, seconds: float, error: BaseException) -> dict:
+    """The row of a stage that failed in this flow run, with its error's first line(s)."""
+    text = str(error).strip() or type(error).__name__
+    return {**stage_record(stage, out_dir, "failed", seconds, 0.0), "error": text[:1000]}
 
 
 def write_record(

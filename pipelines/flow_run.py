@@ -27,7 +27,7 @@ from common.errors import UserError
 from common.stage_output import has_model
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
-from pipelines.flow_records import stage_record, write_record
+from pipelines.flow_records import failed_record, stage_record, write_record
 from pipelines.run_history import update_latest
 from pipelines.stage_keys import base_stage, code_change_note, run_root, stage_dirs, stage_key_inputs
 from pipelines.stage_plan import SUMMARY_STAGES, plan_stages
@@ -143,22 +143,26 @@ class FlowRun:
         wait_for = [self.outputs[s] for s in after if s in self.outputs]
         t0 = time.time()
         options = self._options(read_marker(out) is not None)
-        state = task_fn.with_options(task_run_name=name, **options)(
-            stage=name, out_dir=str(out), **inputs, **params, wait_for=wait_for, return_state=True
-        )
-        value = state.result()  # raises the stage's exception if it failed (after retries)
+        self.records.append(stage_record(name, out, "running", 0.0, 0.0))  # what a killed run was doing
+        self.write_record()
+        try:
+            state = task_fn.with_options(task_run_name=name, **options)(
+                stage=name, out_dir=str(out), **inputs, **params, wait_for=wait_for, return_state=True
+            )
+            value = state.result()  # raises the stage's exception if it failed (after retries)
+        except Exception as exc:
+            self.records[-1] = failed_record(name, out, time.time() - t0, exc)
+            raise
         status = "reused" if value.get("status") == "reused" else _cache_status(state)
         if status == "ran":
             self.made_here.add(name)
-        self.records.append(
-            stage_record(
-                name,
-                out,
-                status,
-                time.time() - t0,
-                float(value.get("seconds", 0.0)),
-                self._code_note(name, [out]),
-            )
+        self.records[-1] = stage_record(
+            name,
+            out,
+            status,
+            time.time() - t0,
+            float(value.get("seconds", 0.0)),
+            self._code_note(name, [out]),
         )
         self.outputs[name] = state
         self.write_record()

@@ -25,6 +25,7 @@ from pipelines.report_plots import plot_curves
 from pipelines.report_sections import (
     Links,
     data_section,
+    finished_stages,
     phases_section,
     pretraining_section,
     result_section,
@@ -191,7 +192,7 @@ def _track(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any], wandb: Wa
 
     tracker = Tracker(out_dir, wandb, name="report", job_type="report")
     try:
-        stages = record.get("stages", [])
+        stages = finished_stages(record)
         tracker.log_table(
             "stages",
             ["stage", "key", "status", "seconds", "compute_seconds"],

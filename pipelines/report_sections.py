@@ -314,11 +314,17 @@ def data_section(stats_path: Path, links: Links) -> list[str]:
 # ----------------------------------------------------------------------------- 5. stages
 
 
+def finished_stages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's stage rows but the one still running: the report itself, which the flow
+    recorded as running just before it started building this page."""
+    return [r for r in record.get("stages", []) if r.get("status") != "running"]
+
+
 def stages_section(record: dict[str, Any], report_dir: Path, links: Links) -> list[str]:
     lines = ["## How the run went", ""]
     if not record:
         return [*lines, "No flow-run record found (stages were run one by one, not by `bertflow run`).", ""]
-    stages = list(record.get("stages", []))
+    stages = finished_stages(record)
     lines += [
         f"Flow run `{record.get('flow_run')}` started {record.get('started_utc')} UTC, W&B group "
         f"`{record.get('wandb_group')}`. *ran*: computed in this flow run; *cached*: its complete output "

@@ -170,6 +170,7 @@ def show_run(root: Path, name: str | None) -> str:
             ]
         )
     lines.append(_table(["stage", "status", "time", "now", "size", "output"], rows))
+    lines += [f"\n{r['stage']} failed: {r['error']}" for r in d.get("stages", []) if r.get("error")]
     pre = run.output("pretrain")
     if pre is not None and (pre / "model").is_dir():
         lines += [

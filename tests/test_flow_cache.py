@@ -145,6 +145,14 @@ def test_a_stage_that_fails_leaves_its_output_unfinished_not_interrupted(tmp_pat
     out = stage_dir(load_config(None, overrides), "tokenizer")
     assert out.is_dir() and not (out / IN_PROGRESS_NAME).exists()
     assert progress_state(out) == "unfinished"
+    # the run's record names the stage that failed and why, for `bertflow runs show`
+    from pipelines.runs_command import show_run
+
+    shown = show_run(tmp_path / "runs", None)
+    assert shown.startswith("flow run ") and ": failed," in shown.splitlines()[0]
+    (row,) = [line for line in shown.splitlines() if line.startswith("tokenizer ") and "failed:" not in line]
+    assert row.split()[:2] == ["tokenizer", "failed"]
+    assert f"tokenizer failed: the corpus {corpus} holds no documents" in shown
 
 
 def test_bad_input_found_by_a_stage_is_printed_by_the_failed_task_and_once_at_the_end(tmp_path: Path) -> None:

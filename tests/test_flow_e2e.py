@@ -163,6 +163,10 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert not list(run.glob("**/_IN_PROGRESS.json"))  # every output finished
     assert "rte" in md and "wandb sync" in md and "offline-run-" in md
     assert first["wandb_group"].startswith("tiny-test-")
+    # the record holds every stage as it ended; the report, recorded as running while it was built,
+    # lists itself as this page
+    assert not [r for r in record["stages"] if r["status"] in ("running", "failed")], record["stages"]
+    assert "| report | ran (this page) |" in md and "| running |" not in md
 
     times = _marker_times(first)
     card_bytes = (finetune_dir / "scorecard.json").read_bytes()
