@@ -141,7 +141,11 @@ def main(args: argparse.Namespace) -> int:
         resolved.model,
         args.out_dir,
         tokenizer_dir,
-        info={"source": str(args.ckpt.absolute()), "command": "export-hf", "fresh": resolved.fresh},
+        info={
+            "source": str(args.ckpt.absolute()),
+            "command": "export-hf",
+            "fresh": _fresh(args.ckpt, resolved.fresh),
+        },
         encoder_only=args.encoder_only,
         card=_pretraining_card(args.ckpt),
     )
@@ -151,6 +155,16 @@ def main(args: argparse.Namespace) -> int:
     elif resolved.fresh:
         print(f"warning: not in the checkpoint, freshly initialized: {', '.join(resolved.fresh)}")
     return 0
+
+
+def _fresh(ckpt: Path, fresh: list[str]) -> list[str]:
+    """The weights the export initializes, plus those its source directory's marker lists as freshly
+    initialized by an earlier import-hf or export-hf: an export of an import without pretraining
+    heads still has untrained heads."""
+    from common.atomic import read_marker
+
+    earlier = (read_marker(ckpt) or {}).get("fresh") if ckpt.is_dir() else None
+    return list(dict.fromkeys([*fresh, *(earlier if isinstance(earlier, list) else [])]))
 
 
 def _pretraining_card(ckpt: Path):

@@ -91,6 +91,11 @@ def test_import_without_pretraining_heads_offers_no_fill_mask(minilm_dir: Path, 
     assert 'pipeline("fill-mask"' not in card and "pipeline_tag: fill-mask" not in card
     assert "No fill-mask: the masked-LM head was not in the source checkpoint and is untrained" in card
     assert f'encoder = AutoModel.from_pretrained("{out}")' in card
+    # exported again, its heads are still the untrained ones: the new card says so too
+    again = tmp_path / "exported"
+    assert cli(["export-hf", str(out), str(again)]) == 0
+    card = (again / "README.md").read_text()
+    assert "pipeline_tag: feature-extraction" in card and 'pipeline("fill-mask"' not in card
 
 
 def test_the_cards_finetune_command_runs_as_written(
