@@ -99,6 +99,15 @@ class Tracker:
         if self._run is not None:
             self._run.log(metrics, step=step)
 
+    def replay(self, rows: list[dict[str, Any]]) -> None:
+        """`metrics.jsonl` rows logged before (a resumed run's steps up to its checkpoint) into the
+        W&B run only, so the W&B run that ends a pretraining holds its whole curve (a killed run's
+        W&B files may hold fewer steps: what W&B had not written when it was killed is lost)."""
+        if self._run is None:
+            return
+        for row in rows:
+            self._run.log({k: v for k, v in row.items() if k != "step"}, step=row.get("step"))
+
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
         if self._run is None:
             return

@@ -491,6 +491,8 @@ def test_two_nodes_train_like_one_and_resume_exactly_after_one_is_killed(ref_run
     a, b = read_state_dict(ref_model), read_state_dict(out / "model")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (out / "_COMPLETE.json").is_file() and not (out / "data_cache").exists()
+    # the resumed run's W&B run holds the whole curve, the steps before the checkpoint replayed
+    assert by_step(history(out, newest=True), "_step") == by_step(read_metrics(out), "step")
 
     with pytest.raises(UserError, match="written by 2 processes.*export-hf.*init_from"):
         run_pretrain_stage(config("pretrain.num_processes=1"), shards, tok, out, log_line=lambda _: None)

@@ -43,9 +43,13 @@ def records(path: Path) -> list[wandb_internal_pb2.Record]:
     return out
 
 
-def run_file(run_dir: Path) -> Path:
-    """The one offline W&B run file under `run_dir/wandb_files` (the `Tracker`'s W&B directory)."""
-    [path] = run_dir.glob("wandb_files/wandb/*run-*/run-*.wandb")
+def run_file(run_dir: Path, newest: bool = False) -> Path:
+    """The one offline W&B run file under `run_dir/wandb_files` (the `Tracker`'s W&B directory),
+    or with `newest` the last of several (a resumed run's)."""
+    paths = sorted(run_dir.glob("wandb_files/wandb/*run-*/run-*.wandb"), key=lambda p: p.parent.name)
+    if newest:
+        return paths[-1]
+    [path] = paths
     return path
 
 
@@ -61,11 +65,11 @@ def run_info(run_dir: Path) -> dict[str, str]:
     }
 
 
-def history(run_dir: Path) -> list[dict[str, Any]]:
+def history(run_dir: Path, newest: bool = False) -> list[dict[str, Any]]:
     """The history rows of the W&B run under `run_dir/wandb_files`, in order: one per step, with
     what every `log` call of that step wrote merged, plus W&B's own `_step`, `_runtime` and
     `_timestamp`. wandb 0.31 writes each value as JSON (`value_json`); a nested key is joined by dots."""
-    rows = [r.history for r in records(run_file(run_dir)) if r.WhichOneof("record_type") == "history"]
+    rows = [r.history for r in records(run_file(run_dir, newest)) if r.WhichOneof("record_type") == "history"]
     return [
         {item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in row.item}
         for row in rows

@@ -35,7 +35,7 @@ from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
 from common.fingerprint import digest
 from common.progress import duration_text
-from common.tracking import Tracker
+from common.tracking import Tracker, read_metrics
 from model.config import BertConfig
 from model.heads import BertForPreTraining, count_parameters
 from preprocessing import shard_format
@@ -318,13 +318,16 @@ def open_tracker(spec: RunSpec, ranks: Ranks, resume: Resume | None) -> Tracker 
     if ranks.rank != 0:
         return None
     rewrite_metrics_upto(spec.out_dir, resume.step if resume else 0)
-    return Tracker(
+    tracker = Tracker(
         spec.out_dir,
         spec.wandb,
         name=spec.run_name,
         job_type="pretrain",
         config={**spec.pipeline_config, "deepspeed": spec.ds_config, "world_size": ranks.world},
     )
+    if resume:
+        tracker.replay(read_metrics(spec.out_dir))  # this W&B run then holds the whole curve
+    return tracker
 
 
 def rewrite_metrics_upto(run_dir: Path, step: int) -> None:
