@@ -48,8 +48,13 @@ class FlowRunRecord:
 
     def out_dirs(self) -> list[Path]:
         """The stage outputs this flow run used (its fine-tuning units included, when recorded);
-        while it runs, also those it is going to use."""
-        stages = [r["out_dir"] for r in self.data.get("stages", []) if r.get("stage") != "finetune-units"]
+        while it runs, also those it is going to use. Not the stage a killed run was in (recorded as
+        running): cleaning that run's record keeps an interrupted pretraining to resume."""
+        stages = [
+            r["out_dir"]
+            for r in self.data.get("stages", [])
+            if r.get("stage") != "finetune-units" and r.get("status") != "running"
+        ]
         planned = self.data.get("planned", []) if self.status == "running" else []
         return list(dict.fromkeys(self.local(d) for d in [*stages, *self.data.get("units", []), *planned]))
 

@@ -243,6 +243,22 @@ def test_cleaning_a_finished_run_keeps_what_it_only_planned(
     assert (planned_only / MARKER_NAME).is_file()
 
 
+def test_cleaning_a_killed_run_keeps_the_output_it_was_writing(root: Path) -> None:
+    """A killed flow run's record holds the stage it was in as running (for `runs show`); cleaning
+    that record must not take the interrupted output with it: a rerun resumes from its checkpoints."""
+    from pipelines.flow_records import stage_record, write_record
+
+    interrupted = _stage(root, "pretrain", "p4", complete=False)
+    own = _stage(root, "preprocess", "s4")
+    rows = [
+        stage_record("preprocess", own, "ran", 1.0, 1.0),
+        stage_record("pretrain", interrupted, "running", 0, 0),
+    ]
+    write_record(root, "killed-run", "g", rows, 1767434400.0, status="failed")
+    assert cli(["runs", "clean", "killed-run", "--run-dir", str(root), "--yes"]) == 0
+    assert not own.exists() and (interrupted / "payload.bin").is_file()
+
+
 def test_clean_leaves_no_dangling_latest_links(root: Path) -> None:
     """`latest/` links to the newest run's outputs; cleaning that run removes the links that would
     point at nothing (a broken `latest/model` reads as a missing file, not a cleaned run)."""
