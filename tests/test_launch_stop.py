@@ -5,10 +5,12 @@ save on SIGTERM, as training/stop_request.py does."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,9 @@ from training import launch
 # on SIGTERM: "save" for argv[2] seconds into argv[1], then exit 143
 SAVING_RANK = textwrap.dedent(
     """
-    import signal, sys, time
+    import os, signal, sys, time
+
+    open(sys.argv[1] + ".pid", "w").write(str(os.getpid()))
 
     def save(*_):
         time.sleep(float(sys.argv[2]))
@@ -97,3 +101,44 @@ def test_torchrun_waits_stop_grace_s_before_it_kills_its_ranks(
     proc = start_group([*cmd, str(script), str(saved), "5"], env=launch.child_env(1, False, grace_s))
     launch._stop_group(proc, lambda _: None, grace_s=60)
     assert saved.exists() == saves
+
+
+def _alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.is_file() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("second_interrupt", [False, True])
+def test_ranks_in_sessions_of_their_own_are_killed_too(tmp_path: Path, second_interrupt: bool) -> None:
+    """torchrun starts each rank in a session of its own, out of reach of a signal to the launcher's
+    group: when the grace ends (or a second Ctrl-C comes) the rank was left running, still writing
+    into the output, which a rerun then shared. The rank is dead when `_stop_group` returns."""
+    script = tmp_path / "rank.py"
+    script.write_text(SAVING_RANK)
+    saved = tmp_path / "saved"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        f"--master_port={launch.free_port()}",
+    ]
+    proc = start_group([*cmd, str(script), str(saved), "60"], env=launch.child_env(1, False, 120))
+    rank_pid = int(Path(f"{saved}.pid").read_text())
+    assert os.getsid(rank_pid) != os.getsid(proc.pid)  # the reason a group signal missed it
+    if second_interrupt:
+        previous = signal.signal(signal.SIGALRM, _interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                launch._stop_group(proc, lambda _: None, grace_s=60)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    else:
+        launch._stop_group(proc, lambda _: None, grace_s=1)
+    proc.wait(timeout=5)
+    deadline = time.monotonic() + 5
+    while _alive(rank_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(rank_pid) and not saved.exists()

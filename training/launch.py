@@ -151,7 +151,9 @@ def run_launcher(
 def _stop_group(proc: subprocess.Popen, log_line: Callable[[str], None], grace_s: float) -> None:
     """SIGTERM to the launcher and its ranks, which save the step they reached and exit
     (training/stop_request.py); their last lines are still logged. SIGKILL after `grace_s`, or at
-    once when a second Ctrl-C or SIGTERM arrives meanwhile (which is then raised)."""
+    once when a second Ctrl-C or SIGTERM arrives meanwhile (which is then raised), to the launcher's
+    group and to every process below it: torchrun starts each rank in a session of its own."""
+    ranks = process_tree(proc.pid)  # now, while the launcher is their parent
     drain = threading.Thread(target=_forward_lines, args=(proc, log_line), daemon=True)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -163,17 +165,55 @@ def _stop_group(proc: subprocess.Popen, log_line: Callable[[str], None], grace_s
         proc.wait(timeout=grace_s)
         drain.join(timeout=5)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        _kill_group(proc)
+        _kill_group(proc, ranks)
     except BaseException:
-        _kill_group(proc)
+        _kill_group(proc, ranks)
         raise
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, known: dict[int, int]) -> None:
+    """SIGKILL to the launcher's group and to each process below it, those found now and the
+    `known` ones found before (pid: start time; a pid reused since by another process is spared)."""
+    below = {**known, **process_tree(proc.pid)}
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for pid, started in below.items():
+        if _start_time(pid) == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def process_tree(root: int) -> dict[int, int]:
+    """pid: start time of every process below `root`, from /proc (Linux; {} elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        fields = _stat_fields(stat)
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if (started := _start_time(child)) is not None:
+                found[child] = started
+                todo.append(child)
+    return found
+
+
+def _start_time(pid: int) -> int | None:
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return int(fields[19]) if fields else None
+
+
+def _stat_fields(stat: Path) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ..., starttime at 19)."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _forward_lines(proc: subprocess.Popen, log_line: Callable[[str], None]) -> None:
