@@ -293,7 +293,7 @@ def _merge_phases(phases: Any, changes: dict[str, Any]) -> list[Any]:
     return merged
 
 
-def _check_phases(cfg: PipelineConfig, where: str) -> None:
+def _check_phases(cfg: PipelineConfig, where: str, overrides: list[str] | None = None) -> None:
     """Each phase's settings valid as a section of their own, its name unique, no init_from of its own."""
     names = [phase.name for phase in cfg.phases]
     for index, phase in enumerate(cfg.phases):
@@ -313,17 +313,29 @@ def _check_phases(cfg: PipelineConfig, where: str) -> None:
                 message = validation_message(exc, section).replace(
                     f"{section}.", f"phases[{index}].{section}."
                 )
-                raise UserError(f"{where} is invalid: {message}") from None
+                failed = _failed_keys(exc, {}, prefix=f"phases.{phase.name}.{section}.")
+                raise UserError(f"{_blamed(failed, where, overrides)} is invalid: {message}") from None
 
 
-def _blamed(exc: ValidationError, where: str, overrides: list[str] | None) -> str:
-    """What a validation error is about: the `--set` items when they set every key that failed,
-    else `where` (the config file), with the `--set` items among the failed keys if any."""
-    failed = [".".join(str(x) for x in err["loc"]) for err in exc.errors()]
+def _failed_keys(exc: ValidationError, raw: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys a validation error names, a phase by its name as `--set` names it
+    (`phases.seq32.pretrain.lr`, not `phases.0...`)."""
+    keys = [prefix + ".".join(str(x) for x in err["loc"]) for err in exc.errors()]
+    phases = raw.get("phases") if isinstance(raw.get("phases"), list) else []
+    names = [phase.get("name") if isinstance(phase, dict) else None for phase in phases]
+    for index, name in enumerate(names):
+        if name:
+            keys = [k.replace(f"phases.{index}.", f"phases.{name}.", 1) for k in keys]
+    return keys
 
-    def sets(item: str, key: str) -> bool:
+
+def _blamed(failed: list[str], where: str, overrides: list[str] | None) -> str:
+    """What a validation error about the `failed` keys is about: the `--set` items when they set
+    every one of them, else `where` (the config file), with the `--set` items among them if any."""
+
+    def sets(item: str, key: str) -> bool:  # the item sets the key, below it, or a section it made
         name = item.split("=", 1)[0].strip()
-        return key == name or key.startswith(name + ".")
+        return key == name or key.startswith(name + ".") or name.startswith(key + ".")
 
     blamed = [item for item in overrides or [] if any(sets(item, key) for key in failed)]
     if not blamed:
@@ -351,8 +363,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(f"{_blamed(exc, where, overrides)} is invalid: {validation_message(exc)}") from None
-    _check_phases(cfg, where)
+        blamed = _blamed(_failed_keys(exc, raw), where, overrides)
+        raise UserError(f"{blamed} is invalid: {validation_message(exc)}") from None
+    _check_phases(cfg, where, overrides)
     if cfg.pretrain.init_from and "preset" not in cfg.model.model_fields_set:
         cfg.model.preset = None  # the model is init_from's; the record must not name a default preset
     if cfg.model.preset is None and not cfg.pretrain.init_from:

@@ -84,6 +84,16 @@ def test_a_bad_override_is_blamed_not_the_file(tmp_path: Path) -> None:
     with pytest.raises(UserError) as exc:
         load_config(bad, ["pretrain.max_steps=3"])
     assert str(exc.value).startswith(f"config file {bad} is invalid: pretrain.lr:")
+    # a phase's setting, named by the phase's name as --set names it
+    phased = _write(tmp_path, "phases:\n  - name: short\n    pretrain:\n      max_steps: 10\n")
+    for item in (
+        "phases.short.pretrain.max_steps=abc",
+        "phases.short.pretrain.foo=1",
+        "phases.short.finetune.epochs=1",
+    ):
+        with pytest.raises(UserError) as exc:
+            load_config(phased, [item])
+        assert str(exc.value).startswith(f"--set {item} is invalid: "), str(exc.value)
 
 
 def test_override_that_is_not_yaml_is_named() -> None:
