@@ -26,6 +26,12 @@ def plan_stages(
     if only and from_stage:
         raise UserError("--only and --from exclude each other; use one.")
     forced = set(force or [])
+    if only and forced - {only}:
+        raise UserError(
+            f"--force {' '.join(sorted(forced - {only}))} with --only {only}: a forced stage that does "
+            "not run recomputes nothing.",
+            fix=f"force only the stage that runs (--only {only} --force {only}), or drop --only.",
+        )
     if from_stage:
         forced |= set(STAGES[STAGES.index(from_stage) :])
     selected = [only] if only else list(STAGES)

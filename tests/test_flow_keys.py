@@ -246,6 +246,11 @@ def test_stage_selection() -> None:
         plan_stages("pretraining", None, None)
     with pytest.raises(UserError, match="exclude"):
         plan_stages("report", "report", None)
+    assert plan_stages("pretrain", None, ["pretrain"]) == (["pretrain"], {"pretrain"})
+    with pytest.raises(
+        UserError, match="--force pretrain with --only finetune: a forced stage that does not run"
+    ):
+        plan_stages("finetune", None, ["pretrain"])  # was accepted, and nothing recomputed
 
 
 @pytest.mark.parametrize("earlier", [False, True], ids=["explicit", "explicit-before-run-only"])
