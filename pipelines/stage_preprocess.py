@@ -27,7 +27,7 @@ from pipelines.preprocess_progress import watch_preprocess
 from pipelines.stage_keys import code_change_note, flow_input, stage_code, stage_dirs
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
-from preprocessing.corpus import encoding_warnings, expand_inputs, file_labels
+from preprocessing.corpus import corpus_file_warnings, expand_inputs, file_labels
 from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, schema_description
 
 if TYPE_CHECKING:
@@ -297,7 +297,7 @@ def run_preprocess_stage(
             _clear_outputs(out_dir, work_dir)
             raise
         stats["warnings"] = (
-            data_warnings(stats, cfg) + empty_shard_warnings(entries, cfg) + encoding_warnings(counts)
+            data_warnings(stats, cfg) + empty_shard_warnings(entries, cfg) + corpus_file_warnings(counts)
         )
         for line in stats["warnings"]:
             log.warning("WARNING (%s): %s", out_dir, line)
@@ -363,7 +363,7 @@ def _refuse_useless_output(
         raise UserError(
             f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
             f"{ {k: v for k, v in counts.items() if k != 'files_read' and ':' not in k} }).",
-            fix=" ".join(encoding_warnings(counts))
+            fix=" ".join(corpus_file_warnings(counts))
             or "check preprocess.input (--input): plain text needs non-empty lines, WikiExtractor files "
             "<doc> blocks, JSONL a 'text' field.",
         )

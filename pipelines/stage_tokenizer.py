@@ -21,7 +21,7 @@ from common.paths import resolve_data_path
 from common.stage_output import check_own_output
 from pipelines.stage_keys import code_change_note, stage_code, stage_dir
 from preprocessing.config import TokenizerConfig
-from preprocessing.corpus import encoding_warnings, expand_inputs, iter_texts
+from preprocessing.corpus import corpus_file_warnings, expand_inputs, iter_texts
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -137,7 +137,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
             warnings.append(unused_training_settings(cfg))
         else:
             tok, lowercase = _train(cfg, files, counts), cfg.lowercase
-            warnings += [vocab_size_warning(cfg, tok), *encoding_warnings(counts)]
+            warnings += [vocab_size_warning(cfg, tok), *corpus_file_warnings(counts)]
         warnings = [w for w in warnings if w]
         for line in warnings:
             log.warning("WARNING (%s): %s", out_dir, line)
@@ -183,7 +183,7 @@ def _train(cfg: TokenizerConfig, files: list[Path], counts: Counter) -> Tokenize
     if counts["documents_read"] == 0:
         raise UserError(
             f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
-            fix=" ".join(encoding_warnings(counts))
+            fix=" ".join(corpus_file_warnings(counts))
             or "check tokenizer.input (--input): plain text needs non-empty lines, WikiExtractor files "
             "<doc> blocks, JSONL a 'text' field.",
         )

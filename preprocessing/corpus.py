@@ -5,7 +5,7 @@ Files may be gzip-compressed, on local disk or on any filesystem Beam knows (`s3
 stats.json) and logged, never silently dropped, never a traceback:
 non-UTF-8 bytes (replaced), UTF-16/32 files, empty and binary files, lines over 1 MB, unclosed
 `<doc>` tags, text outside `<doc>`, bad JSON lines, empty documents. A file of another encoding is
-said by name with the iconv command that converts it (`encoding_warnings`).
+said by name with the iconv command that converts it (`corpus_file_warnings`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ NOT_UTF8_KEY = "not_utf8:"  # not_utf8:ENCODING:PATH = 1, a UTF-16/32 file (skip
 REPLACED_KEY = "utf8_replaced_lines:"  # utf8_replaced_lines:PATH = lines with invalid UTF-8 replaced
 TEXT_LINES_KEY = "text_lines:"  # text_lines:PATH = its non-blank lines (counted only beside the above)
 BINARY_KEY = "binary:"  # binary:PATH = 1, a file with NUL bytes in its head (skipped)
+BAD_JSON_KEY = "bad_json:"  # bad_json:PATH = its JSONL lines that are not JSON (skipped)
 INVALID_UTF8_WARN_SHARE = 0.01  # of a file's lines: more is another encoding, not a stray byte
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
@@ -228,10 +229,10 @@ def _utf8_name(path: str) -> str:
     return (path[:-4] if path.endswith(".txt") else path) + ".utf8.txt"
 
 
-def encoding_warnings(counts: Mapping[str, int]) -> list[str]:
+def corpus_file_warnings(counts: Mapping[str, int]) -> list[str]:
     """One line per corpus file of another encoding than UTF-8 (a UTF-16/32 file, skipped; or a
-    meaningful share of lines with invalid UTF-8, replaced), naming it and the iconv command; and
-    one per binary file (skipped)."""
+    meaningful share of lines with invalid UTF-8, replaced), naming it and the iconv command; one
+    per binary file (skipped) and per JSONL file with lines that are not JSON (skipped)."""
     found = []
     for key, n in sorted(counts.items()):
         if key.startswith(NOT_UTF8_KEY):
@@ -239,6 +240,11 @@ def encoding_warnings(counts: Mapping[str, int]) -> list[str]:
             found.append(
                 f"{path} is {encoding} text, not UTF-8, and was skipped: convert it with "
                 f"`iconv -f {encoding} -t UTF-8 {path} > {_utf8_name(path)}` and use that file."
+            )
+        elif key.startswith(BAD_JSON_KEY):
+            found.append(
+                f"{key[len(BAD_JSON_KEY) :]}: {n} line{' is' if n == 1 else 's are'} not valid JSON, skipped (each line of a "
+                'JSONL file must be one JSON object, double-quoted: {"text": "..."}).'
             )
         elif key.startswith(BINARY_KEY):
             path = key[len(BINARY_KEY) :]
@@ -312,7 +318,7 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                 lines += text
                 any_content = any_content or text
                 yield line
-            if replaced:  # per file: encoding_warnings says which files hold another encoding
+            if replaced:  # per file: corpus_file_warnings says which files hold another encoding
                 counts[f"{REPLACED_KEY}{path}"] += replaced
                 counts[f"{TEXT_LINES_KEY}{path}"] += lines
         except (EOFError, OSError, zlib.error) as exc:
@@ -417,6 +423,7 @@ def _read_jsonl(
             obj = json.loads(line)
         except json.JSONDecodeError:
             counts["jsonl_lines_skipped_invalid_json"] += 1
+            counts[f"{BAD_JSON_KEY}{path}"] += 1
             continue
         text = obj.get(field) if isinstance(obj, dict) else None
         if not isinstance(text, str):

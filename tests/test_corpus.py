@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
-from preprocessing.corpus import detect_format, encoding_warnings, expand_inputs, file_labels, read_documents
+from preprocessing.corpus import (
+    corpus_file_warnings,
+    detect_format,
+    expand_inputs,
+    file_labels,
+    read_documents,
+)
 from preprocessing.sentences import split_sentences
 
 
@@ -53,6 +59,12 @@ def test_jsonl(tmp_path):
     assert [d.paragraphs for d in docs] == [["First doc. Two sentences."], ["Line one.", "Line two."]]
     assert counts["jsonl_lines_skipped_no_text_field"] == 2
     assert counts["jsonl_lines_skipped_invalid_json"] == 1
+    # lines that are not JSON (a Python dict's single quotes) are said, naming the file: they were a
+    # count in stats.json only, and half a corpus could go that way unseen
+    assert corpus_file_warnings(counts) == [
+        f"{path}: 1 line is not valid JSON, skipped (each line of a JSONL file must be one JSON "
+        'object, double-quoted: {"text": "..."}).'
+    ]
 
 
 def test_split_sentences_on_real_text(data_dir):
@@ -240,22 +252,22 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
         docs, counts = read(name)
         path = tmp_path / name
         assert docs == [] and counts["files_skipped_not_utf8"] == 1 and not counts["files_skipped_binary"]
-        assert encoding_warnings(counts) == [
+        assert corpus_file_warnings(counts) == [
             f"{path} is {encoding} text, not UTF-8, and was skipped: convert it with "
             f"`iconv -f {encoding} -t UTF-8 {path} > {tmp_path / name.replace('.txt', '.utf8.txt')}` and use that file."
         ]
     docs, counts = read("latin1.txt")
     assert len(docs) == 40 and counts["lines_with_invalid_utf8_replaced"] == 20
-    [warning] = encoding_warnings(counts)
+    [warning] = corpus_file_warnings(counts)
     assert warning.startswith(f"{tmp_path / 'latin1.txt'}: 20 of 40 lines (50%) are not valid UTF-8")
     assert f"iconv -f latin1 -t utf-8 {tmp_path / 'latin1.txt'}" in warning
     docs, counts = read("stray.txt")
-    assert counts["lines_with_invalid_utf8_replaced"] == 1 and encoding_warnings(counts) == []
+    assert counts["lines_with_invalid_utf8_replaced"] == 1 and corpus_file_warnings(counts) == []
     (tmp_path / "wiki.txt.bz2").write_bytes(bz2.compress(text.encode()))  # a compression not read
     for name in ("nuls.bin", "wiki.txt.bz2"):
         docs, counts = read(name)
         assert docs == [] and counts["files_skipped_binary"] == 1
-        assert encoding_warnings(counts) == [
+        assert corpus_file_warnings(counts) == [
             f"{tmp_path / name} is a binary file (NUL bytes), not text, and was skipped: the corpus is read "
             "as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)."
         ]
