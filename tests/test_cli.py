@@ -141,6 +141,9 @@ def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path) 
     )
     text = end_summary({**summary, "stages": cached})
     assert "default-x" not in text and "nothing new logged" in text  # no group in which no run was written
+    # the hint at past runs names the run directory where `bertflow runs` would not look by itself
+    (tmp_path / "latest").mkdir()
+    assert f"(`bertflow runs --run-dir {tmp_path}` lists past runs)" in end_summary(summary)
 
 
 def test_make_run_goes_online_with_a_wandb_api_key_as_the_readme_says(tmp_path) -> None:
