@@ -296,7 +296,7 @@ def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for t, info in row["tasks"].items():
             for m, v in (info.get("chance_metrics") or {}).items():
                 values.setdefault(f"{t}/{m}", v)
-    return {"name": "majority class (chance)", "values": values}
+    return {"name": "best constant prediction (chance)", "values": values}
 
 
 def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -565,8 +565,9 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
     header, table = table_rows(card, columns)
     lines = [
         "Dev-set scores (0-100); the best lr by dev score when several were run, mean ± standard deviation "
-        "over seeds. (chance): not above the majority-class score by more than evaluation noise on this "
-        "many examples (one-sided 95%; `finetuning/chance.py`). Δ rows: the difference of the seed means "
+        "over seeds. (chance): not above the best constant prediction's score (the majority class, or "
+        "for a metric like F1 the class it favours) by more than evaluation noise on this many examples "
+        "(one-sided 95%; `finetuning/chance.py`). Δ rows: the difference of the seed means "
         "± its seed-noise margin (standard error × Student's t at 95%, Welch; `finetuning/seed_noise.py`); "
         "a task counts as ahead or behind only beyond that margin.",
         "",

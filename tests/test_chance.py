@@ -86,7 +86,7 @@ def test_scorecard_marks_chance_rows_and_states_the_headline(tmp_path):
     assert h["pretraining_helped"] is False  # ahead on 1 of 2 tasks: not a majority
     md = (tmp_path / "scorecard.md").read_text()
     assert "| ours | 71.0 ±1.4 | 2.0 ±1.4 (chance) | 36.5 |" in md
-    assert "| majority class (chance) | 50.9 | 0.0 | — |" in md
+    assert "| best constant prediction (chance) | 50.9 | 0.0 | — |" in md
     assert "ahead on 1 of 2 tasks (sst2) beyond seed noise" in md and "**At chance" in md
     # above on average (+8.8) but ahead on only one task of two: said as such, with each task's delta
     assert (
