@@ -128,7 +128,7 @@ def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
                 for e in exc.errors()
             )
             raise UserError(
-                f"task config {path}: task {name!r} is invalid: {msgs}", fix="see finetuning/tasks.yaml."
+                f"task config {path}: task {name!r} is invalid: {msgs}.", fix="see finetuning/tasks.yaml."
             ) from None
     return specs
 

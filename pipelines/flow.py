@@ -99,5 +99,6 @@ def _summary(run: FlowRun, config_name: str) -> dict[str, Any]:
         "report_md": str(report_md) if report_md else None,
         "report_html": str(report_md.with_suffix(".html")) if report_md else None,
     }
-    get_run_logger().info("done in %.1f s; report: %s", time.time() - run.started, summary["report_html"])
+    report = summary["report_html"] or "none (the report stage was not selected)"
+    get_run_logger().info("done in %.1f s; report: %s", time.time() - run.started, report)
     return summary
