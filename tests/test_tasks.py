@@ -153,7 +153,9 @@ def test_bad_task_configs(tmp_path, data_dir):
         read_tsv_examples(spec, spec.path("train"))
     bad = tmp_path / "bad.yaml"
     bad.write_text(USER_TASK.format(tsv="m.tsv").replace("metrics:", "metricz:"))
-    with pytest.raises(UserError, match=r"bad.yaml: task 'movies' is invalid: .*metricz: unknown key\. Fix: see"):
+    with pytest.raises(
+        UserError, match=r"bad.yaml: task 'movies' is invalid: .*metricz: unknown key\. Fix: see"
+    ):
         load_task_specs(str(bad))
     bad.write_text(USER_TASK.format(tsv="m.tsv").replace("[accuracy, f1]", "[pearson]"))
     with pytest.raises(UserError, match="do not fit kind classification"):
