@@ -68,9 +68,8 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def test_a_second_interrupt_kills_the_ranks_at_once(tmp_path: Path) -> None:
-    saved = tmp_path / "saved"
-    proc = start_group(rank(saved, save_s=30))
+def stop_with_a_second_interrupt(proc: subprocess.Popen) -> None:
+    """`_stop_group` with bertflow's generous grace, cut short by a second Ctrl-C after 0.5 s."""
     previous = signal.signal(signal.SIGALRM, _interrupt)
     signal.setitimer(signal.ITIMER_REAL, 0.5)  # the second Ctrl-C, while the ranks save
     try:
@@ -79,6 +78,28 @@ def test_a_second_interrupt_kills_the_ranks_at_once(tmp_path: Path) -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def start_torchrun(tmp_path: Path, saved: Path, save_s: float, torchrun_grace_s: int) -> subprocess.Popen:
+    """torchrun with one saving rank (which it starts in a session of its own)."""
+    script = tmp_path / "rank.py"
+    script.write_text(SAVING_RANK)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        f"--master_port={launch.free_port()}",
+    ]
+    return start_group(
+        [*cmd, str(script), str(saved), str(save_s)], env=launch.child_env(1, False, torchrun_grace_s)
+    )
+
+
+def test_a_second_interrupt_kills_the_ranks_at_once(tmp_path: Path) -> None:
+    saved = tmp_path / "saved"
+    proc = start_group(rank(saved, save_s=30))
+    stop_with_a_second_interrupt(proc)
     assert proc.wait(timeout=5) == -signal.SIGKILL and not saved.exists()
 
 
@@ -88,17 +109,8 @@ def test_torchrun_waits_stop_grace_s_before_it_kills_its_ranks(
 ) -> None:
     """torchrun's own wait (30 s by default) follows the setting: a rank that needs 5 s to save
     is killed by torchrun after 2 s, and saves with 20 s (bertflow itself waits 60 s here)."""
-    script = tmp_path / "rank.py"
-    script.write_text(SAVING_RANK)
     saved = tmp_path / "saved"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=1",
-        f"--master_port={launch.free_port()}",
-    ]
-    proc = start_group([*cmd, str(script), str(saved), "5"], env=launch.child_env(1, False, grace_s))
+    proc = start_torchrun(tmp_path, saved, save_s=5, torchrun_grace_s=grace_s)
     launch._stop_group(proc, lambda _: None, grace_s=60)
     assert saved.exists() == saves
 
@@ -113,28 +125,12 @@ def test_ranks_in_sessions_of_their_own_are_killed_too(tmp_path: Path, second_in
     """torchrun starts each rank in a session of its own, out of reach of a signal to the launcher's
     group: when the grace ends (or a second Ctrl-C comes) the rank was left running, still writing
     into the output, which a rerun then shared. The rank is dead when `_stop_group` returns."""
-    script = tmp_path / "rank.py"
-    script.write_text(SAVING_RANK)
     saved = tmp_path / "saved"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=1",
-        f"--master_port={launch.free_port()}",
-    ]
-    proc = start_group([*cmd, str(script), str(saved), "60"], env=launch.child_env(1, False, 120))
+    proc = start_torchrun(tmp_path, saved, save_s=60, torchrun_grace_s=120)
     rank_pid = int(Path(f"{saved}.pid").read_text())
     assert os.getsid(rank_pid) != os.getsid(proc.pid)  # the reason a group signal missed it
     if second_interrupt:
-        previous = signal.signal(signal.SIGALRM, _interrupt)
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                launch._stop_group(proc, lambda _: None, grace_s=60)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+        stop_with_a_second_interrupt(proc)
     else:
         launch._stop_group(proc, lambda _: None, grace_s=1)
     proc.wait(timeout=5)
