@@ -380,7 +380,7 @@ def headline_text(h: dict[str, Any] | None) -> str:
         lines.append(_not_helped_text(h, name, versus))
     if h["at_chance"]:
         lines.append(
-            f"**At chance (no better than the majority class within evaluation noise):** "
+            f"**At chance (no better than the best constant prediction within evaluation noise):** "
             f"{', '.join(h['at_chance'])} for {name}"
             + (f"; {', '.join(h['random_at_chance'])} for {versus}." if h["random_at_chance"] else ".")
         )

@@ -87,7 +87,10 @@ def test_scorecard_marks_chance_rows_and_states_the_headline(tmp_path):
     md = (tmp_path / "scorecard.md").read_text()
     assert "| ours | 71.0 ±1.4 | 2.0 ±1.4 (chance) | 36.5 |" in md
     assert "| best constant prediction (chance) | 50.9 | 0.0 | — |" in md
-    assert "ahead on 1 of 2 tasks (sst2) beyond seed noise" in md and "**At chance" in md
+    assert (
+        "ahead on 1 of 2 tasks (sst2) beyond seed noise" in md
+        and "**At chance (no better than the best constant prediction within evaluation noise):**" in md
+    )
     # above on average (+8.8) but ahead on only one task of two: said as such, with each task's delta
     assert (
         "**Pretraining helped on some tasks only:** ours is ahead of random init (tiny) on sst2 (+19.5)" in md
