@@ -228,9 +228,10 @@ def _users(root: Path, plan: list[Path]) -> dict[Path, str]:
     """For each stage output in `plan` that a flow run kept in the records still uses (a stage
     output named by path), a note naming those runs: `runs show` will list it as deleted."""
     kept = [r for r in flow_runs(root) if r.path.resolve() not in plan]
+    used = [(r.name, {d.resolve() for d in r.out_dirs()}) for r in kept]  # each run's outputs, once
     notes = {}
     for path in plan:
-        names = [r.name for r in kept if path in {d.resolve() for d in r.out_dirs()}]
+        names = [name for name, outputs in used if path in outputs]
         if names:
             runs, records = ("runs", "their records") if len(names) > 1 else ("run", "its record")
             notes[path] = f"  (used by flow {runs} {', '.join(names)}: {records} will name a deleted output)"

@@ -148,10 +148,11 @@ def verify_data(cfg: PipelineConfig) -> dict[str, Any]:
             fix="point verify.checksum_file at a sha256sum file, or set verify.checksums: false.",
         )
     sums = read_checksums(sums_path)
+    unlisted = []
     for path in files:
         expected = sums.get(path.resolve())
         if expected is None:
-            summary["not_listed"] += 1
+            unlisted.append(path)
             continue
         actual = sha256_file(path)
         if actual != expected:
@@ -161,7 +162,8 @@ def verify_data(cfg: PipelineConfig) -> dict[str, Any]:
                 fix="restore the file from the original data release.",
             )
         summary["checksummed"] += 1
-    if unlisted := [p for p in files if p.resolve() not in sums]:
+    summary["not_listed"] = len(unlisted)
+    if unlisted:
         shown = ", ".join(map(str, unlisted[:3])) + (
             f" and {len(unlisted) - 3} more" if len(unlisted) > 3 else ""
         )

@@ -358,9 +358,9 @@ def eval_example_count(
     n_examples: int, batch_size: int, world_size: int, max_steps: int, accumulation: int = 1
 ) -> int:
     """How many of the split's examples (its first ones) a held-out evaluation reads over every
-    rank (`eval_example_indices`)."""
-    count = eval_step_batches(n_examples, batch_size, world_size, max_steps, accumulation)
-    return count * batch_size * world_size if count else n_examples // world_size * world_size
+    rank: each rank reads as many (`eval_example_indices`)."""
+    rank0 = eval_example_indices(n_examples, batch_size, world_size, 0, max_steps, accumulation)
+    return world_size * sum(len(batch) for batch in rank0)
 
 
 def eval_step_batches(

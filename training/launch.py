@@ -189,17 +189,15 @@ def _kill_group(proc: subprocess.Popen, known: dict[int, int]) -> None:
 
 def process_tree(root: int) -> dict[int, int]:
     """pid: start time of every process below `root`, from /proc (Linux; {} elsewhere)."""
-    children: dict[int, list[int]] = {}
+    children: dict[int, list[tuple[int, int]]] = {}  # ppid: [(pid, start time)]
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        fields = _stat_fields(stat)
-        if fields:
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        if fields := _stat_fields(stat):
+            children.setdefault(int(fields[1]), []).append((int(stat.parent.name), int(fields[19])))
     found, todo = {}, [root]
     while todo:
-        for child in children.get(todo.pop(), []):
-            if (started := _start_time(child)) is not None:
-                found[child] = started
-                todo.append(child)
+        for child, started in children.get(todo.pop(), []):
+            found[child] = started
+            todo.append(child)
     return found
 
 
