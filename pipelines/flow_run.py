@@ -156,6 +156,8 @@ class FlowRun:
         status = "reused" if value.get("status") == "reused" else _cache_status(state)
         if status == "ran":
             self.made_here.add(name)
+        elif base_stage(name) == "pretrain":
+            self._unapplied_note(name, out, params["cfg"])
         self.records[-1] = stage_record(
             name,
             out,
@@ -166,6 +168,14 @@ class FlowRun:
         )
         self.outputs[name] = state
         self.write_record()
+
+    def _unapplied_note(self, stage: str, out: Path, cfg: PipelineConfig) -> None:
+        """Say which of this run's pretrain settings a reused finished pretraining does not have."""
+        from pipelines.stage_pretrain import unapplied_settings_note
+
+        fix = f"rerun with `--force {base_stage(stage)}` (it trains again)."
+        if note := unapplied_settings_note(stage, out, cfg.pretrain, fix):
+            get_run_logger().warning(note)
 
     def _code_note(self, stage: str, out_dirs: list[Path]) -> str:
         """The warning when complete outputs this run reuses were made by other code ('' if none)."""

@@ -18,6 +18,7 @@ Node 0 writes the model and the completion marker; the other nodes return once t
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -147,10 +148,36 @@ def _finished_model(
         log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
         if note := code_change_note("pretrain", [out_dir]):
             log_line(note)
+        fix = f"delete {out_dir} (or choose another --output) and run again."
+        if note := unapplied_settings_note("pretrain", out_dir, spec.pretrain, fix):
+            log_line(note)
         return out_dir / "model"
     log_line(f"pretrain: {out_dir} is complete but has no model/; writing it again from the last checkpoint.")
     (out_dir / MARKER_NAME).unlink()
     return None
+
+
+def unapplied_settings_note(stage: str, out_dir: Path, asked: PretrainConfig, fix: str) -> str:
+    """The warning when a finished pretraining is reused although this run asks for other values of
+    the run-only settings that show in its output (`PretrainConfig.shown_in_output`): they are not
+    applied, and the reuse says so. '' when they agree (or the output has no readable run spec)."""
+    try:
+        made = json.loads((Path(out_dir) / "run_spec.json").read_text())["pretrain"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    changed = [
+        f"pretrain.{name} {made[name]} (this run: {getattr(asked, name)})"
+        for name in type(asked).shown_in_output
+        if name in made and made[name] != getattr(asked, name)
+    ]
+    if not changed:
+        return ""
+    return (
+        f"{stage}: reusing the finished run in {out_dir}, which was made with "
+        + ", ".join(changed)
+        + ". These settings are not applied to it: they change what the run logged and kept "
+        "(the curve, the checkpoints), not the model, so the stage key is the same. To apply them, " + fix
+    )
 
 
 def _run_ranks(

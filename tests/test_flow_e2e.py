@@ -58,7 +58,7 @@ def _upstream_graph(flow_run_id: str) -> dict[str, set[str]]:
     }
 
 
-def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir: Path) -> None:
+def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir: Path, capfd) -> None:
     from pipelines.flow import bert_pipeline
 
     wandb = {"project": "bertflow-e2e", "entity": "bertflow-team"}
@@ -171,9 +171,16 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     times = _marker_times(first)
     card_bytes = (finetune_dir / "scorecard.json").read_bytes()
 
-    # --- rerun: nothing recomputes; Prefect reports the stages as Cached
+    # --- rerun: nothing recomputes; Prefect reports the stages as Cached. A run-only setting that
+    # shows in the finished pretraining (its evaluation cadence) is not applied to it, and said so
     wandb_runs = sorted(run.glob("**/wandb_files/wandb/*run-*"))
-    second = bert_pipeline(config=config)
+    capfd.readouterr()
+    second = bert_pipeline(config=config, overrides=["pretrain.eval_every=2"])
+    said = capfd.readouterr()
+    assert (
+        f"pretrain: reusing the finished run in {pretrain_dir}, which was made with "
+        "pretrain.eval_every 4 (this run: 2). These settings are not applied"
+    ) in said.out + said.err
     assert sorted(run.glob("**/wandb_files/wandb/*run-*")) == wandb_runs  # no W&B run: nothing ran
     assert _status(second) == {
         "verify": "cached",

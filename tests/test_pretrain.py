@@ -253,7 +253,22 @@ def test_rerun_after_completion_is_a_no_op(ref_run, data):
     lines: list[str] = []
     run_pretrain_stage(config(), *data, out, log_line=lines.append)
     assert any("already complete" in ln for ln in lines)
-    assert not any(ln.startswith("launch:") or "other code" in ln for ln in lines)
+    assert not any(ln.startswith("launch:") or "other code" in ln or "not applied" in ln for ln in lines)
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+    # other values of the run-only settings that show in the output: reused as it is, and said
+    lines.clear()
+    run_pretrain_stage(
+        config("pretrain.eval_every=3", "pretrain.keep_checkpoints=5"), *data, out, log_line=lines.append
+    )
+    made = json.loads((out / "run_spec.json").read_text())["pretrain"]
+    assert [ln for ln in lines if "not applied" in ln] == [
+        f"pretrain: reusing the finished run in {out}, which was made with pretrain.eval_every "
+        f"{made['eval_every']} (this run: 3), pretrain.keep_checkpoints {made['keep_checkpoints']} (this "
+        "run: 5). These settings are not applied to it: they change what the run logged and kept (the "
+        "curve, the checkpoints), not the model, so the stage key is the same. To apply them, delete "
+        f"{out} (or choose another --output) and run again."
+    ]
     assert (out / "metrics.jsonl").read_bytes() == before
 
     # made by other code (as if by an older version): still reused, and said, with the file

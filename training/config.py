@@ -27,6 +27,15 @@ class PretrainConfig(Section):
         "launcher",
         "stop_grace_s",
     )
+    # the run-only settings whose values show in a finished output (its logged curve, the checkpoints
+    # it kept, its MFU figures): reusing it with other values says that they are not applied
+    shown_in_output: ClassVar[tuple[str, ...]] = (
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "peak_tflops",
+    )
     added_later: ClassVar[tuple[str, ...]] = ("muon_lr", "global_batch_size")
 
     deepspeed_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed JSON template")
