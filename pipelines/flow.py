@@ -21,7 +21,7 @@ from prefect.runtime import flow_run as runtime_flow_run
 
 from pipelines.beam_console import drop_import_chatter
 from pipelines.config import load_config
-from pipelines.flow_run import FlowRun
+from pipelines.flow_run import FlowRun, complete
 from pipelines.flow_tasks import (
     finetune_unit_task,
     preprocess_task,
@@ -34,6 +34,7 @@ from pipelines.flow_tasks import (
 from pipelines.prefect_logging import drop_user_error_tracebacks
 from pipelines.report_builder import EMBEDDED_NAME
 from pipelines.stage_keys import phase_names, phase_stage
+from pipelines.stage_pretrain import cpu_run_note
 
 FLOW_NAME = "bert-pipeline"
 
@@ -55,6 +56,12 @@ def bert_pipeline(
         "run dir %s; stages %s; forced %s; W&B group %s",
         run.root, run.selected, sorted(run.forced) or "-", run.group,
     )  # fmt: skip
+    if (
+        run.wanted("pretrain")
+        and not complete("pretrain", run.dirs["pretrain"])
+        and (note := cpu_run_note(cfg))
+    ):
+        get_run_logger().warning(note)  # before hours of tokenizing and preprocessing
 
     with run.recorded():
         run.stage("verify", verify_task, cfg=cfg, wandb=run.wandb)

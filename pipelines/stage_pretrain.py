@@ -95,6 +95,8 @@ def run_pretrain_stage(
     fingerprint = spec.fingerprint()
     if (finished := _finished_model(out_dir, spec, fingerprint, log_line)) is not None:
         return finished
+    if not on_gpu and (note := cpu_run_note(cfg)):
+        log_line(f"warning: {note}")
 
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
     with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():
@@ -266,6 +268,48 @@ def check_pretrain_layouts(cfg: PipelineConfig) -> None:
             check_positions(phase)
         except UserError as err:
             raise UserError(f"{prefix}{err}") from None
+
+
+CPU_TFLOPS = 0.12  # what 2 cores sustain on the default's tiny model (its metrics' tflops, fp32)
+CPU_WARN_HOURS = 24.0
+
+
+def cpu_run_note(cfg: PipelineConfig) -> str:
+    """The warning when no GPU is visible and the pretraining (every phase) would take more than
+    `CPU_WARN_HOURS` at `CPU_TFLOPS` ('' otherwise): a GPU config run where torch sees no GPU
+    (a CPU build of torch, a missing driver) would otherwise start weeks of CPU training unsaid."""
+    from training.flops import step_flops
+    from training.launch import world_size
+    from training.ranks import CPU_RANKS, resolve_ranks, visible_gpus
+
+    if visible_gpus():
+        return ""
+    flops, steps = 0.0, []
+    for index in range(len(cfg.phases) + 1):
+        phase = cfg.phase_config(index)
+        p, seq = resolve_ranks(phase.pretrain, 0), phase.preprocess.max_seq_length
+        batch = world_size(p) * p.micro_batch_size * p.gradient_accumulation_steps
+        masked = batch * phase.preprocess.max_predictions_per_seq
+        flops += p.max_steps * step_flops(model_shape(phase), batch, seq, masked)
+        steps.append(f"{p.max_steps:,} steps of {batch:,} x {seq} tokens")
+    hours = flops / (CPU_TFLOPS * 1e12) / 3600
+    if hours <= CPU_WARN_HOURS:
+        return ""
+    took = f"{hours:,.0f} hours" if hours < 48 else f"{hours / 24:,.0f} days"
+    shape = model_shape(cfg)
+    if not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/kfd").exists():
+        why = "this machine shows no GPU device (/dev/nvidia*, /dev/kfd)"
+    else:
+        import torch
+
+        why = f"this machine has GPU devices, but torch {torch.__version__} cannot use them (torch.version.cuda: {torch.version.cuda})"
+    return (
+        f"no GPU is visible: {why}. Pretraining would run on {CPU_RANKS} CPU ranks: "
+        f"{' then '.join(steps)} of a {shape.num_hidden_layers}-layer, {shape.hidden_size}-wide BERT, "
+        f"about {flops:.1e} FLOP, about {took} "
+        f"at the {CPU_TFLOPS} TFLOP/s two CPU cores sustain. On a GPU machine, make torch see the GPU (a "
+        "CUDA build of torch, `nvidia-smi` working); for a CPU run, lower pretrain.max_steps or model.preset."
+    )
 
 
 def model_shape(cfg: PipelineConfig) -> BertConfig:

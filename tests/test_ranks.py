@@ -121,3 +121,29 @@ def test_num_processes_is_a_number_of_ranks_or_auto_in_one_message(value: str) -
     assert blamed == f"--set pretrain.num_processes={value}"  # what the user typed, then the reason once
     assert reason.count("pretrain.num_processes") == 1
     assert "must be a number of ranks (1 or more) or auto" in reason
+
+
+NO_GPU = not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/kfd").exists()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="what a machine without a GPU says")
+def test_days_of_pretraining_on_a_machine_without_a_gpu_are_said_before_any_stage(tmp_path: Path) -> None:
+    """A GPU config where torch sees no GPU (a CPU build of torch, no driver) ran on the CPU ranks
+    unsaid: the shipped GPU configs would have trained for most of a year."""
+    from pipelines.stage_pretrain import cpu_run_note
+
+    notes = {p.name: cpu_run_note(load_config(p)) for p in SHIPPED}
+    assert {name for name, note in notes.items() if note} == {"bert-base-gpu.yaml", "bert-large-gpu.yaml"}
+    assert "20,000 steps of 2,048 x 128 tokens of a 12-layer, 768-wide BERT" in notes["bert-base-gpu.yaml"]
+    assert "days at the 0.12 TFLOP/s two CPU cores sustain" in notes["bert-base-gpu.yaml"]
+    # the flow says it before its first stage (here the missing tokenizer output then stops it)
+    runs = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--only", "pretrain",
+         "--set", f"run_dir={runs}", "pretrain.max_steps=1000000", "wandb.mode=disabled"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120, env=env_forbidding(["torch"]),
+    )  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    assert "1,000,000 steps of 64 x 128 tokens of a 2-layer, 128-wide BERT" in said
+    assert said.index("no GPU is visible") < said.index("stage 'tokenizer' has no complete output")
