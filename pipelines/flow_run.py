@@ -11,6 +11,7 @@ with at most the unit pool's workers in flight (`finetuning.fanout.worker_count`
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from common.stage_output import has_model
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import failed_record, stage_record, write_record
+from pipelines.key_change import key_change_note
 from pipelines.run_history import update_latest
 from pipelines.stage_keys import base_stage, code_change_note, run_root, stage_dirs, stage_key_inputs
 from pipelines.stage_plan import SUMMARY_STAGES, plan_stages
@@ -138,8 +140,11 @@ class FlowRun:
             clear(out)
         elif read_marker(out) is not None and not complete(name, out):  # the stage resumes and exports it
             (out / MARKER_NAME).unlink()
+        key_inputs = stage_key_inputs(self.cfg)[name]
+        if not complete(name, out):
+            self._key_change_note(name, out, key_inputs)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "stage_key.json", stage_key_inputs(self.cfg)[name])
+        atomic_write_json(out / "stage_key.json", key_inputs)
         wait_for = [self.outputs[s] for s in after if s in self.outputs]
         t0 = time.time()
         options = self._options(read_marker(out) is not None)
@@ -168,6 +173,16 @@ class FlowRun:
         )
         self.outputs[name] = state
         self.write_record()
+
+    def _key_change_note(self, stage: str, out: Path, key_inputs: dict[str, Any]) -> None:
+        """Say why `stage` computes again, and what the last flow run of this config left under the
+        old key (a warning when that is progress only the old settings resume)."""
+        phase = stage.partition("@")[2]
+        own = next((ph for ph in self.cfg.phases if ph.name == phase), None)
+        phase_own = set(getattr(own, base_stage(stage))) if own is not None else None
+        note, lost = key_change_note(self.root, self.cfg.name, stage, out, key_inputs, phase_own)
+        if note:
+            get_run_logger().log(logging.WARNING if lost else logging.INFO, note)
 
     def _unapplied_note(self, stage: str, out: Path, cfg: PipelineConfig) -> None:
         """Say which of this run's pretrain settings a reused finished pretraining does not have."""

@@ -1,0 +1,64 @@
+"""Why a stage computes again: the settings that moved its key since the config's last flow run,
+and what that run left under the old key (`pipelines/key_change.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from common.atomic import IN_PROGRESS_NAME, write_marker
+from pipelines.config import load_config
+from pipelines.flow_records import stage_record, write_record
+from pipelines.key_change import key_change_note
+from pipelines.stage_keys import stage_dirs, stage_key_inputs
+
+
+def flow_run_of(cfg, sets: list[str], run_name: str, started: float) -> Path:
+    """The output dir a flow run of `cfg` with `sets` used for pretrain, recorded as that run."""
+    old = load_config(None, [f"run_dir={cfg.run_dir}", *sets])
+    out = stage_dirs(old)["pretrain"]
+    out.mkdir(parents=True)
+    (out / "stage_key.json").write_text(json.dumps(stage_key_inputs(old)["pretrain"]))
+    root = Path(cfg.run_dir)
+    records = [stage_record("pretrain", out, "ran", 1.0, 1.0)]
+    write_record(root, run_name, f"{cfg.name}-{run_name}", records, started, status="completed")
+    return out
+
+
+def test_a_changed_setting_is_named_with_what_the_old_key_keeps(tmp_path: Path) -> None:
+    cfg = load_config(None, [f"run_dir={tmp_path}", "pretrain.lr=5e-4"])
+    now = stage_dirs(cfg)["pretrain"]
+    inputs = stage_key_inputs(cfg)["pretrain"]
+
+    # a killed pretraining under the old lr: its verified checkpoint is progress only that lr resumes
+    started = time.time() - 60
+    old = flow_run_of(cfg, ["pretrain.lr=1e-3"], "brave-fox", started)
+    (old / "checkpoints" / "global_step40").mkdir(parents=True)
+    (old / "checkpoints" / "global_step40" / "_VERIFIED.json").write_text("{}")
+    (old / "checkpoints" / "global_step50").mkdir()  # killed mid-save: not resumable
+    (old / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 12345, "host": os.uname().nodename}))
+    note, lost = key_change_note(tmp_path, cfg.name, "pretrain", now, inputs)
+    assert lost and note == (
+        "pretrain: computes under a new key; since flow run brave-fox ("
+        + time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))
+        + " UTC) of config 'default': pretrain.lr 0.001 -> 0.0005. Its output under the old key, "
+        f"{old}, was interrupted at step 40 and stays: only the old settings resume it (`bertflow "
+        f"runs clean {old} --yes` deletes it)."
+    )
+    # a phase that inherits the setting from the main section says so
+    note, _ = key_change_note(tmp_path, cfg.name, "pretrain", now, inputs, phase_own={"max_steps"})
+    assert "pretrain.lr 0.001 -> 0.0005 (from the main pretrain: section)." in note
+
+    # once finished, it is complete and found again by the old settings: no progress left behind
+    write_marker(old, {"stage": "pretrain"})  # (which also ends the in-progress mark)
+    note, lost = key_change_note(tmp_path, cfg.name, "pretrain", now, inputs)
+    assert not lost and note.endswith(
+        f"Its output under the old key, {old}, is complete and stays: the old settings find it again."
+    )
+
+    # another config's runs, the same output, and stages that follow the long ones say nothing
+    assert key_change_note(tmp_path, "other", "pretrain", now, inputs) == ("", False)
+    assert key_change_note(tmp_path, cfg.name, "pretrain", old, inputs) == ("", False)
+    assert key_change_note(tmp_path, cfg.name, "finetune", now, inputs) == ("", False)
