@@ -322,6 +322,7 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
     return {
         "checkpoint": d["checkpoint"],
         "name": row["name"],
+        "pretrained_here": pretrained_here(row.get("path", "")),
         "versus": d["versus"],
         "versus_name": base["name"],
         "glue_average_delta": avg,
@@ -426,12 +427,19 @@ def _how_tested(tested: bool | None) -> str:
 
 
 def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
-    """Why the pretrained model does not count as better: behind on average, or ahead on few tasks."""
+    """Why the pretrained model does not count as better: behind on average, or ahead on few tasks;
+    then what to try, for a model bertflow pretrained or for one it did not (an import)."""
     advice = (
         "Pretrain on more tokens (a larger corpus, not more passes over a small one): on 2 CPU cores "
         "the tiny BERT of `bertflow run configs/cpu-hour.yaml` passes random init after about 25-30 "
         "minutes of pretraining and ends about +8 GLUE-style points ahead (under an hour of "
         "pretraining); docs/quality.md has the measurements."
+        if h.get("pretrained_here", True)  # scorecards from before 2026-11-27: bertflow's own models
+        else "bertflow did not pretrain this model (an import or another checkpoint): check that its "
+        "fine-tuning suits it, a lower lr for a larger model (`finetune.lrs`, e.g. 1e-4 and 2e-4) and "
+        "more training examples (`finetune.max_train_examples`); a real pretrained BERT is well ahead "
+        "under the default budget at lr 2e-4 (docs/quality.md, 'A real pretrained BERT through the "
+        "same scorecard')."
     )
     avg = h["glue_average_delta"]
     glue = h.get("glue_tasks", True)  # a scorecard from before 2026-11-27 had GLUE tasks or said nothing else
@@ -605,6 +613,14 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
     return "\n".join(lines) + "\n"
 
 
+def pretrained_here(checkpoint: str) -> bool:
+    """Whether `checkpoint` is the model of a bertflow pretraining output (its completion marker
+    with the steps, and its run spec, beside it)."""
+    path = Path(checkpoint)
+    marker = read_json_or_empty(path.parent / "_COMPLETE.json") if path.name == "model" else {}
+    return "max_steps" in marker and (path.parent / "run_spec.json").is_file()
+
+
 def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
     """A name a reader understands: 'pretrained (tiny, 300 steps)' for a bertflow pretraining
     output's model ('3,000 + 8,500 steps' when it continued an earlier phase's), 'random init (tiny)',
@@ -616,8 +632,8 @@ def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
         return f"random init ({shape})"
     path = Path(checkpoint)
     preset = _preset(path)
-    marker = read_json_or_empty(path.parent / "_COMPLETE.json") if path.name == "model" else {}
-    if "max_steps" in marker and (path.parent / "run_spec.json").is_file():
+    if pretrained_here(checkpoint):
+        marker = read_json_or_empty(path.parent / "_COMPLETE.json")
         steps = steps_text([*marker.get("steps_before", []), marker["max_steps"]])
         return f"pretrained ({preset or 'custom shape'}, {steps} steps)"
     return f"{label} ({preset})" if preset else label

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -117,6 +118,30 @@ def test_headline_says_pretraining_has_not_helped_when_behind_on_average(tmp_pat
     card, md = _sst2_cola_card(tmp_path, ours=(71.0, 2.0), random_init=(70.0, 9.0))
     assert card["headline"]["ahead_on"] == ["sst2"] and card["headline"]["pretraining_helped"] is False
     assert "**Pretraining has not helped here:**" in md and "some tasks only" not in md
+    # a model bertflow did not pretrain (an import): advice about its fine-tuning, not more tokens
+    assert "bertflow did not pretrain this model" in md and "cpu-hour" not in md
+
+
+def test_a_model_bertflow_pretrained_that_has_not_helped_is_pointed_to_more_tokens(tmp_path):
+    model = tmp_path / "pretrain" / "abc" / "model"  # a pretraining output: marker with steps, run spec
+    model.mkdir(parents=True)
+    (model.parent / "_COMPLETE.json").write_text(json.dumps({"stage": "pretrain", "max_steps": 300}))
+    (model.parent / "run_spec.json").write_text("{}")
+    results = [
+        {
+            **_unit("ours", "pretrained", "sst2", 1, {"accuracy": 60.0}, {"accuracy": 50.9}),
+            "checkpoint": str(model),
+        },
+        _unit("random:tiny", "random", "sst2", 1, {"accuracy": 70.0}, {"accuracy": 50.9}),
+    ]
+    card = build_scorecard(results, tmp_path / "card")
+    md = (tmp_path / "card" / "scorecard.md").read_text()
+    assert (
+        card["headline"]["pretrained_here"] is True
+        and card["headline"]["name"] == "pretrained (custom shape, 300 steps)"
+    )
+    assert "Pretrain on more tokens" in md and "`bertflow run configs/cpu-hour.yaml`" in md
+    assert "bertflow did not pretrain" not in md
 
 
 def test_a_difference_that_rounds_to_zero_prints_without_a_minus_sign(tmp_path):
