@@ -32,6 +32,9 @@ from pipelines.run_history import (
 )
 
 ACTIONS = ("list", "show", "stages", "clean")
+# argparse fills `action` and `targets` from the words before the first option only, and leaves a
+# target after an option (`runs show --config C RUN`) over: `main` takes those as targets
+PASSES_UNKNOWN_ARGS = True
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -238,7 +241,20 @@ def _users(root: Path, plan: list[Path]) -> dict[Path, str]:
     return notes
 
 
+def _targets(args: argparse.Namespace) -> list[str]:
+    """The targets wherever they stand among the options; an unknown option is an error."""
+    from common.errors import UserError
+
+    unknown = [a for a in args.extra_args if a.startswith("-")]
+    if unknown:
+        raise UserError(
+            f"unrecognized arguments: {' '.join(unknown)}.", fix="see `bertflow runs --help` for the options."
+        )
+    return [*args.targets, *args.extra_args]
+
+
 def main(args: argparse.Namespace) -> int:
+    args.targets = _targets(args)
     root = _root(args)
     if args.action == "list":
         print(list_runs(root))

@@ -118,6 +118,17 @@ def test_a_copied_run_directory_cleans_its_own_outputs_never_the_originals(
     assert not (copy / "pretrain" / "p1").exists() and (copy / "tokenizer" / "t1" / MARKER_NAME).is_file()
 
 
+def test_a_run_named_before_or_after_the_options(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`runs show --config C RUN` failed: argparse left RUN, after an option, unrecognized."""
+    for argv in (["first-run", "--run-dir", str(root)], ["--run-dir", str(root), "first-run"]):
+        assert cli(["runs", "show", *argv]) == 0
+        assert capsys.readouterr().out.startswith("flow run first-run: completed")
+    assert cli(["runs", "clean", "--run-dir", str(root), "first-run", "--yes"]) == 0
+    assert not (root / "pretrain" / "p1").exists()
+    assert cli(["runs", "show", "--run-dir", str(root), "--bogus"]) == 2  # an unknown option stays an error
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
 def test_clean_incomplete_and_refusals(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert progress_state(root / "preprocess" / "s9") == "interrupted"  # its writer is gone
     running = _stage(root, "preprocess", "s10", complete=False)
