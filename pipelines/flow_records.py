@@ -21,12 +21,15 @@ def stage_record(
     """One row: `status` is ran (computed in this flow run), cached (Prefect cache hit) or reused
     (a complete output found on disk, e.g. written by the stage command alone); running while it
     runs (a killed flow run's record keeps it), failed (`failed_record`); `code_note`: what
-    `stage_keys.code_change_note` says when the output was made by other code than this run's."""
+    `stage_keys.code_change_note` says when the output was made by other code than this run's;
+    `started`: when the stage began (epoch seconds; a row is made as its stage starts or ends), so
+    `bertflow runs` can tell how long a stage a killed run left as running had run."""
     return {
         "stage": stage,
         "key": out_dir.name,
         "out_dir": str(out_dir),
         "status": status,
+        "started": round(time.time() - seconds, 3),
         "seconds": round(seconds, 3),
         "compute_seconds": round(compute_seconds, 3),
         "code_note": code_note,

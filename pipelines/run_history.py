@@ -104,6 +104,18 @@ def dir_size(path: Path) -> int:
     return total
 
 
+def last_modified(path: Path) -> float:
+    """The newest modification time of `path` and of everything below it; 0.0 when it is missing."""
+    newest = 0.0
+    for dirpath, _, files in os.walk(path):
+        for name in [".", *files]:
+            try:
+                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+            except OSError:
+                pass
+    return newest
+
+
 def _output_dirs(root: Path) -> list[tuple[str, Path]]:
     found = []
     for stage in STAGES:

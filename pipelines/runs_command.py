@@ -26,6 +26,7 @@ from pipelines.run_history import (
     dir_size,
     find_run,
     flow_runs,
+    last_modified,
     removal_plan,
     remove,
     stage_outputs,
@@ -87,6 +88,43 @@ def _duration(seconds: float | None) -> str:
     return duration(seconds)
 
 
+def _running_row(run: FlowRunRecord) -> dict[str, Any] | None:
+    """The row of the stage the flow run was in when it last wrote its record (status running)."""
+    rows = run.data.get("stages", [])
+    return rows[-1] if rows and rows[-1].get("status") == "running" else None
+
+
+def _last_seen(run: FlowRunRecord) -> float:
+    """When the flow run was last seen at work: now while it runs; else the last write of its record
+    or of the output of the stage it was in (a killed run writes nothing as it dies)."""
+    if run.status == "running":
+        return time.time()
+    row = _running_row(run)
+    out = last_modified(run.local(row["out_dir"])) if row else 0.0
+    return max(run.path.stat().st_mtime, out)
+
+
+def _run_time(run: FlowRunRecord) -> str:
+    """The flow run's time; a live one's so far, a killed one's at least until it was last seen
+    (its record's time stops at the last stage it started)."""
+    seconds = run.data.get("seconds")
+    if seconds is None or run.status not in ("running", "interrupted"):
+        return _duration(seconds)
+    total = _duration(seconds + max(0.0, _last_seen(run) - run.path.stat().st_mtime))
+    return f"{total} so far" if run.status == "running" else f"≥ {total}"
+
+
+def _stage_time(run: FlowRunRecord, row: dict[str, Any]) -> str:
+    """A stage's time; for one recorded as running (its 0.0 s is a placeholder): so far while the
+    flow run lives, else at least until the run was last seen; — for a row without its start."""
+    if row.get("status") != "running":
+        return _duration(row.get("seconds"))
+    if row.get("started") is None:
+        return "—"
+    ran = _duration(max(0.0, _last_seen(run) - row["started"]))
+    return f"{ran} so far" if run.status == "running" else f"≥ {ran}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
@@ -133,7 +171,7 @@ def list_runs(root: Path) -> str:
     if not runs:
         return f"{root}: no flow runs yet (`bertflow run CONFIG` writes {root}/flow_runs/)."
     rows = [
-        [r.name, r.data.get("started_utc", "?"), r.status, _duration(r.data.get("seconds")), _cached(r),
+        [r.name, r.data.get("started_utc", "?"), r.status, _run_time(r), _cached(r),
          result_text(r), _report(r)]
         for r in runs
     ]  # fmt: skip
@@ -152,7 +190,7 @@ def show_run(root: Path, name: str | None) -> str:
     d = run.data
     lines = [
         f"flow run {run.name}: {run.status}, started {d.get('started_utc', '?')} UTC, "
-        f"{_duration(d.get('seconds'))}; W&B group {d.get('wandb_group', '—')}",
+        f"{_run_time(run)}; W&B group {d.get('wandb_group', '—')}",
         f"record: {run.path}",
         f"result: {result_text(run)}",
         "",
@@ -162,11 +200,12 @@ def show_run(root: Path, name: str | None) -> str:
         out = run.local(r["out_dir"])
         now = progress_state(out) if r.get("stage") != "finetune-units" and out.exists() else (
             "present" if out.exists() else "deleted")  # fmt: skip
+        stopped = r["status"] == "running" and run.status != "running"  # the stage its killed run was in
         rows.append(
             [
                 r["stage"],
-                r["status"],
-                _duration(r.get("seconds")),
+                "interrupted" if stopped else r["status"],
+                _stage_time(run, r),
                 now,
                 byte_size(dir_size(out)) if out.exists() else "—",
                 str(out),

@@ -270,6 +270,35 @@ def test_cleaning_a_killed_run_keeps_the_output_it_was_writing(root: Path) -> No
     assert not own.exists() and (interrupted / "payload.bin").is_file()
 
 
+def test_a_killed_runs_stage_shows_how_long_it_ran_not_0_s(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A killed flow run's record keeps the stage it was in as running at 0.0 s (its process died
+    before it could write more), which `runs show` printed as the stage's time. What is known is
+    shown: at least until its output was last written; — for a record without the stage's start."""
+    from pipelines.flow_records import stage_record, write_record
+
+    out = _stage(root, "pretrain", "p4", complete=False)
+    rows = [stage_record("pretrain", out, "running", 0, 0)]
+    t0 = rows[0]["started"]
+    path = write_record(root, "killed-run", "g", rows, t0 - 60.0)  # its first minute went on other stages
+    record = json.loads(path.read_text())
+    record["writer"]["pid"] = 2**22 + 1  # its process is gone
+    path.write_text(json.dumps(record))
+    os.utime(path, (t0, t0))
+    os.utime(out / "payload.bin", (t0 + 600, t0 + 600))  # the stage wrote for ten minutes more
+    assert cli(["runs", "show", "killed-run", "--run-dir", str(root)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("flow run killed-run: interrupted") and "UTC, ≥ 11 min 00 s;" in shown
+    assert re.search(r"\npretrain +interrupted +≥ 10 min 00 s +unfinished ", shown)
+    assert cli(["runs", "--run-dir", str(root)]) == 0
+    assert re.search(r"killed-run .* interrupted +≥ 11 min 00 s ", capsys.readouterr().out)
+    del record["stages"][0]["started"]  # a record written before rows had their start
+    path.write_text(json.dumps(record))
+    assert cli(["runs", "show", "killed-run", "--run-dir", str(root)]) == 0
+    assert re.search(r"\npretrain +interrupted +— +unfinished ", capsys.readouterr().out)
+
+
 def test_clean_leaves_no_dangling_latest_links(root: Path) -> None:
     """`latest/` links to the newest run's outputs; cleaning that run removes the links that would
     point at nothing (a broken `latest/model` reads as a missing file, not a cleaned run)."""
