@@ -98,11 +98,10 @@ def end_summary(summary: dict[str, Any]) -> str:
     from pipelines.report_sections import duration
 
     stages = summary["stages"]
-    width = max([15, *(len(r["stage"]) for r in stages)])  # pretrain@NAME for a phase's stages
-    lines = [
-        f"  {r['stage']:<{width}} {r['status']:<18} {duration(r['seconds']):>12}  {r['out_dir']}"
-        for r in stages
-    ]
+    cells = [(r["stage"], r["status"], duration(r["seconds"]), r["out_dir"]) for r in stages]
+    # widths from the rows: pretrain@NAME for a phase's stages, "30 ran, 0 cached, 30 reused" for units
+    name_w, status_w, time_w = (max(len(c[i]) for c in cells) if cells else 0 for i in range(3))
+    lines = [f"  {n:<{name_w}}  {s:<{status_w}}  {t:>{time_w}}  {o}" for n, s, t, o in cells]
     out = {r["stage"]: Path(r["out_dir"]) for r in stages}
     lines += [f"  WARNING {r['code_note']}" for r in stages if r.get("code_note")]
     lines.append("")

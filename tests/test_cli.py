@@ -146,6 +146,25 @@ def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path) 
     assert f"(`bertflow runs --run-dir {tmp_path}` lists past runs)" in end_summary(summary)
 
 
+def test_end_of_run_summary_columns_line_up_for_long_stage_names_and_statuses(tmp_path) -> None:
+    """A phase's stage (pretrain@short) and the units' status ("30 ran, 0 cached, 30 reused") were
+    wider than their fixed columns and pushed the rest of their row out of line."""
+    from pipelines.flow_command import end_summary
+
+    stages = [
+        {"stage": "verify", "status": "ran", "seconds": 1.2, "out_dir": "/r/verify/a"},
+        {"stage": "pretrain@short-sequences", "status": "cached", "seconds": 48.8, "out_dir": "/r/pretrain/b"},
+        {"stage": "finetune-units", "status": "30 ran, 0 cached, 30 reused", "seconds": 7000.0,
+         "out_dir": "/r/finetune/units"},
+    ]  # fmt: skip
+    text = end_summary({"stages": stages, "run_dir": str(tmp_path), "wandb_group": "g"})
+    rows = text.splitlines()[:3]
+    statuses = [row[len("  pretrain@short-sequences  ") :].split("  ")[0] for row in rows]
+    assert statuses == ["ran", "cached", "30 ran, 0 cached, 30 reused"]  # one status column
+    assert len({row.index(" /r/") for row in rows}) == 1  # the times right-aligned, then the paths
+    assert rows[2].endswith("30 ran, 0 cached, 30 reused  1 h 56 min  /r/finetune/units")
+
+
 def test_make_run_goes_online_with_a_wandb_api_key_as_the_readme_says(tmp_path) -> None:
     """README: offline by default, online with WANDB_API_KEY, WANDB_MODE wins. The Makefile used
     to export WANDB_MODE=offline, so under `make run` the key never took effect."""
