@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import Terminated
 from training import launch
 
 # on SIGTERM: "save" for argv[2] seconds into argv[1], then exit 143
@@ -78,6 +79,26 @@ def stop_with_a_second_interrupt(proc: subprocess.Popen) -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("stop,reason", [(KeyboardInterrupt, "Ctrl-C"), (Terminated, "SIGTERM to bertflow")])
+def test_the_stop_line_names_what_the_user_did(tmp_path: Path, stop: type, reason: str) -> None:
+    """The ranks only see the SIGTERM bertflow passes on; after a Ctrl-C the log read as if someone
+    had sent one. The launcher knows which it got and says so before the ranks' last lines."""
+
+    def interrupt(*_: object) -> None:
+        raise stop
+
+    lines: list[str] = []
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)  # Ctrl-C (or SIGTERM) while the rank runs
+    try:
+        with pytest.raises(stop):
+            launch.run_launcher(rank(tmp_path / "saved", save_s=0), dict(os.environ), lines.append, 30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert any(line.startswith(f"pretrain: stopping ({reason}); the ranks save") for line in lines), lines
 
 
 def start_torchrun(tmp_path: Path, saved: Path, save_s: float, torchrun_grace_s: int) -> subprocess.Popen:

@@ -124,7 +124,7 @@ def test_torchruns_talk_after_a_stop_signal_is_debug_the_ranks_last_lines_info(t
     ]
     ranks = [
         "saved checkpoint /out/checkpoints/global_step36",
-        "rank 0: error: stopped by SIGTERM after step 36 of 300; its checkpoint is saved (global_step36). "
+        "rank 0: error: stopped by a stop request (Ctrl-C or SIGTERM) after step 36 of 300; its checkpoint is saved (global_step36). "
         "Rerun the same command to resume from it.",
     ]
     traceback = [

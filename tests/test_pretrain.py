@@ -436,13 +436,20 @@ def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_f
     assert texts[1].rstrip().endswith("bertflow pretrain: terminated (SIGTERM)."), texts[1][-3000:]
     assert all("Traceback" not in t for t in texts), texts
     stopped = [
-        re.findall(r"stopped by SIGTERM after step (\d+) of 12; its checkpoint is saved", t) for t in texts
+        re.findall(
+            r"stopped by a stop request \(Ctrl-C or SIGTERM\) after step (\d+) of 12; its checkpoint is saved",
+            t,
+        )
+        for t in texts
     ]
     # node 0: its rank's line and the command's error; node 1: its rank's line
     assert len(stopped[0]) == 2 and len(stopped[1]) == 1, texts
     step = int(stopped[1][0])
     assert set(stopped[0]) == {str(step)} and 3 <= step < 12
-    assert f"bertflow pretrain: error: pretraining stopped: stopped by SIGTERM after step {step}" in texts[0]
+    assert (
+        f"bertflow pretrain: error: pretraining stopped: stopped by a stop request (Ctrl-C or SIGTERM) after step {step}"
+        in texts[0]
+    )
     tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
     assert (
         tags == [f"global_step{step}"]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.child_process import die_with_parent
-from common.errors import UserError
+from common.errors import Terminated, UserError
 from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
 from common.textfile import read_user_text
 
@@ -139,8 +139,8 @@ def run_launcher(
                 errors.append(m.group(1))
             log_line(line)
         rc = proc.wait()
-    except BaseException:
-        _stop_group(proc, log_line, stop_grace_s)
+    except BaseException as exc:
+        _stop_group(proc, log_line, stop_grace_s, stop_reason(exc))
         raise
     if rc != 0:
         if errors:
@@ -148,9 +148,20 @@ def run_launcher(
         raise RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
 
 
-def _stop_group(proc: subprocess.Popen, log_line: Callable[[str], None], grace_s: float) -> None:
+def stop_reason(exc: BaseException) -> str:
+    """What stopped the run, as the user did it: the ranks see only the SIGTERM passed on to them."""
+    if isinstance(exc, Terminated):
+        return "SIGTERM to bertflow"
+    if isinstance(exc, KeyboardInterrupt):
+        return "Ctrl-C"
+    return f"{type(exc).__name__} in bertflow"
+
+
+def _stop_group(
+    proc: subprocess.Popen, log_line: Callable[[str], None], grace_s: float, reason: str = "a stop request"
+) -> None:
     """SIGTERM to the launcher and its ranks, which save the step they reached and exit
-    (training/stop_request.py); their last lines are still logged. SIGKILL after `grace_s`, or at
+    (training/stop_request.py); their last lines are still logged, after one naming `reason`. SIGKILL after `grace_s`, or at
     once when a second Ctrl-C or SIGTERM arrives meanwhile (which is then raised), to the launcher's
     group and to every process below it: torchrun starts each rank in a session of its own."""
     ranks = process_tree(proc.pid)  # now, while the launcher is their parent
@@ -158,7 +169,7 @@ def _stop_group(proc: subprocess.Popen, log_line: Callable[[str], None], grace_s
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         log_line(
-            f"pretrain: stopping; the ranks save the step they reached (up to {grace_s:g} s, "
+            f"pretrain: stopping ({reason}); the ranks save the step they reached (up to {grace_s:g} s, "
             "pretrain.stop_grace_s; interrupt again to kill them now)"
         )
         drain.start()

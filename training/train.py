@@ -527,7 +527,7 @@ def run_steps(
                 last_tag = save_checkpoint(engine, spec, step, data.plan, ranks.rank)
             if stats.stop_requests and step < p.max_steps:
                 raise PretrainingStopped(
-                    f"stopped by SIGTERM after step {step} of {p.max_steps}; its checkpoint is saved "
+                    f"stopped by a stop request (Ctrl-C or SIGTERM) after step {step} of {p.max_steps}; its checkpoint is saved "
                     f"({last_tag.name}). Rerun the same command to resume from it."
                 )
     finally:
