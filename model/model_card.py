@@ -76,6 +76,7 @@ class CardFacts:
     fresh_weights: list[str] = field(default_factory=list)  # not from the source checkpoint
     provenance: dict[str, str] = field(default_factory=dict)
     init_from: str | None = None  # the model pretraining continued from (markdown), None: from scratch
+    steps_before: list[int] = field(default_factory=list)  # steps of the phases it continued, first first
     encoder_only: bool = False  # written without the pretraining heads (export-hf --encoder-only)
 
     @property

@@ -157,7 +157,8 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
     title = f"BERT-{preset}" if preset else "BERT"
     corpus = f" on {data.corpus_files[0][0]}" if data and len(data.corpus_files) == 1 else ""
     init_from = spec.get("pretrain", {}).get("init_from")
-    steps = steps_text([*steps_before(init_from), training.steps])
+    before = steps_before(init_from)
+    steps = steps_text([*before, training.steps])
     return CardFacts(
         name=name or f"{title} pretrained{corpus} ({steps} steps, bertflow)",
         model_config=model_config,
@@ -167,6 +168,7 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
         training=training,
         evaluation=_eval_facts(spec, rows, shards_dir) if shards_dir else None,
         init_from=init_from_text(init_from) if init_from else None,
+        steps_before=before,
         provenance={
             "pretraining output": f"`{out_dir}`",
             **({"continued from": f"`{init_from}` (its weights; a fresh optimizer)"} if init_from else {}),

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from common.progress import duration_text
-from model.model_card import CardFacts, quality_lines, verdict
+from model.model_card import CardFacts, quality_lines, steps_text, verdict
 
 
 @dataclass
@@ -72,11 +72,11 @@ def result_section(
         lines += ["> No fine-tuning scorecard yet (the finetune stage has not completed)."]
     if card is not None and card.evaluation is not None:
         e = card.evaluation
-        steps = card.training.steps if card.training else e.step
+        steps = steps_text([*card.steps_before, card.training.steps if card.training else e.step])
         m, b = e.metrics, e.baselines
         lines += [
             ">",
-            f"> **Pretraining ({steps:,} steps):** held-out masked-LM accuracy "
+            f"> **Pretraining ({steps} steps):** held-out masked-LM accuracy "
             f"{_pct(m.get('val_mlm_acc'))} (always the most frequent token: "
             f"{_pct(b.get('most_frequent_token_acc'))}), loss {m.get('val_mlm_loss', math.nan):.2f} nats "
             f"(unigram entropy: {b.get('unigram_entropy', math.nan):.2f}). {verdict(e)}",

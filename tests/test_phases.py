@@ -172,6 +172,7 @@ def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, dat
     assert card["rows"][0]["name"] == "pretrained (tiny, 6 + 8 steps)", card["rows"][0]
     report = (Path(stages["report"]["out_dir"]) / "report.md").read_text()
     assert "| seq32 | 32 | 6 × 16 |" in report and "| main | 64 | 8 × 8 |" in report, report
+    assert "> **Pretraining (6 + 8 steps):**" in report, report
 
     # `--force pretrain` retrains every phase's pretraining; the stages before them are reused
     try:

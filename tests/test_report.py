@@ -276,6 +276,30 @@ def test_result_states_the_pretraining_figures_and_verdict(run_dir) -> None:
     assert "300 steps × 64 sequences on 1 process(es), adamw, peak lr 0.0005, fp32, ZeRO stage 2." in md
 
 
+def test_result_names_every_phases_steps_as_the_scorecard_does(run_dir, tmp_path) -> None:
+    """With `phases:` the scorecard's row says "60 + 300 steps" (the phase before, then this
+    pretraining) while the report's result said "Pretraining (300 steps)"."""
+    import shutil
+
+    from common.atomic import write_marker
+    from finetuning.scorecard import display_name
+    from pipelines.pretrain_card import pretraining_card
+    from pipelines.report_sections import Links, result_section
+
+    _, dirs, _, _ = run_dir
+    phase, main = tmp_path / "pretrain" / "phase", tmp_path / "pretrain" / "main"
+    (phase / "model").mkdir(parents=True)
+    write_marker(phase, {"max_steps": 60})
+    shutil.copytree(dirs["pretrain"], main)
+    spec = json.loads((main / "run_spec.json").read_text())
+    spec["pretrain"]["init_from"] = str(phase / "model")
+    (main / "run_spec.json").write_text(json.dumps(spec))
+    write_marker(main, {"max_steps": 300, "steps_before": [60]})  # as stage_pretrain writes it
+    lines = result_section(None, pretraining_card(main), main / "model", {}, Links(tmp_path, tmp_path))
+    assert display_name(str(main / "model"), "main/model") == "pretrained (tiny, 60 + 300 steps)"
+    assert any(line.startswith("> **Pretraining (60 + 300 steps):** held-out") for line in lines), lines
+
+
 def test_last_logged_accuracies_are_shown_in_percent(run_dir) -> None:
     _, _, paths, _ = run_dir
     md = paths["report_md"].read_text()
