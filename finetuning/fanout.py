@@ -137,7 +137,7 @@ def untrained_positions_notes(cfg: FinetuneConfig, jobs: list[Job]) -> list[str]
         trained = trained_length(Path(checkpoint))
         if trained is not None and trained < cfg.max_seq_length:
             notes.append(
-                f"warning: {checkpoint} was pretrained on sequences of {trained} tokens, but "
+                f"{checkpoint} was pretrained on sequences of {trained} tokens, but "
                 f"finetune.max_seq_length is {cfg.max_seq_length}: positions {trained}..{cfg.max_seq_length - 1} "
                 f"of longer inputs start untrained. Set finetune.max_seq_length (--max-seq-length) to "
                 f"{trained}, or pretrain on longer examples."

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from common.atomic import read_marker, write_marker
+from common.console import warning_line
 from common.errors import UserError
 from common.paths import check_output_dir
 from finetuning.config import FinetuneConfig
@@ -248,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
     reused = fanout.reuse_random_init_units(selected)
     fanout.refuse_nonfinite_encoders(selected)
     for note in fanout.untrained_positions_notes(cfg, selected):
-        print(f"bertflow finetune: {note}", flush=True)
+        print(f"bertflow finetune: {warning_line(note)}", flush=True)
     complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
     print(
         f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete"

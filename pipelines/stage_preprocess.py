@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.atomic import MARKER_NAME, TMP_PREFIX
+from common.console import command_logging
 from common.dir_lock import exclusive_dir
 from common.disk_space import disk_full_error, full_disk_path
 from common.errors import UserError
@@ -300,7 +301,7 @@ def run_preprocess_stage(
             data_warnings(stats, cfg) + empty_shard_warnings(entries, cfg) + corpus_file_warnings(counts)
         )
         for line in stats["warnings"]:
-            log.warning("WARNING (%s): %s", out_dir, line)
+            log.warning("%s: %s", out_dir, line)
         _write_outputs(out_dir, work_dir, identity, stats, entries, num_buckets)
         log.info(
             "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
@@ -450,8 +451,7 @@ def main(args: argparse.Namespace) -> int:
 
     from pipelines.config import load_config, validation_message
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    command_logging()
     cfg = load_config(args.config, args.set)
     cfg = cfg.phase_config(cfg.phase_index(args.phase))  # the phase's shards (default: the main ones)
     section = cfg.preprocess.model_dump()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.atomic import MARKER_NAME, read_marker, remove_temp_files, sha256_file, write_marker
+from common.console import command_logging
 from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.fingerprint import content_stamp
@@ -140,7 +141,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
             warnings += [vocab_size_warning(cfg, tok), *corpus_file_warnings(counts)]
         warnings = [w for w in warnings if w]
         for line in warnings:
-            log.warning("WARNING (%s): %s", out_dir, line)
+            log.warning("%s: %s", out_dir, line)
         save_tokenizer(tok, out_dir, lowercase)
         sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
         write_marker(
@@ -215,8 +216,7 @@ def main(args: argparse.Namespace) -> int:
 
     from pipelines.config import load_config, validation_message
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    command_logging()
     cfg = load_config(args.config, args.set)
     section = cfg.tokenizer.model_dump()
     if args.input:

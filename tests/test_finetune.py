@@ -139,7 +139,9 @@ def test_fine_tuning_past_the_pretrained_length_is_said(tmp_path, minilm_dir):
     cfg = FinetuneConfig(tasks=["rte"], max_seq_length=128)
     jobs = plan(cfg, [str(short), f"random:{short}", str(minilm_dir)], tmp_path)
     (note,) = untrained_positions_notes(cfg, jobs)  # not random init's, not the 512-token MiniLM's
-    assert f"{short} was pretrained on sequences of 64 tokens" in note
+    assert note.startswith(
+        f"{short} was pretrained on sequences of 64 tokens"
+    )  # the flow logs it as a warning
     assert "positions 64..127" in note and "finetune.max_seq_length" in note
     assert untrained_positions_notes(cfg.model_copy(update={"max_seq_length": 64}), jobs) == []
 

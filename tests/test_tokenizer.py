@@ -293,6 +293,38 @@ def test_a_vocab_size_the_training_cannot_give_is_said(tmp_path, data_dir, caplo
     assert "alphabet" in warning and warning in caplog.text
 
 
+def test_a_warning_is_marked_once_in_the_flows_log_and_by_the_command(tmp_path, data_dir, capsys):
+    """The stage's warnings carried a `WARNING (DIR):` of their own, and the flow logs them at
+    WARNING level: its console read `WARNING | ... - WARNING (DIR): ...`. The level marks it in
+    the flow, `warning:` in the stand-alone command's log."""
+    import logging
+
+    from common.console import command_log_handler
+    from pipelines.flow_tasks import stage_logs_to
+
+    class RunLogger:  # a Prefect run logger's `log`
+        def __init__(self) -> None:
+            self.records: list[tuple[int, str]] = []
+
+        def log(self, level: int, message: str) -> None:
+            self.records.append((level, message))
+
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 300)), encoding="utf-8")
+    run_logger = RunLogger()
+    with stage_logs_to(run_logger):
+        out = run_tokenizer_stage(TokenizerConfig(input=[str(src)], vocab_size=50), tmp_path / "flow")
+    [warning] = read_marker(out)["warnings"]
+    assert (logging.WARNING, f"{out}: {warning}") in run_logger.records
+    handler = command_log_handler()  # what `bertflow tokenizer` logs through
+    logging.getLogger("bertflow").addHandler(handler)
+    try:
+        run_tokenizer_stage(TokenizerConfig(input=[str(src)], vocab_size=50), tmp_path / "command")
+    finally:
+        logging.getLogger("bertflow").removeHandler(handler)
+    assert f" bertflow.tokenizer: warning: {tmp_path / 'command'}: {warning}\n" in capsys.readouterr().err
+
+
 def test_training_flags_next_to_a_loaded_vocab_are_refused(tmp_path, minilm_dir, capsys):
     """--vocab-size / --input / --set tokenizer.vocab_size only apply when training: next to --vocab
     they were silently ignored. Refused before anything is written; in a YAML (kept from a template)

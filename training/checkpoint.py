@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from common.atomic import atomic_path, atomic_write_json, sha256_file
+from common.console import warning_line
 
 VERIFIED_NAME = "_VERIFIED.json"
 TAG_RE = re.compile(r"^global_step(\d+)$")
@@ -86,7 +87,7 @@ def newest_good(root: Path, warn: Callable[[str], None] = print) -> tuple[Path, 
         problem = verify(tag)
         if problem is None:
             return tag, read_verification(tag) or {}
-        warn(f"warning: checkpoint {tag} is not usable: {problem}; falling back to an older one.")
+        warn(warning_line(f"checkpoint {tag} is not usable: {problem}; falling back to an older one."))
     return None
 
 

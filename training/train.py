@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.console import warning_line
 from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
 from common.fingerprint import digest
@@ -176,7 +177,11 @@ def prepare_data(spec: RunSpec, ranks: Ranks) -> TrainData:
             example_cache.ensure(spec.shards_dir, "validation", cache_root, log=log0)
         else:
             shutil.rmtree(cache_root / "validation", ignore_errors=True)
-            log0(f"warning: {spec.shards_dir} has no validation shards; held-out accuracy will not be logged")
+            log0(
+                warning_line(
+                    f"{spec.shards_dir} has no validation shards; held-out accuracy will not be logged"
+                )
+            )
         print(
             f"rank {ranks.rank}: data cache ready in {time.perf_counter() - t0:.1f}s: {cache_root}",
             flush=True,
@@ -194,7 +199,7 @@ def prepare_data(spec: RunSpec, ranks: Ranks) -> TrainData:
     val_store = mapped_split(val_cache) if (val_cache / example_cache.CACHE_META).is_file() else None
     p = spec.pretrain
     if val_store is not None and (note := small_held_out_note(len(val_store), p, ranks.world)):
-        log0(f"warning: {note}")
+        log0(warning_line(note))
     plan = BatchPlan(
         len(store), p.micro_batch_size, p.gradient_accumulation_steps, ranks.world, ranks.rank, p.seed
     )
@@ -308,7 +313,11 @@ def build_engine(spec: RunSpec, ranks: Ranks, resume: Resume | None, data: Train
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {resume.tag_dir}")
     if not checkpoint.load_rng_state(resume.tag_dir, ranks.rank):
-        log0(f"warning: {resume.tag_dir} has no RNG state for rank {ranks.rank}; dropout masks will differ")
+        log0(
+            warning_line(
+                f"{resume.tag_dir} has no RNG state for rank {ranks.rank}; dropout masks will differ"
+            )
+        )
     log0(f"resumed from {resume.tag_dir} at step {resume.step} ({resume.consumed_samples} samples consumed)")
     return engine
 
