@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from common.atomic import MARKER_NAME, mark_in_progress, read_marker, write_marker
+from common.console import warning_line
 from common.dir_lock import exclusive_dir
 from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output, has_model
@@ -96,7 +97,7 @@ def run_pretrain_stage(
     if (finished := _finished_model(out_dir, spec, fingerprint, log_line)) is not None:
         return finished
     if not on_gpu and (note := cpu_run_note(cfg)):
-        log_line(f"warning: {note}")
+        log_line(warning_line(note))
 
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
     with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():
@@ -152,7 +153,7 @@ def _finished_model(
             log_line(note)
         fix = f"delete {out_dir} (or choose another --output) and run again."
         if note := unapplied_settings_note("pretrain", out_dir, spec.pretrain, fix):
-            log_line(note)
+            log_line(warning_line(note))
         return out_dir / "model"
     log_line(f"pretrain: {out_dir} is complete but has no model/; writing it again from the last checkpoint.")
     (out_dir / MARKER_NAME).unlink()

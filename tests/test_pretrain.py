@@ -263,7 +263,7 @@ def test_rerun_after_completion_is_a_no_op(ref_run, data):
     )
     made = json.loads((out / "run_spec.json").read_text())["pretrain"]
     assert [ln for ln in lines if "not applied" in ln] == [
-        f"pretrain: reusing the finished run in {out}, which was made with pretrain.eval_every "
+        f"warning: pretrain: reusing the finished run in {out}, which was made with pretrain.eval_every "
         f"{made['eval_every']} (this run: 3), pretrain.keep_checkpoints {made['keep_checkpoints']} (this "
         "run: 5). These settings are not applied to it: they change what the run logged and kept (the "
         "curve, the checkpoints), not the model, so the stage key is the same. To apply them, delete "
