@@ -96,7 +96,7 @@ def run_pretrain_stage(
     fingerprint = spec.fingerprint()
     if (finished := _finished_model(out_dir, spec, fingerprint, log_line)) is not None:
         return finished
-    if not on_gpu and (note := cpu_run_note(cfg)):
+    if not on_gpu and (note := cpu_run_note(cfg.model_copy(update={"pretrain": asked}))):
         log_line(warning_line(note))
 
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks

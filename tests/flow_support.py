@@ -4,10 +4,13 @@ clean stop of Prefect's in-process temporary API."""
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
@@ -121,3 +124,24 @@ def stop_ephemeral_prefect() -> None:
     from pipelines.prefect_server import stop_prefect
 
     stop_prefect()
+
+
+@contextmanager
+def flow_log_lines() -> Iterator[list[str]]:
+    """The messages the flow's and its tasks' run loggers log meanwhile, whatever console Prefect
+    set up (under pytest-xdist its console output does not reach capfd)."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Keep(logging.INFO)
+    loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)

@@ -14,7 +14,7 @@ from common.atomic import MARKER_NAME
 from common.errors import UserError
 from pipelines.config import load_config
 from pipelines.stage_keys import stage_dirs, stage_keys, with_phase_init
-from tests.flow_support import stop_ephemeral_prefect, tiny_config
+from tests.flow_support import flow_log_lines, stop_ephemeral_prefect, tiny_config
 
 SEQ32 = {
     "name": "seq32",
@@ -129,7 +129,7 @@ def test_with_two_phases_each_finds_the_one_before_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, data_dir: Path, capfd) -> None:
+def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, data_dir: Path) -> None:
     from pipelines.flow import bert_pipeline
 
     config = tiny_config(tmp_path, data_dir, finetune={"tasks": ["rte"], "seeds": [1], "baselines": []})
@@ -184,17 +184,14 @@ def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, dat
     assert (status["preprocess@seq32"], status["preprocess"], status["tokenizer"]) == ("cached",) * 3, status
 
     # a main pretrain setting that the phase inherits retrains it too, and the flow says why
-    capfd.readouterr()
     try:
-        bert_pipeline(config=str(config), overrides=["pretrain.weight_decay=0.02"], only="pretrain")
+        with flow_log_lines() as said:
+            bert_pipeline(config=str(config), overrides=["pretrain.weight_decay=0.02"], only="pretrain")
     finally:
         stop_ephemeral_prefect()
-    said = capfd.readouterr()
-    assert (
-        f"pretrain@seq32: computes under a new key; since flow run {forced['flow_run']}"
-        in said.out + said.err
-    )
+    [note] = [line for line in said if line.startswith("pretrain@seq32: computes under a new key")]
+    assert f"since flow run {forced['flow_run']} (" in note, note
     assert (
         "pretrain.weight_decay 0.01 -> 0.02 (from the main pretrain: section). Its output under the old "
-        f"key, {phase_dir}, is complete and stays" in said.out + said.err
+        f"key, {phase_dir}, is complete and stays" in note
     )
