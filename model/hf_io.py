@@ -353,6 +353,13 @@ def set_model_max_length(model_dir: Path, length: int) -> None:
     atomic_write_json(path, {**meta, "model_max_length": int(length)})
 
 
+def tokenizer_size(src: Path) -> int:
+    """The tokens of a tokenizer directory's vocabulary (its vocab.txt, else its tokenizer.json)."""
+    if (src / "vocab.txt").is_file():
+        return len(read_user_text(src / "vocab.txt", "vocabulary").splitlines())
+    return len(_vocab_from_tokenizer_json(src))
+
+
 def _vocab_from_tokenizer_json(src: Path) -> list[str]:
     from tokenizers import Tokenizer
 

@@ -14,9 +14,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.console import warning_line
 from common.errors import UserError
 from model.heads import BertForPreTraining
-from model.hf_io import has_tokenizer, load_checkpoint
+from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_size
 from model.model_dir import publish_model_dir
 from preprocessing.wordpiece import refuse_other_tokenizer
 
@@ -129,9 +130,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     refuse_own_model_dir(args.ckpt, args.out_dir)
     resolved = resolve_model(args.ckpt)
-    if args.tokenizer is not None and resolved.tokenizer_dir is not None:
-        refuse_other_tokenizer(args.ckpt, resolved.tokenizer_dir, args.tokenizer)
-    tokenizer_dir = args.tokenizer or resolved.tokenizer_dir
+    own = _fitting_own_tokenizer(args, resolved)
+    if args.tokenizer is not None and own is not None:
+        refuse_other_tokenizer(args.ckpt, own, args.tokenizer)
+    tokenizer_dir = args.tokenizer or own
     if tokenizer_dir is None:
         raise UserError(
             f"{args.ckpt} has no tokenizer (vocab.txt or tokenizer.json); a Hugging Face directory needs one.",
@@ -155,6 +157,27 @@ def main(args: argparse.Namespace) -> int:
     elif resolved.fresh:
         print(f"warning: not in the checkpoint, freshly initialized: {', '.join(resolved.fresh)}")
     return 0
+
+
+def _fitting_own_tokenizer(args: argparse.Namespace, resolved: ResolvedModel) -> Path | None:
+    """The checkpoint's own tokenizer, unless it has more tokens than the model has embeddings: then
+    it is not the one the model was trained with (a run's tokenizer folder written over since), so
+    `--tokenizer` replaces it, and without one the export is refused naming both sizes."""
+    own, rows = resolved.tokenizer_dir, resolved.model.config.vocab_size
+    if own is None or (size := tokenizer_size(own)) <= rows:
+        return own
+    if args.tokenizer is None:
+        raise UserError(
+            f"{args.ckpt}: its tokenizer {own} has {size:,} tokens, more than the model's {rows:,} "
+            "embeddings, so it is not the tokenizer the model was trained with.",
+            fix="pass that one: --tokenizer DIR (for a pretraining run, the tokenizer that made its shards).",
+        )
+    print(
+        warning_line(
+            f"{own} ({size:,} tokens) does not fit the model's {rows:,} embeddings; using --tokenizer."
+        )
+    )
+    return None
 
 
 def _fresh(ckpt: Path, fresh: list[str]) -> list[str]:

@@ -208,6 +208,27 @@ def test_export_hf_finds_the_runs_tokenizer_from_any_checkpoint_path(ref_run, tm
     assert (tmp_path / "hf-under-way" / "vocab.txt").read_bytes() == vocab
 
 
+def test_export_hf_of_a_run_whose_tokenizer_outgrew_the_model_takes_the_one_given(ref_run, tmp_path, capsys):
+    """A run whose model/ tokenizer was written over by a larger one: refused naming both sizes, and
+    `--tokenizer` with the one it was trained with is taken (it was refused as 'differs from it')."""
+    from pipelines.cli import main as cli
+
+    out, model_dir, _ = ref_run
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    (run / "model" / "tokenizer.json").unlink()
+    words = (model_dir / "vocab.txt").read_text()
+    rows = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    (run / "model" / "vocab.txt").write_text(words + "".join(f"extra{i}\n" for i in range(rows + 5)))
+    tag = str(run / "checkpoints" / "global_step12")
+    assert cli(["export-hf", tag, str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"more than the model's {rows:,} embeddings" in err and "--tokenizer DIR" in err
+    assert cli(["export-hf", tag, str(tmp_path / "b"), "--tokenizer", str(model_dir)]) == 0
+    assert "does not fit the model's" in capsys.readouterr().out
+    assert (tmp_path / "b" / "vocab.txt").read_text() == words
+
+
 def test_export_hf_refuses_a_damaged_tag_or_weights_that_do_not_fit_the_recorded_shape(
     ref_run, tmp_path, capsys
 ):
