@@ -23,7 +23,7 @@ from prefect import get_run_logger
 from prefect.futures import as_completed, wait
 from prefect.states import State
 
-from common.atomic import MARKER_NAME, atomic_write_json, read_marker, refuse_other_writer
+from common.atomic import MARKER_NAME, read_marker, refuse_other_writer
 from common.errors import UserError
 from common.stage_output import has_model
 from common.tracking import WandbTarget
@@ -31,7 +31,14 @@ from pipelines.config import PipelineConfig
 from pipelines.flow_records import failed_record, stage_record, write_record
 from pipelines.key_change import key_change_note
 from pipelines.run_history import update_latest
-from pipelines.stage_keys import base_stage, code_change_note, run_root, stage_dirs, stage_key_inputs
+from pipelines.stage_keys import (
+    base_stage,
+    code_change_note,
+    run_root,
+    stage_dirs,
+    stage_key_inputs,
+    write_stage_key,
+)
 from pipelines.stage_plan import SUMMARY_STAGES, plan_stages
 
 
@@ -144,7 +151,7 @@ class FlowRun:
         if not complete(name, out):
             self._key_change_note(name, out, key_inputs)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "stage_key.json", key_inputs)
+        write_stage_key(out, key_inputs)
         wait_for = [self.outputs[s] for s in after if s in self.outputs]
         t0 = time.time()
         options = self._options(read_marker(out) is not None)

@@ -25,7 +25,14 @@ from common.errors import UserError
 from common.paths import check_output_dir
 from finetuning.config import FinetuneConfig
 from pipelines.config import PipelineConfig, bad_flag_value, load_config, validation_message
-from pipelines.stage_keys import code_change_note, run_root, stage_code, stage_dir
+from pipelines.stage_keys import (
+    code_change_note,
+    run_root,
+    stage_code,
+    stage_dir,
+    stage_key_inputs,
+    write_stage_key,
+)
 
 if TYPE_CHECKING:
     from finetuning.units import Job
@@ -286,4 +293,5 @@ def main(args: argparse.Namespace) -> int:
         return 1
     if not args.checkpoint and not args.unit:  # the flow's finetune stage, complete
         write_marker(output, {"stage": "finetune", "by": "bertflow finetune", "code": stage_code("finetune")})
+        write_stage_key(output, stage_key_inputs(cfg_all.model_copy(update={"finetune": cfg}))["finetune"])
     return 0

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.atomic import MARKER_NAME, read_marker
+from common.atomic import MARKER_NAME, atomic_write_json, read_marker
 from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
 from common.paths import PROJECT_ROOT
@@ -284,6 +284,14 @@ def stage_keys(
 def run_root(cfg: PipelineConfig) -> Path:
     """The run directory (relative paths are relative to the current directory)."""
     return Path(cfg.run_dir).expanduser().resolve()
+
+
+def write_stage_key(out: Path, inputs: dict[str, Any]) -> None:
+    """`out/stage_key.json`: what the output's key hashes (`stage_key_inputs`), written by the flow
+    before each stage and by a stage command that wrote where the flow looks. Not into an output
+    found under an earlier release's key (`stage_dirs`), which these inputs do not name."""
+    if Path(out).name == digest(inputs, KEY_LENGTH):
+        atomic_write_json(Path(out) / "stage_key.json", inputs)
 
 
 def stage_dir(cfg: PipelineConfig, stage: str) -> Path:

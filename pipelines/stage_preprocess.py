@@ -25,7 +25,14 @@ from common.disk_space import disk_full_error, full_disk_path
 from common.errors import UserError
 from common.stage_output import check_own_output
 from pipelines.preprocess_progress import watch_preprocess
-from pipelines.stage_keys import code_change_note, flow_input, stage_code, stage_dirs
+from pipelines.stage_keys import (
+    code_change_note,
+    flow_input,
+    stage_code,
+    stage_dirs,
+    stage_key_inputs,
+    write_stage_key,
+)
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import corpus_file_warnings, expand_inputs, file_labels
@@ -493,5 +500,7 @@ def main(args: argparse.Namespace) -> int:
 
     with quiet_beam(beam_log_path(out)):
         stats = run_preprocess_stage(pcfg, vocab, out, cfg.data_root, beam_args=list(args.extra_args or []))
+    if not args.output:
+        write_stage_key(out, stage_key_inputs(cfg.model_copy(update={"preprocess": pcfg}))["preprocess"])
     print(f"{out}: {stats['examples']} examples, IsNext ratio {stats['is_next_ratio']:.3f}")
     return 0

@@ -42,7 +42,9 @@ from pipelines.stage_keys import (
     phase_stage,
     stage_code,
     stage_dirs,
+    stage_key_inputs,
     with_phase_init,
+    write_stage_key,
 )
 
 if TYPE_CHECKING:
@@ -465,4 +467,6 @@ def main(args: argparse.Namespace) -> int:
     with sigterm_as_interrupt():
         stage = phase_stage("pretrain", args.phase or "")
         run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank, stage=stage)
+    if not args.output and args.node_rank == 0:
+        write_stage_key(output, stage_key_inputs(cfg)["pretrain"])
     return 0

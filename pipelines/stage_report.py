@@ -23,7 +23,7 @@ def main(args: argparse.Namespace) -> int:
     from common.paths import check_output_dir
     from pipelines.config import load_config
     from pipelines.report_builder import build_report
-    from pipelines.stage_keys import stage_code, stage_dirs
+    from pipelines.stage_keys import stage_code, stage_dirs, stage_key_inputs, write_stage_key
 
     cfg = load_config(args.config, args.overrides)
     if args.output:
@@ -37,5 +37,7 @@ def main(args: argparse.Namespace) -> int:
               "partial and not marked complete (the flow's report stage writes it again).")  # fmt: skip
     else:
         write_marker(out, {"stage": "report", "by": "bertflow report", "code": stage_code("report")})
+        if not args.output:
+            write_stage_key(out, stage_key_inputs(cfg)["report"])
     print(f"Report: {paths['report_html']}\n        {paths['report_md']}")
     return 0

@@ -20,7 +20,7 @@ from common.errors import UserError
 from common.fingerprint import content_stamp
 from common.paths import resolve_data_path
 from common.stage_output import check_own_output
-from pipelines.stage_keys import code_change_note, stage_code, stage_dir
+from pipelines.stage_keys import code_change_note, stage_code, stage_dir, stage_key_inputs, write_stage_key
 from preprocessing.config import TokenizerConfig
 from preprocessing.corpus import corpus_file_warnings, expand_inputs, iter_texts
 
@@ -232,11 +232,11 @@ def main(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise UserError(f"invalid tokenizer settings: {validation_message(exc, 'tokenizer')}") from None
     refuse_training_flags(args, tcfg)
-    if args.output:
-        out = Path(args.output)
-    else:  # where the flow puts it for this config (pipelines.stage_keys)
-        out = stage_dir(cfg.model_copy(update={"tokenizer": tcfg}), "tokenizer")
+    flow_cfg = cfg.model_copy(update={"tokenizer": tcfg})
+    out = Path(args.output) if args.output else stage_dir(flow_cfg, "tokenizer")  # or where the flow puts it
     run_tokenizer_stage(tcfg, out, cfg.data_root)
+    if not args.output:
+        write_stage_key(out, stage_key_inputs(flow_cfg)["tokenizer"])
     print(out)
     return 0
 

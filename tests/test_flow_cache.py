@@ -82,6 +82,10 @@ def test_stage_command_alone_writes_where_the_flow_looks(tmp_path: Path, data_di
     assert proc.returncode == 0, proc.stderr
     expected = stage_dir(load_config(config), "tokenizer")
     assert proc.stdout.strip().splitlines()[-1] == str(expected)
+    from pipelines.stage_keys import stage_key_inputs  # what its key hashes, beside it as in the flow
+
+    written = json.loads((expected / "stage_key.json").read_text())
+    assert written == stage_key_inputs(load_config(config))["tokenizer"]
     stamp = (expected / MARKER_NAME).stat().st_mtime_ns
     summary = bert_pipeline(config=str(config), only="tokenizer")
     assert _statuses(summary) == {"tokenizer": "reused"}
