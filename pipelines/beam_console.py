@@ -135,6 +135,24 @@ class _DropImportChatter(logging.Filter):
         return not is_chatter(record.getMessage())
 
 
+@contextmanager
+def no_default_root_handler() -> Iterator[None]:
+    """Beam's import warns on the root logger (BigQuery's missing apitools) through
+    `logging.warning`, which gives a root without handlers Python's default console handler;
+    Prefect then takes that handler for the user's own and leaves its console unset, and the flow's
+    lines read `INFO:prefect.flow_runs:...`. Within the block, a NullHandler on such a root keeps
+    it so (the warning is import chatter: dropped)."""
+    root = logging.getLogger()
+    guard = None if root.handlers else logging.NullHandler()
+    if guard is not None:
+        root.addHandler(guard)
+    try:
+        yield
+    finally:
+        if guard is not None:
+            root.removeHandler(guard)
+
+
 def drop_import_chatter() -> None:
     """Beam warns about BigQuery's missing apitools on the root logger when it is first imported,
     outside any job (so `quiet_beam` cannot catch it; in a flow it became a task-run WARNING):

@@ -59,13 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     apply_env_defaults()
+    from pipelines.beam_console import no_default_root_handler
     from pipelines.config import load_config
     from pipelines.flow_preflight import check_flow
     from pipelines.stage_plan import plan_stages
 
     cfg = load_config(args.config, args.overrides)  # fails fast, before Prefect starts
     selected, _ = plan_stages(args.only, args.from_stage, args.force)
-    check_flow(cfg, selected)
+    with no_default_root_handler():  # the checks import Beam, which must not set up logging before Prefect
+        check_flow(cfg, selected)
 
     from pipelines.flow import bert_pipeline
     from pipelines.prefect_server import start_temporary_server, stop_prefect

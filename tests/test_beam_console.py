@@ -111,3 +111,19 @@ def test_the_tracebacks_of_an_interrupted_job_go_to_the_log(
     assert err == real_error + "our own line\n" + "our line after\n", err
     text = log.read_text()
     assert text.count("KeyboardInterrupt") == 2 and "grpc.RpcError" in text and "return code -2" in text
+
+
+def test_the_flow_log_keeps_prefects_format_when_its_checks_import_beam(tmp_path: Path) -> None:
+    """`bertflow run` checks the preprocess settings before Prefect starts, which imports Beam, whose
+    import warning gave the root logger Python's default handler: Prefect then left its console
+    unset and every flow line read `INFO:prefect.flow_runs:...`."""
+    from common.paths import PROJECT_ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--only", "preprocess",
+         "--set", f"run_dir={tmp_path}", "wandb.mode=disabled"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120,
+    )  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]  # the tokenizer's output is missing: stopped there
+    assert "| INFO    | Flow run '" in said and "INFO:prefect" not in said, said[-3000:]
