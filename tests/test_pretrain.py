@@ -8,6 +8,7 @@ settings; two nodes) reproduces every loss exactly, ZeRO-1 and ZeRO-3 reach the 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import signal
@@ -409,6 +410,10 @@ def test_one_process_with_accumulation_equals_two_processes(data, tmp_path):
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5), (k, (a[k] - b[k]).abs().max())
     assert max(abs(losses(one)[s] - losses(two)[s]) for s in losses(two)) < 1e-4
+    # ZeRO 0 in fp32 logs the gradient norm it clips with (DeepSpeed dropped it: NaN at every step)
+    norms = [[r["grad_norm"] for r in read_metrics(run) if "grad_norm" in r] for run in (one, two)]
+    assert norms[0] and all(math.isfinite(n) and n > 0 for n in norms[0] + norms[1]), norms
+    assert norms[0] == pytest.approx(norms[1], rel=1e-3)
     # and the same held-out examples: eval_batches counts global batches, not one rank's micro batches
     held_out = [[r for r in read_metrics(run) if "val_mlm_acc" in r] for run in (one, two)]
     assert len(held_out[0]) == len(held_out[1]) == 1

@@ -300,6 +300,7 @@ def build_engine(spec: RunSpec, ranks: Ranks, resume: Resume | None, data: Train
         # One rank: the gradient all-reduce would only flatten every gradient into a bucket and
         # copy it back (~6% of a base step on CPU). ZeRO 1-3 keep their own gradient path.
         engine.enable_backward_allreduce = False
+    keep_fp32_clip_norm(engine)
     if p.compile and spec.on_gpu and hasattr(engine, "compile"):
         engine.compile()
     if not spec.on_gpu:
@@ -446,6 +447,23 @@ class ThroughputWindow:
             "loader_busy_fraction": (self.loader.collate_seconds - self.collate_start) / elapsed,
             "step_time_s": elapsed / max(1, self.steps),
         }
+
+
+def keep_fp32_clip_norm(engine: Any) -> None:
+    """DeepSpeed's fp32 path without ZeRO (ZeRO 0 in fp32: one CPU rank, `zero_stage: 0`, Muon on
+    CPU) clips the gradients but drops their norm, so `get_global_grad_norm()` was None at every
+    step and the metrics logged NaN; keep the norm that the same clipping call returns."""
+    if engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization():
+        return  # their optimizers keep the norm themselves
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_and_keep_norm() -> None:
+        norm = clip_grad_norm_(
+            parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(), mpu=engine.mpu
+        )
+        engine._global_grad_norm = float(norm)
+
+    engine.clip_fp32_gradients = clip_and_keep_norm
 
 
 def metrics_row(
