@@ -13,7 +13,8 @@ above the chance score by more than what evaluation noise alone produces on `n` 
 at 95% (z = 1.645):
 - accuracy and F1: the binomial standard error of the majority rate p0, sqrt(p0 (1 - p0) / n);
 - MCC, Pearson, Spearman: the standard error of a correlation under independence, 1 / sqrt(n - 1);
-- entity F1, exact match, span F1: one point (chance is ~0 there; anything real is far above).
+- entity F1, exact match, span F1 (the `f1` beside `exact_match`): one point (chance is ~0 there;
+  anything real is far above).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from finetuning.metrics import classification_metrics
 
 Z_95_ONE_SIDED = 1.645
 CORRELATIONS = ("mcc", "pearson", "spearman")
+SPAN_MARGIN = 1.0  # entity F1, exact match, span F1: chance is ~0, anything real is far above
 
 
 def majority_metrics(
@@ -50,13 +52,15 @@ def chance_margin(metric: str, n_eval: int, majority_accuracy: float | None) -> 
     if metric in ("accuracy", "f1"):
         p0 = 0.5 if majority_accuracy is None else majority_accuracy / 100
         return Z_95_ONE_SIDED * 100 * math.sqrt(max(p0 * (1 - p0), 1e-4) / n_eval)
-    return 1.0
+    return SPAN_MARGIN
 
 
 def chance_threshold(chance: dict[str, float], n_eval: int) -> float:
-    """The task score (mean of its metrics) at or below which a result is at chance."""
+    """The task score (mean of its metrics) at or below which a result is at chance. A span task's
+    `f1` (beside `exact_match`, SQuAD's pair) is span F1, not a classification F1: one point."""
     p0 = chance.get("accuracy")
-    margins = [chance_margin(m, n_eval, p0) for m in chance]
+    span = "exact_match" in chance
+    margins = [SPAN_MARGIN if span else chance_margin(m, n_eval, p0) for m in chance]
     return sum(chance.values()) / len(chance) + sum(margins) / len(margins)
 
 

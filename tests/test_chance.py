@@ -46,6 +46,15 @@ def test_noise_margins_exactly():
     # a single-class dev set (majority 100%) has no binomial spread: its margin is that of a
     # variance floor of 1e-4 (a standard deviation of one point), not 0
     assert chance_threshold({"accuracy": 100.0}, 100) == pytest.approx(100 + 1.645 * 100 * 0.01 / 10)
+    # span scores (SQuAD's exact match and F1, NER's entity F1): one point above chance's 0, the F1
+    # too (it was taken for a classification F1 of majority rate 0.5: 6.4 points on 48 examples)
+    assert chance_threshold({"exact_match": 0.0, "f1": 0.0}, 48) == pytest.approx(1.0)
+    assert chance_threshold({"entity_f1": 0.0}, 48) == pytest.approx(1.0)
+    assert not is_at_chance(11.0, {"exact_match": 0.0, "f1": 0.0}, 48)
+    # a classification F1 keeps its binomial margin (MRPC: majority accuracy 68.4, F1 81.2)
+    mrpc = {"accuracy": 68.4, "f1": 81.2}
+    margin = 1.645 * 100 * (0.684 * 0.316 / 408) ** 0.5
+    assert chance_threshold(mrpc, 408) == pytest.approx((68.4 + 81.2) / 2 + margin)
 
 
 def test_one_evaluation_example_cannot_show_a_score_above_chance():
