@@ -116,16 +116,16 @@ def build_model(task: Any, checkpoint: str, vocab_size: int, dropout: float, see
             config = BertConfig.from_preset(target, vocab_size=vocab_size)
         encoder_state = None
     else:
-        from model.hf_io import load_pretraining_model
+        from model.hf_io import load_pretraining_model, tokenizer_fit_problem
 
         pretrained, fresh = load_pretraining_model(checkpoint)
         config = pretrained.config
         # weights the file did not hold (a pooler, for a checkpoint saved without one, as
         # transformers' BertForMaskedLM saves) are not taken: the task model's own, seeded below
         encoder_state = {k: v for k, v in pretrained.bert.state_dict().items() if f"bert.{k}" not in fresh}
-        if vocab_size > config.vocab_size:
+        if problem := tokenizer_fit_problem(vocab_size, config.vocab_size):
             raise UserError(
-                f"the tokenizer has {vocab_size} tokens but checkpoint {checkpoint} has {config.vocab_size}.",
+                f"checkpoint {checkpoint}: {problem}.",
                 fix=f"read it with the tokenizer it was trained with: `bertflow finetune --checkpoint {checkpoint} "
                 "--tokenizer DIR`; for a finetune.baselines model of a config (no --tokenizer there), put "
                 f"that tokenizer's vocab.txt into {checkpoint}: a model with tokenizer files is read with them.",

@@ -316,11 +316,9 @@ def copy_tokenizer_files(
     if "vocab.txt" not in found:
         atomic_write_text(out / "vocab.txt", "".join(t + "\n" for t in _vocab_from_tokenizer_json(src)))
     vocab = read_user_text(out / "vocab.txt", "vocabulary").splitlines()
-    if vocab_size is not None and len(vocab) > vocab_size:
+    if vocab_size is not None and (problem := tokenizer_fit_problem(len(vocab), vocab_size)):
         raise UserError(
-            f"{src}: the tokenizer has {len(vocab)} tokens but the model's vocab_size is {vocab_size}; "
-            "token ids past the embedding table would crash.",
-            fix="pass the tokenizer the model was trained with (--tokenizer DIR).",
+            f"{src}: {problem}.", fix="pass the tokenizer the model was trained with (--tokenizer DIR)."
         )
     if "tokenizer.json" not in found:
         from tokenizers.implementations import BertWordPieceTokenizer
@@ -351,6 +349,23 @@ def set_model_max_length(model_dir: Path, length: int) -> None:
     path = Path(model_dir) / "tokenizer_config.json"
     meta = read_json_object(path, "tokenizer config")
     atomic_write_json(path, {**meta, "model_max_length": int(length)})
+
+
+MIN_TOKENIZER_SHARE = 0.5  # of the model's embedding rows a tokenizer must use
+
+
+def tokenizer_fit_problem(tokens: int, rows: int) -> str | None:
+    """Why a tokenizer of `tokens` tokens is not that of a model with `rows` embeddings: more tokens
+    (ids past the table would crash), or fewer than half of them (a truncated or foreign vocabulary:
+    most rows unused, and most words of real text [UNK]); None when it fits."""
+    if tokens > rows:
+        return f"the tokenizer has {tokens:,} tokens but the model's vocab_size is {rows:,}: token ids past the embedding table would crash"
+    if tokens < MIN_TOKENIZER_SHARE * rows:
+        return (
+            f"the tokenizer has {tokens:,} tokens for the model's {rows:,} embeddings: a truncated or "
+            "another model's vocabulary, under which most words would be [UNK]"
+        )
+    return None
 
 
 def tokenizer_size(src: Path) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from common.console import warning_line
 from common.errors import UserError
 from model.heads import BertForPreTraining
-from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_size
+from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
 from model.model_dir import publish_model_dir
 from preprocessing.wordpiece import refuse_other_tokenizer
 
@@ -160,23 +160,18 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _fitting_own_tokenizer(args: argparse.Namespace, resolved: ResolvedModel) -> Path | None:
-    """The checkpoint's own tokenizer, unless it has more tokens than the model has embeddings: then
-    it is not the one the model was trained with (a run's tokenizer folder written over since), so
-    `--tokenizer` replaces it, and without one the export is refused naming both sizes."""
+    """The checkpoint's own tokenizer, unless it does not fit the model's embeddings
+    (`tokenizer_fit_problem`: a run's tokenizer folder written over since, a truncated vocab.txt):
+    then `--tokenizer` replaces it, and without one the export is refused naming both sizes."""
     own, rows = resolved.tokenizer_dir, resolved.model.config.vocab_size
-    if own is None or (size := tokenizer_size(own)) <= rows:
+    if own is None or not (problem := tokenizer_fit_problem(tokenizer_size(own), rows)):
         return own
     if args.tokenizer is None:
         raise UserError(
-            f"{args.ckpt}: its tokenizer {own} has {size:,} tokens, more than the model's {rows:,} "
-            "embeddings, so it is not the tokenizer the model was trained with.",
+            f"{args.ckpt}: its tokenizer {own} is not the one the model was trained with: {problem}.",
             fix="pass that one: --tokenizer DIR (for a pretraining run, the tokenizer that made its shards).",
         )
-    print(
-        warning_line(
-            f"{own} ({size:,} tokens) does not fit the model's {rows:,} embeddings; using --tokenizer."
-        )
-    )
+    print(warning_line(f"{own} does not fit the model ({problem}); using --tokenizer."))
     return None
 
 

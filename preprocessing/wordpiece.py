@@ -183,6 +183,25 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
     return vocab
 
 
+def _check_vocab_txt_beside(tok: Tokenizer, path: Path) -> None:
+    """A vocab.txt next to `path` (a tokenizer.json) holds the same tokens with the same ids: the
+    slow `transformers` tokenizer reads that file, the fast one the JSON, so a directory where they
+    differ (one of them truncated or from another model) tokenizes differently by who reads it."""
+    beside = path.parent / VOCAB_NAME
+    if not beside.is_file():
+        return
+    words, listed = vocab_list(tok), _read_vocab_txt(beside)
+    if len(listed) != len(words) or any(listed.get(w) != i for i, w in enumerate(words)):
+        first = next((i for i, w in enumerate(words) if listed.get(w) != i), len(words))
+        raise UserError(
+            f"{path.parent}: {VOCAB_NAME} ({len(listed):,} tokens) and {TOKENIZER_JSON} ({len(words):,} "
+            f"tokens) disagree (first at id {first:,}); `transformers` would tokenize this folder "
+            "differently by which file it reads.",
+            fix=f"rewrite {VOCAB_NAME} from the tokenizer the model was trained with, or delete the "
+            "wrong file (either one is enough: the other is derived from it).",
+        )
+
+
 def _check_specials(tok: Tokenizer, path: Path) -> None:
     missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
     if missing:
@@ -255,6 +274,7 @@ def load_tokenizer(
         if not isinstance(tok.model, WordPiece):
             raise UserError(f"{path} holds a {type(tok.model).__name__} model; BERT needs WordPiece.")
         _check_specials(tok, path)
+        _check_vocab_txt_beside(tok, path)
         lower = _json_lowercase(tok, default_lower)
         return _set_template(tok), lower
     vocab = _read_vocab_txt(path)

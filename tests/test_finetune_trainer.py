@@ -141,8 +141,11 @@ def test_build_model_sets_both_dropouts_and_refuses_a_larger_tokenizer(minilm_di
 
     model = build_model(_Task(), "random:tiny", 64, dropout=0.3, seed=1)
     assert model.config.hidden_dropout_prob == 0.3 and model.config.attention_probs_dropout_prob == 0.3
-    with pytest.raises(UserError, match="the tokenizer has 40000 tokens but checkpoint"):
+    with pytest.raises(UserError, match="the tokenizer has 40,000 tokens but the model.s vocab_size is"):
         build_model(_Task(), str(minilm_dir), 40000, dropout=0.1, seed=1)
+    # a truncated vocabulary (1,000 of MiniLM's 30,522 tokens) made every word [UNK], unsaid
+    with pytest.raises(UserError, match="the tokenizer has 1,000 tokens for the model.s 30,522 embeddings"):
+        build_model(_Task(), str(minilm_dir), 1000, dropout=0.1, seed=1)
 
 
 def test_a_larger_tokenizer_is_refused_with_what_the_command_and_the_flow_can_do(minilm_dir):

@@ -163,6 +163,8 @@ def test_the_tokenizer_files_written_next_to_a_model(tmp_path):
         match=f"the tokenizer has {len(vocab)} tokens but the model's vocab_size is {len(vocab) - 1}",
     ):
         copy_tokenizer_files(src, tmp_path, vocab_size=len(vocab) - 1)
+    with pytest.raises(UserError, match=f"for the model's {3 * len(vocab):,} embeddings: a truncated"):
+        copy_tokenizer_files(src, tmp_path, vocab_size=3 * len(vocab))
 
 
 def test_a_tokenizer_other_than_the_checkpoints_own_is_refused(good, tmp_path, capsys):

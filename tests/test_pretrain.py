@@ -224,7 +224,8 @@ def test_export_hf_of_a_run_whose_tokenizer_outgrew_the_model_takes_the_one_give
     tag = str(run / "checkpoints" / "global_step12")
     assert cli(["export-hf", tag, str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
-    assert f"more than the model's {rows:,} embeddings" in err and "--tokenizer DIR" in err
+    assert f"has {rows + 5 + len(words.splitlines()):,} tokens but the model's vocab_size is {rows:,}" in err
+    assert "--tokenizer DIR" in err
     assert cli(["export-hf", tag, str(tmp_path / "b"), "--tokenizer", str(model_dir)]) == 0
     assert "does not fit the model's" in capsys.readouterr().out
     assert (tmp_path / "b" / "vocab.txt").read_text() == words

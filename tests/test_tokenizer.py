@@ -389,3 +389,20 @@ def test_each_skip_is_logged_once_although_training_reads_the_corpus_twice(tmp_p
         assert sum(expected in line for line in corpus_lines) == 1, (expected, corpus_lines)
     skipped = read_marker(out)["corpus"]
     assert skipped["files_skipped_binary"] == 1 and skipped["lines_skipped_over_1mb"] == 1
+
+
+def test_a_folder_whose_vocab_txt_and_tokenizer_json_disagree_is_refused(tmp_path, minilm_dir):
+    """The slow `transformers` tokenizer reads vocab.txt, the fast one tokenizer.json: a folder with a
+    truncated vocab.txt beside a whole tokenizer.json was loaded (and exported) unsaid."""
+    import shutil
+
+    shutil.copy(minilm_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    words = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "vocab.txt").write_text("\n".join(words[:1000]) + "\n", encoding="utf-8")
+    with pytest.raises(UserError) as refused:
+        load_tokenizer(tmp_path)
+    assert f"{tmp_path}: vocab.txt (1,000 tokens) and tokenizer.json ({len(words):,} tokens) disagree" in str(
+        refused.value
+    )
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    assert load_tokenizer(tmp_path)[0].get_vocab_size() == len(words)  # the same tokens: fine
