@@ -25,6 +25,7 @@ from typing import Any
 
 from common.progress import duration_text
 from model.model_card import CardFacts, quality_lines, steps_text, verdict
+from pipelines.run_history import in_run_dir
 
 
 @dataclass
@@ -337,7 +338,7 @@ def stages_section(record: dict[str, Any], report_dir: Path, links: Links) -> li
     for r in stages:
         lines.append(
             f"| {r['stage']} | {r['status']} | {duration(r['seconds'])} | "
-            f"{duration(r.get('compute_seconds'))} | {links.file(Path(r['out_dir']))} |"
+            f"{duration(r.get('compute_seconds'))} | {links.file(in_run_dir(links.root, r['out_dir']))} |"
         )
     if not any(r["stage"] == "report" for r in stages):
         lines.append(f"| report | ran (this page) | — | — | {links.file(report_dir)} |")

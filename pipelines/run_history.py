@@ -64,12 +64,16 @@ class FlowRunRecord:
         return next((self.local(r["out_dir"]) for r in entries if r.get("stage") == stage), None)
 
     def local(self, recorded: str) -> Path:
-        """A recorded output (an absolute path, as the flow wrote it) in the run directory that
-        holds this record: a copied or moved run directory names its own outputs, never those of
-        the directory it was copied from."""
-        path = Path(recorded)
-        unit = (path.parent.parent.name, path.parent.name) == UNITS
-        return self.path.parent.parent.joinpath(*path.parts[-3 if unit else -2 :])
+        """A recorded output in the run directory that holds this record (`in_run_dir`)."""
+        return in_run_dir(self.path.parent.parent, recorded)
+
+
+def in_run_dir(root: Path, recorded: str) -> Path:
+    """A recorded output (an absolute path, as the flow wrote it) in the run directory `root`: a
+    copied or moved run directory names its own outputs, never those of the one it was copied from."""
+    path = Path(recorded)
+    unit = (path.parent.parent.name, path.parent.name) == UNITS
+    return Path(root).joinpath(*path.parts[-3 if unit else -2 :])
 
 
 @dataclass

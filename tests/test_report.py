@@ -347,3 +347,23 @@ def test_curves_draw_the_context_free_baselines(run_dir, tmp_path, monkeypatch) 
         ),
     }
     assert len(drawn) == 2 and baselines["most_frequent_token_acc"] == pytest.approx(1 / 6)
+
+
+def test_a_report_built_in_a_copied_run_dir_links_to_the_copys_outputs(run_dir) -> None:
+    """The stage table linked the absolute paths the flow recorded, i.e. into the run directory the
+    copy was made from; the other links already pointed into the copy."""
+    import shutil
+
+    from pipelines.flow_records import FLOW_RECORDS
+
+    cfg, dirs, _, tmp = run_dir
+    copy = tmp / "copied-runs"
+    shutil.copytree(tmp / "runs", copy)
+    report_dir = copy / "report" / dirs["report"].name
+    paths = build_report(
+        cfg.model_copy(update={"run_dir": str(copy)}), report_dir, record_path=copy / FLOW_RECORDS / "r.json"
+    )
+    md = paths["report_md"].read_text()
+    key = dirs["pretrain"].name
+    assert f"| [pretrain/{key}](../../pretrain/{key}) |" in md, md
+    assert "](../../../runs/" not in md
