@@ -41,7 +41,8 @@ def check_finite(model: torch.nn.Module, source: str) -> None:
     if (name := first_nonfinite(model.state_dict().items())) is not None:
         raise UserError(
             f"{source}: weight {name!r} contains NaN or Inf; refusing to write a broken model.",
-            fix="export an earlier checkpoint (training diverged after it).",
+            fix="from a pretraining run, export an earlier checkpoint (training diverged after it); a "
+            "downloaded model's file is damaged: download it again.",
         )
 
 

@@ -200,6 +200,9 @@ def test_nan_weights_are_not_exported(good, minilm_dir, tmp_path, capsys):
         "NaN",
     )
     assert not (tmp_path / "o").exists()  # refused before anything is written
+    # import-hf of a downloaded model: the fix is not only about a diverged training run
+    expect_cli_error(["import-hf", str(d), str(tmp_path / "i")], capsys, "NaN", "download it again")
+    assert not (tmp_path / "i").exists()
 
 
 def test_nan_weights_are_not_fine_tuned(minilm_dir, tmp_path, capsys):
