@@ -174,7 +174,7 @@ def data_warnings(stats: dict, cfg: PreprocessConfig) -> list[str]:
             f"the validation split is empty (validation_fraction {cfg.validation_fraction}, "
             f"{stats.get('documents_read')} documents): pretraining will report no validation metrics."
         )
-    if stats.get("documents_used", {}).get("validation") == 1:
+    elif stats.get("documents_used", {}).get("validation") == 1:  # (an empty split says so above)
         found.append(
             f"the validation split holds one document (validation_fraction {cfg.validation_fraction}): its "
             "NotNext pairs need a second document, so all its examples are IsNext and held-out NSP accuracy "

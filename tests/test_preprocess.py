@@ -462,3 +462,18 @@ def test_merge_by_key_range_yields_every_row_in_key_order_for_any_range_size(tmp
         ids = [row for g in groups for row in g.column("input_ids").to_pylist()]
         assert ids == [by_key[k] for k in keys], range_rows
         assert all("key" not in g.column_names and g.num_rows for g in groups)
+
+
+def test_a_validation_split_is_said_empty_or_of_one_document_never_both() -> None:
+    """A one-document split whose document gave no example was said to be empty and, in the same
+    breath, to hold one document whose examples are all IsNext."""
+    from pipelines.stage_preprocess import data_warnings
+    from preprocessing.config import PreprocessConfig
+
+    cfg = PreprocessConfig(validation_fraction=0.01)
+    empty = {"examples_per_split": {"train": 90, "validation": 0}, "documents_used": {"validation": 1}}
+    said = data_warnings({**empty, "documents_read": 50}, cfg)
+    assert len(said) == 1 and said[0].startswith("the validation split is empty"), said
+    one = {"examples_per_split": {"train": 90, "validation": 4}, "documents_used": {"validation": 1}}
+    said = data_warnings({**one, "documents_read": 50}, cfg)
+    assert len(said) == 1 and said[0].startswith("the validation split holds one document"), said
