@@ -300,13 +300,16 @@ def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Pretrained vs random init in one sentence's worth of numbers (the first pretrained row).
+    """Pretrained vs random init in one sentence's worth of numbers, for the pretrained row the
+    random-init baseline was made for (with several checkpoints, that is the one it is the twin of).
     A task counts as ahead or behind only when its difference exceeds seed noise (`seed_noise.py`),
     and as ahead only where the pretrained model is above chance: a score within evaluation noise of
     the majority class is no evidence of a better model (`ahead_at_chance` lists such tasks)."""
     if not deltas:
         return None
-    d = deltas[0]
+    # the checkpoint the random-init baseline was made for (`random:LABEL`), else the first
+    shaped_for = deltas[0]["versus"].removeprefix("random:")
+    d = next((d for d in deltas if d["checkpoint"] == shaped_for), deltas[0])
     row = next(r for r in rows if r["checkpoint"] == d["checkpoint"])
     base = next(r for r in rows if r["checkpoint"] == d["versus"])
     shared = [t for t in row["tasks"] if t in base["tasks"]]

@@ -193,3 +193,16 @@ def test_a_task_at_chance_never_counts_as_ahead(tmp_path):
     assert (
         "on sst2 (+10.1); ahead but at chance on cola (+1.4)." in md and "level within seed noise" not in md
     )
+
+
+def test_with_two_checkpoints_the_headline_is_about_the_one_random_init_was_made_for(tmp_path):
+    """`finetune --checkpoint ours --checkpoint a-minilm`: the baseline is random:ours, but the headline
+    judged whichever pretrained row came first (a-minilm, sorted first), calling it the pretrained model."""
+    acc = {"accuracy": 50.9}
+    results = [
+        _unit("a-minilm", "pretrained", "sst2", 1, {"accuracy": 80.0}, acc),
+        _unit("ours", "pretrained", "sst2", 1, {"accuracy": 60.0}, acc),
+        _unit("random:ours", "random", "sst2", 1, {"accuracy": 70.0}, acc),
+    ]
+    card = build_scorecard(results, tmp_path)
+    assert card["headline"]["checkpoint"] == "ours" and card["headline"]["versus"] == "random:ours"
