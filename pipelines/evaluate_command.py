@@ -23,6 +23,8 @@ from common.paths import check_output_file
 from pipelines.model_commands_export import resolve_model
 
 if TYPE_CHECKING:
+    import torch
+
     from model.config import BertConfig
     from training.data import ExampleStore
 
@@ -57,6 +59,7 @@ def evaluate_checkpoint(
         raise UserError("--batch-size and --max-examples must be positive integers.")
     _check_split_has_examples(shards, split)
     resolved = resolve_model(checkpoint)
+    _check_finite_weights(resolved.model, checkpoint)
     has_nsp_head = _check_pretraining_heads(resolved.fresh, checkpoint)
     model = resolved.model
     vocab_size = model.config.vocab_size
@@ -88,6 +91,18 @@ def evaluate_checkpoint(
         # False: the checkpoint has no tokenizer files, so only the ids' range could be checked
         "vocabulary_checked": resolved.tokenizer_dir is not None,
     }
+
+
+def _check_finite_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Weights holding NaN or Inf are refused before any forward pass, naming the first one (as
+    export-hf, import-hf and finetune refuse them): every figure of such a model would be NaN."""
+    from model.model_dir import first_nonfinite
+
+    if (name := first_nonfinite(model.state_dict().items())) is not None:
+        raise UserError(
+            f"{checkpoint}: weight {name!r} contains NaN or Inf; its figures would be meaningless.",
+            fix="evaluate an earlier checkpoint of that run (its training diverged after it), or another model.",
+        )
 
 
 def _check_pretraining_heads(fresh: list[str], checkpoint: Path) -> bool:
@@ -171,14 +186,24 @@ def format_result(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _finite_or_null(value: Any) -> Any:
+    """`value` with every NaN or infinite float (e.g. the baselines of a split without masked
+    tokens) made None: JSON has no NaN, and json.dumps would write a bare one readers reject."""
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def main(args: argparse.Namespace) -> int:
     if args.json is not None:  # before the evaluation, not after it
         check_output_file(args.json, "--json")
     result = evaluate_checkpoint(args.checkpoint, args.shards, args.split, args.max_examples, args.batch_size)
     print(format_result(result))
     if args.json is not None:
-        atomic_write_json(args.json, result)
+        atomic_write_json(args.json, _finite_or_null(result))
         print(f"wrote {args.json}")
     else:
-        print(json.dumps({k: result[k] for k in ("metrics", "baselines", "beats_unigram")}))
+        print(json.dumps(_finite_or_null({k: result[k] for k in ("metrics", "baselines", "beats_unigram")})))
     return 0

@@ -323,3 +323,52 @@ def test_the_verdicts_follow_the_figures_both_ways():
     learned, plateau = printed(5.0, 0.80), printed(6.99, 0.51)
     assert "WARNING" not in learned and "(chance" not in learned
     assert "chance level" in plateau and "(chance: within noise of the majority label)" in plateau
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_naming_the_weight_before_evaluating(
+    model_dir, shards_and_tokenizer, tmp_path, capsys
+):
+    """A diverged model was evaluated in full and exited 0 with a warning naming no weight, its
+    --json holding bare NaN; export-hf, import-hf and finetune refuse it naming the weight."""
+    from safetensors.torch import load_file, save_file
+
+    shards, _ = shards_and_tokenizer
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    weights = load_file(broken / "model.safetensors")
+    name = "bert.encoder.layer.0.attention.self.query.weight"
+    weights[name][0, 0] = math.nan
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    argv = ["evaluate", str(broken), "--shards", str(shards), "--json", str(tmp_path / "e.json")]
+    assert cli_main(argv) == 2
+    out, err = capsys.readouterr()
+    assert f"weight '{name}' contains NaN or Inf" in err and "an earlier checkpoint" in err
+    assert "masked LM" not in out and not (tmp_path / "e.json").exists()
+
+
+def test_figures_that_are_not_finite_are_written_as_null_not_bare_nan(tmp_path, capsys, monkeypatch):
+    """JSON has no NaN: a non-finite figure (e.g. the baselines of a split without masked
+    tokens) is written as null in --json and in the printed line, which strict readers accept."""
+    import json
+
+    metrics = {"val_mlm_acc": 0.1, "val_mlm_loss": math.inf, "val_nsp_acc": 0.5, "val_nsp_loss": 0.7}
+    result = {"checkpoint": "m", "shards": "s", "split": "validation", "examples": 1, "masked_tokens": 1}
+    result |= {
+        "metrics": metrics,
+        "baselines": dict.fromkeys(
+            ("most_frequent_token_acc", "unigram_entropy", "nsp_majority_acc"), math.nan
+        ),
+    }
+    result |= {"beats_unigram": False, "nsp_at_chance": None}
+    monkeypatch.setattr("pipelines.evaluate_command.evaluate_checkpoint", lambda *a, **k: result)
+
+    def strict(text: str) -> dict:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON"))
+
+    assert cli_main(["evaluate", "m", "--shards", "s", "--json", str(tmp_path / "e.json")]) == 0
+    written = strict((tmp_path / "e.json").read_text())
+    assert written["metrics"]["val_mlm_loss"] is None and written["baselines"]["unigram_entropy"] is None
+    assert written["metrics"]["val_mlm_acc"] == 0.1
+    capsys.readouterr()
+    assert cli_main(["evaluate", "m", "--shards", "s"]) == 0
+    assert strict(capsys.readouterr().out.splitlines()[-1])["metrics"]["val_mlm_loss"] is None
