@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.atomic import atomic_write_json
+from common.atomic import MARKER_NAME, atomic_write_json
 from common.errors import UserError
 from common.paths import check_output_file
-from pipelines.model_commands_export import resolve_model
+from pipelines.model_commands_export import _fresh, resolve_model
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +60,7 @@ def evaluate_checkpoint(
     _check_split_has_examples(shards, split)
     resolved = resolve_model(checkpoint)
     _check_finite_weights(resolved.model, checkpoint)
-    has_nsp_head = _check_pretraining_heads(resolved.fresh, checkpoint)
+    has_nsp_head = _check_pretraining_heads(resolved.fresh, _fresh(checkpoint, resolved.fresh), checkpoint)
     model = resolved.model
     vocab_size = model.config.vocab_size
     if resolved.tokenizer_dir is not None:
@@ -105,16 +105,24 @@ def _check_finite_weights(model: torch.nn.Module, checkpoint: Path) -> None:
         )
 
 
-def _check_pretraining_heads(fresh: list[str], checkpoint: Path) -> bool:
-    """A checkpoint without its MLM head (weights `fresh`: not in the file) is refused; returns
-    whether it has its NSP head (a BertForMaskedLM checkpoint has not)."""
-    missing = [n for n in fresh if n.startswith("cls.predictions")]
-    if missing:
+def _check_pretraining_heads(missing: list[str], fresh: list[str], checkpoint: Path) -> bool:
+    """A checkpoint without a trained MLM head is refused: its head weights `missing` (not in the
+    file), or among `fresh` (also those its _COMPLETE.json lists as freshly initialized by the
+    import-hf or export-hf that wrote it, e.g. of MiniLM, which has no heads). Returns whether it
+    has its NSP head (a BertForMaskedLM checkpoint has not)."""
+    untrained = [n for n in fresh if n.startswith("cls.predictions")]
+    if untrained:
+        how = (
+            "are missing"
+            if any(n in missing for n in untrained)
+            else f"were freshly initialized, not trained: its {MARKER_NAME} lists them as fresh"
+        )
         raise UserError(
-            f"{checkpoint} has no pretraining heads ({', '.join(missing[:3])}… are missing), so it cannot "
+            f"{checkpoint} has no pretraining heads ({', '.join(untrained[:3])}… {how}), so it cannot "
             "predict masked tokens.",
-            fix="evaluate a checkpoint saved with its MLM/NSP heads (BertForPreTraining), e.g. a "
-            "bertflow pretrain output or its model/ directory.",
+            fix="pretrain it first (a pretrain run with pretrain.init_from set to it trains the heads) and "
+            "evaluate that run's model/, or evaluate a checkpoint saved with its MLM/NSP heads, e.g. a "
+            "bertflow pretrain output.",
         )
     return not any(n.startswith("cls.seq_relationship") for n in fresh)
 

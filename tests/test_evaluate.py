@@ -372,3 +372,22 @@ def test_figures_that_are_not_finite_are_written_as_null_not_bare_nan(tmp_path, 
     capsys.readouterr()
     assert cli_main(["evaluate", "m", "--shards", "s"]) == 0
     assert strict(capsys.readouterr().out.splitlines()[-1])["metrics"]["val_mlm_loss"] is None
+
+
+def test_an_import_whose_heads_were_freshly_initialized_is_refused_as_its_source_is(
+    shards_and_tokenizer, minilm_dir, tmp_path, capsys
+):
+    """import-hf of MiniLM (no pretraining heads) fills them in freshly and lists them in its
+    _COMPLETE.json: evaluate scored those random heads and blamed the model (accuracy 0, chance
+    level). It is refused as MiniLM itself is, and so is an export-hf of the import."""
+    shards, _ = shards_and_tokenizer
+    imported, exported = tmp_path / "imported", tmp_path / "exported"
+    assert cli_main(["import-hf", str(minilm_dir), str(imported)]) == 0
+    assert cli_main(["export-hf", str(imported), str(exported)]) == 0
+    capsys.readouterr()
+    for checkpoint in (imported, exported):
+        assert cli_main(["evaluate", str(checkpoint), "--shards", str(shards)]) == 2
+        out, err = capsys.readouterr()
+        assert f"{checkpoint} has no pretraining heads (cls.predictions." in err
+        assert "were freshly initialized, not trained" in err and "pretrain.init_from" in err
+        assert "masked LM" not in out
