@@ -64,7 +64,13 @@ def evaluate_checkpoint(
     model = resolved.model
     vocab_size = model.config.vocab_size
     if resolved.tokenizer_dir is not None:
-        check_shards(shards, resolved.tokenizer_dir, vocab_size)
+        check_shards(
+            shards,
+            resolved.tokenizer_dir,
+            vocab_size,
+            fix=f"evaluate on shards preprocessed with the checkpoint's tokenizer (bertflow preprocess "
+            f"--vocab {resolved.tokenizer_dir}), or evaluate the model those shards were made for.",
+        )
     store = load_split(shards, split)
     _check_examples_fit(store, model.config, checkpoint, shards, split)
     n = len(store) if max_examples is None else min(max_examples, len(store))

@@ -182,8 +182,30 @@ def test_refuses_shards_of_another_vocabulary(shards_and_tokenizer, model_dir, t
     vocab = (other / "vocab.txt").read_text(encoding="utf-8").splitlines()
     vocab[1000], vocab[1001] = vocab[1001], vocab[1000]  # same size, different ids
     (other / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    with pytest.raises(UserError, match="different tokenizer"):
+    with pytest.raises(UserError, match="different tokenizer") as refused:
         evaluate_checkpoint(other, shards)
+    message = str(refused.value)
+    assert "vocabulary (tokens and their ids) differs" in message
+    assert (
+        "--tokenizer" not in message and f"bertflow preprocess --vocab {other}" in message
+    )  # evaluate has no --tokenizer
+
+
+def test_a_model_resaved_by_transformers_is_evaluated_on_the_shards_of_its_vocabulary(
+    shards_and_tokenizer, model_dir, tmp_path
+):
+    """save_pretrained rewrites the tokenizer files (transformers 5 writes only tokenizer.json):
+    the same tokens and ids in other bytes were refused as "made with a different tokenizer"."""
+    from transformers import AutoTokenizer
+    from transformers import BertForPreTraining as HFBert
+
+    shards, _ = shards_and_tokenizer
+    resaved = tmp_path / "resaved"
+    HFBert.from_pretrained(model_dir).save_pretrained(resaved)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(resaved)
+    assert (resaved / "tokenizer.json").read_bytes() != (model_dir / "tokenizer.json").read_bytes()
+    result = evaluate_checkpoint(resaved, shards, max_examples=4)
+    assert result["vocabulary_checked"] is True and result["examples"] == 4
 
 
 def test_cli_prints_figures_and_exits_2_on_missing_shards(model_dir, shards_and_tokenizer, tmp_path, capsys):

@@ -8,6 +8,7 @@ per-rank script reads.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,22 @@ def tokenizer_hashes(tokenizer_dir: Path) -> set[str]:
     """sha256 of vocab.txt (and of tokenizer.json): a manifest may record either."""
     return {
         sha256_file(tokenizer_dir / n)
+        for n in ("vocab.txt", "tokenizer.json")
+        if (tokenizer_dir / n).is_file()
+    }
+
+
+def vocabulary_hashes(tokenizer_dir: Path) -> set[str]:
+    """sha256 of the tokens in id order, one a line, of each of its vocab.txt and tokenizer.json, as
+    preprocess records the vocabulary in the manifest (tokenizer_sha256): the same for the same
+    tokens and ids whatever bytes hold them (transformers' save_pretrained rewrites the files, and
+    may write only tokenizer.json); two hashes when the two files disagree."""
+    from preprocessing.wordpiece import load_tokenizer, vocab_list
+
+    return {
+        hashlib.sha256(
+            ("\n".join(vocab_list(load_tokenizer(tokenizer_dir / n)[0])) + "\n").encode()
+        ).hexdigest()
         for n in ("vocab.txt", "tokenizer.json")
         if (tokenizer_dir / n).is_file()
     }
@@ -108,7 +125,14 @@ def require_mlm_targets(shards_dir: Path, train: list[pq.FileMetaData]) -> None:
     )
 
 
-def check_shards(shards_dir: Path, tokenizer_dir: Path, vocab_size: int) -> dict[str, Any]:
+def check_shards(
+    shards_dir: Path,
+    tokenizer_dir: Path,
+    vocab_size: int,
+    fix: str = "pass the tokenizer the shards were preprocessed with, or preprocess again with this one.",
+) -> dict[str, Any]:
+    """The shards' manifest, once they are readable, of our schema, made with the vocabulary of
+    `tokenizer_dir` and within `vocab_size`; `fix`: the advice when the vocabulary differs."""
     manifest = shard_format.read_manifest(shards_dir)
     recorded = manifest.get("tokenizer_sha256")
     if recorded is None:
@@ -117,11 +141,13 @@ def check_shards(shards_dir: Path, tokenizer_dir: Path, vocab_size: int) -> dict
             "cannot be matched to a vocabulary.",
             fix="rerun preprocess with this version of bertflow.",
         )
-    if recorded not in tokenizer_hashes(tokenizer_dir):
+    # the same bytes, or else the same tokens and ids in every tokenizer file
+    if recorded not in tokenizer_hashes(tokenizer_dir) and vocabulary_hashes(tokenizer_dir) != {recorded}:
         raise UserError(
-            f"the shards in {shards_dir} were made with a different tokenizer than {tokenizer_dir} "
-            f"(manifest tokenizer_sha256 {recorded[:12]}… does not match its vocab.txt/tokenizer.json).",
-            fix="pass the tokenizer the shards were preprocessed with, or preprocess again with this one.",
+            f"the shards in {shards_dir} were made with a different tokenizer than {tokenizer_dir}: its "
+            f"vocabulary (tokens and their ids) differs from the one the manifest records (tokenizer_sha256 "
+            f"{recorded[:12]}…).",
+            fix=fix,
         )
     paths = shard_format.shard_paths(shards_dir, "train", verify=False)
     if not paths:
