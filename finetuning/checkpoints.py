@@ -33,6 +33,12 @@ def normalize_checkpoint(checkpoint: str) -> str:
                 fix=f"use random:PRESET ({', '.join(PRESETS)}) or random:MODEL_DIR.",
             )
         return "random:" + str(Path(target).expanduser().resolve())
+    if (path := Path(checkpoint).expanduser()).is_file():  # e.g. DIR/model.safetensors: as import-hf says it
+        folder = f"{path.parent}, " if (path.parent / "config.json").is_file() else ""
+        raise UserError(
+            f"{checkpoint} is a file, not a checkpoint directory.",
+            fix=f"pass {folder}the directory that holds config.json and the weights file.",
+        )
     if not Path(checkpoint).expanduser().is_dir():
         raise UserError(
             f"checkpoint directory {checkpoint} does not exist.",

@@ -118,6 +118,11 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     """Load `manifest.json` of a shard directory, refusing missing or foreign formats."""
     directory = Path(directory)
     path = directory / MANIFEST_NAME
+    if not path.is_file() and (root := _shard_dir_above(directory)) is not None:
+        raise UserError(
+            f"no shards at {directory}: it is not a shard directory but lies inside one, {root}.",
+            fix=f"pass {root}, the folder that holds {MANIFEST_NAME}.",
+        )
     manifest = read_json_object(
         path,
         "shard manifest",
@@ -132,6 +137,12 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
             fix="rerun preprocess with this version of bertflow.",
         )
     return manifest
+
+
+def _shard_dir_above(path: Path) -> Path | None:
+    """The shard directory `path` lies in, when it is one's manifest.json, split folder or shard
+    file (a parent or grandparent holding manifest.json); None otherwise."""
+    return next((d for d in (path.parent, path.parent.parent) if (d / MANIFEST_NAME).is_file()), None)
 
 
 def shard_paths(directory: str | os.PathLike, split: str = "train", verify: bool = True) -> list[Path]:

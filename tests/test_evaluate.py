@@ -413,3 +413,19 @@ def test_an_import_whose_heads_were_freshly_initialized_is_refused_as_its_source
         assert f"{checkpoint} has no pretraining heads (cls.predictions." in err
         assert "were freshly initialized, not trained" in err and "pretrain.init_from" in err
         assert "masked LM" not in out
+
+
+@pytest.mark.parametrize("inside", ["manifest.json", "train"])
+def test_a_path_inside_the_shard_directory_is_refused_naming_the_directory(
+    model_dir, shards_and_tokenizer, capsys, inside
+):
+    """--shards S/manifest.json said ".../manifest.json/manifest.json is missing" (S/train the same
+    kind): the folder to pass is named instead."""
+    shards, _ = shards_and_tokenizer
+    assert cli_main(["evaluate", str(model_dir), "--shards", str(shards / inside)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"lies inside one, {shards}" in err
+        and f"Fix: pass {shards}, the folder that holds manifest.json" in err
+    )
+    assert f"{inside}/manifest.json" not in err

@@ -342,3 +342,12 @@ def test_complete_units_of_a_nan_checkpoint_are_not_read_again_unless_retrained(
     refuse_nonfinite_encoders(jobs)  # every unit complete: nothing to train, nothing read
     with pytest.raises(UserError, match="bert.pooler.dense.bias"):
         refuse_nonfinite_encoders(jobs, retrain=True)
+
+
+def test_a_weights_file_given_as_the_finetune_checkpoint_is_named_a_file(good, tmp_path, capsys):
+    """--checkpoint DIR/model.safetensors said "checkpoint directory ... does not exist" of a file that
+    exists: it is said to be a file, as import-hf and export-hf say it, naming the folder to pass."""
+    weights = good / "model.safetensors"
+    argv = ["finetune", "--checkpoint", str(weights), "--tasks", "sst2", "--output", str(tmp_path / "o")]
+    err = expect_cli_error(argv, capsys, f"{weights} is a file, not a checkpoint directory", f"pass {good}, ")
+    assert "does not exist" not in err and not (tmp_path / "o").exists()
