@@ -172,10 +172,13 @@ def split_size(directory: str | os.PathLike, split: str) -> int:
 
 
 def _split_entries(directory: Path, split: str) -> list[dict[str, Any]]:
-    entries = read_manifest(directory).get("splits", {}).get(split)
-    if entries is None:
-        raise UserError(f"{directory / MANIFEST_NAME} has no {split!r} split.")
-    return entries
+    splits = read_manifest(directory).get("splits", {})
+    if splits.get(split) is None:
+        raise UserError(
+            f"{directory / MANIFEST_NAME} has no {split!r} split; its splits are {', '.join(map(repr, splits))}.",
+            fix=f"choose one of them ({', '.join(splits)}).",
+        )
+    return splits[split]
 
 
 def read_shard(path: str | os.PathLike) -> pa.Table:

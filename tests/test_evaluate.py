@@ -429,3 +429,13 @@ def test_a_path_inside_the_shard_directory_is_refused_naming_the_directory(
         and f"Fix: pass {shards}, the folder that holds manifest.json" in err
     )
     assert f"{inside}/manifest.json" not in err
+
+
+def test_a_split_the_shards_do_not_have_is_refused_listing_those_they_have(
+    model_dir, shards_and_tokenizer, capsys
+):
+    """--split test said only "has no 'test' split", leaving the user to guess the valid names."""
+    shards, _ = shards_and_tokenizer
+    assert cli_main(["evaluate", str(model_dir), "--shards", str(shards), "--split", "test"]) == 2
+    err = capsys.readouterr().err
+    assert "has no 'test' split; its splits are 'train', 'validation'" in err and "Traceback" not in err
