@@ -182,6 +182,7 @@ def test_refuses_shards_of_another_vocabulary(shards_and_tokenizer, model_dir, t
     vocab = (other / "vocab.txt").read_text(encoding="utf-8").splitlines()
     vocab[1000], vocab[1001] = vocab[1001], vocab[1000]  # same size, different ids
     (other / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (other / "tokenizer.json").unlink()  # (beside it, a folder whose two files disagree is refused first)
     with pytest.raises(UserError, match="different tokenizer") as refused:
         evaluate_checkpoint(other, shards)
     message = str(refused.value)
