@@ -160,6 +160,22 @@ def test_init_from_a_model_of_another_vocabulary_of_the_same_size(data, tmp_path
     _fails(config(f"pretrain.init_from={init}"), shards, tok, tmp_path / "out", "another vocabulary than")
 
 
+def test_init_from_a_model_whose_own_vocab_txt_is_truncated(data, tmp_path):
+    """The vocabulary mismatch's fix recommended init_from's own vocab.txt, also when that file was
+    truncated (1,000 lines for 30,522 embeddings): the broken file is named as broken instead."""
+    shards, tok = data
+    vocab = (tok / "vocab.txt").read_text().splitlines()
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "vocab.txt").write_text("\n".join(vocab[:1000]) + "\n")
+    shape = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512}
+    (init / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": len(vocab), **shape}))
+    _fails(
+        config(f"pretrain.init_from={init}"), shards, tok, tmp_path / "out",
+        f"its own tokenizer does not fit its weights: the tokenizer has 1,000 tokens for the model's {len(vocab):,}",
+    )  # fmt: skip
+
+
 def test_checkpoint_of_another_model_shape(data, tmp_path):
     out = tmp_path / "out"
     tag = out / "checkpoints" / "global_step4"

@@ -212,9 +212,16 @@ def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | Non
     """The rows of init_from's embeddings are the ids of its own vocabulary: a tokenizer with other
     tokens, the same ones in another order, or another casing would train them on the wrong words.
     `lowercase`: the casing `tokenizer` is read with (a bare vocab.txt: tokenizer.lowercase)."""
-    from model.hf_io import TOKENIZER_FILES, has_tokenizer
+    from model.hf_io import TOKENIZER_FILES, has_tokenizer, read_config, tokenizer_fit_problem, tokenizer_size
     from preprocessing.wordpiece import tokenizer_difference
 
+    if has_tokenizer(init_dir) and (
+        problem := tokenizer_fit_problem(tokenizer_size(init_dir), read_config(init_dir).vocab_size)
+    ):  # its own tokenizer is not the one to train it with either (a truncated vocab.txt)
+        raise UserError(
+            f"pretrain.init_from {init_dir}: its own tokenizer does not fit its weights: {problem}.",
+            fix=f"put the tokenizer it was trained with into {init_dir} (or import it again with `bertflow import-hf`).",
+        )
     differs = (
         tokenizer_difference(init_dir, tokenizer, "pretrain.init_from", "tokenizer", lowercase)
         if has_tokenizer(init_dir)
