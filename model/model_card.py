@@ -193,14 +193,26 @@ def _data(d: DataFacts) -> list[str]:
     return [*lines, ""]
 
 
+def _schedule(t: TrainingFacts) -> str:
+    """The learning-rate schedule as it ran (`training/optim.py` warmup_linear_decay): a warm-up as
+    long as the run or longer never reaches the decay, nor, if longer, the peak."""
+    if t.warmup_steps < t.steps:
+        return f"peak learning rate {t.lr:g}, {t.warmup_steps} warmup steps then linear decay"
+    reached = t.lr * min(1.0, t.steps / t.warmup_steps)
+    return (
+        f"learning rate rising linearly for the whole run to {reached:g} ({t.warmup_steps} warmup steps "
+        f"of a peak {t.lr:g} in a run of {t.steps}: no decay)"
+    )
+
+
 def _training(t: TrainingFacts, max_len: int | None) -> list[str]:
     lines = [
         "## Training",
         "",
         f"- {t.steps:,} optimizer steps × {t.global_batch:,} sequences = {t.steps * t.global_batch:,} "
         "sequences" + (f", about {t.tokens_seen:,} tokens (padding excluded)" if t.tokens_seen else ""),
-        f"- {t.optimizer}, peak learning rate {t.lr:g}, {t.warmup_steps} warmup steps then linear decay; "
-        f"precision {t.precision}; DeepSpeed ZeRO stage {t.zero_stage} on {t.world_size} process(es)",
+        f"- {t.optimizer}, {_schedule(t)}; precision {t.precision}; DeepSpeed ZeRO stage {t.zero_stage} on "
+        f"{t.world_size} process(es)",
     ]
     if t.seconds:
         lines.append(f"- Wall time {t.seconds / 60:.1f} min")

@@ -45,6 +45,20 @@ def test_card_tells_data_training_quality_and_usage() -> None:
     assert "- Wall time 5.8 min" in text  # 350 s
     assert "`model_max_length` in tokenizer_config.json is 128" in text
     assert 'pipeline("fill-mask", model="/models/tiny")' in text
+    assert "- adamw, peak learning rate 0.0005, 30 warmup steps then linear decay; precision fp32" in text
+
+
+def test_card_of_a_run_shorter_than_its_warmup_says_the_lr_never_decayed() -> None:
+    """20 steps with the default 20 warmup steps read "20 warmup steps then linear decay"."""
+    import dataclasses
+
+    facts = _facts(4.2, True)
+    facts.training = dataclasses.replace(facts.training, steps=20, warmup_steps=40)
+    text = render_model_card(facts, Path("/m"))
+    assert (
+        "learning rate rising linearly for the whole run to 0.00025 (40 warmup steps of a peak 0.0005" in text
+    )
+    assert "then linear decay" not in text
 
 
 def test_card_warns_when_the_model_is_no_better_than_token_frequencies() -> None:
