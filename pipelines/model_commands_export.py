@@ -39,10 +39,11 @@ def resolve_model(ckpt: Path) -> ResolvedModel:
             loaded.model, ckpt if has_tokenizer(ckpt) else None, loaded.fresh, "model directory"
         )
     if _looks_like_deepspeed(ckpt):
-        from training.consolidate import load_model_from_deepspeed_checkpoint
+        from training.consolidate import load_model_from_tag, resolve_tag_dir
 
-        model = load_model_from_deepspeed_checkpoint(ckpt)  # ZeRO partitions merged to fp32
-        return ResolvedModel(model, _run_tokenizer(ckpt), [], "DeepSpeed checkpoint")
+        tag = resolve_tag_dir(ckpt)  # the newest verified one, or the one named
+        model = load_model_from_tag(tag)  # ZeRO partitions merged to fp32
+        return ResolvedModel(model, _run_tokenizer(ckpt), [], f"DeepSpeed checkpoint {tag.name}")
     raise UserError(
         f"{ckpt} is not a BERT checkpoint: it has no config.json and no DeepSpeed checkpoint.",
         fix="pass a model directory (config.json + model.safetensors) written by bertflow or transformers, "

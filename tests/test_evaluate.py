@@ -217,6 +217,7 @@ def test_cli_prints_figures_and_exits_2_on_missing_shards(model_dir, shards_and_
     )
     out = capsys.readouterr().out
     assert "masked LM   accuracy" in out and "chance level" in out
+    assert out.startswith(f"{model_dir} (model directory) on {shards} (validation, ")  # what was read
     # an untrained NSP head is marked at chance too, not printed as an ordinary figure
     nsp = next(line for line in out.splitlines() if "next sent." in line)
     assert "(chance: within noise of the majority label)" in nsp

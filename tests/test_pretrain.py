@@ -193,7 +193,7 @@ def test_a_bf16_run_exports_its_fp32_master_weights_not_the_rounded_module(tmp_p
     assert weights["bert.embeddings.word_embeddings.weight"].dtype == torch.float32
 
 
-def test_export_hf_finds_the_runs_tokenizer_from_any_checkpoint_path(ref_run, tmp_path):
+def test_export_hf_finds_the_runs_tokenizer_from_any_checkpoint_path(ref_run, tmp_path, capsys):
     """RUN/checkpoints and RUN/checkpoints/global_stepN find RUN/model's tokenizer (the first was
     refused with 'has no tokenizer'); a run with no model/ yet, the one its run_spec.json names."""
     from pipelines.cli import main as cli
@@ -203,6 +203,9 @@ def test_export_hf_finds_the_runs_tokenizer_from_any_checkpoint_path(ref_run, tm
     for i, path in enumerate((out / "checkpoints", out / "checkpoints" / "global_step12")):
         assert cli(["export-hf", str(path), str(tmp_path / f"hf{i}")]) == 0
         assert (tmp_path / f"hf{i}" / "vocab.txt").read_bytes() == vocab
+        assert (
+            f"exported {path} (DeepSpeed checkpoint global_step12) ->" in capsys.readouterr().out
+        )  # which step
     under_way = tmp_path / "under-way"
     shutil.copytree(out, under_way, ignore=shutil.ignore_patterns("model"))
     assert cli(["export-hf", str(under_way / "checkpoints"), str(tmp_path / "hf-under-way")]) == 0

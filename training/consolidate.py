@@ -84,7 +84,11 @@ def _fp32_masters(
 
 def load_model_from_deepspeed_checkpoint(ckpt_dir: str | os.PathLike) -> BertForPreTraining:
     """The fp32 model of the newest verified checkpoint under `ckpt_dir` (see resolve_tag_dir)."""
-    tag_dir = resolve_tag_dir(ckpt_dir)
+    return load_model_from_tag(resolve_tag_dir(ckpt_dir))
+
+
+def load_model_from_tag(tag_dir: Path) -> BertForPreTraining:
+    """The fp32 model of one verified checkpoint tag (`resolve_tag_dir`'s)."""
     info = checkpoint.read_verification(tag_dir) or {}
     if "model_config" not in info:
         raise UserError(f"{tag_dir}/{checkpoint.VERIFIED_NAME} records no model_config.")
