@@ -175,7 +175,8 @@ def _check_split_has_examples(shards: Path, split: str) -> None:
 def format_result(r: dict[str, Any]) -> str:
     m, b = r["metrics"], r["baselines"]
     lines = [
-        f"{r['checkpoint']} ({r['checkpoint_kind']}) on {r['shards']} ({r['split']}, {r['examples']:,} examples, "
+        f"{r['checkpoint']}{f' ({kind})' if (kind := r.get('checkpoint_kind')) else ''} on {r['shards']} "
+        f"({r['split']}, {r['examples']:,} examples, "
         f"{r['masked_tokens']:,} masked tokens):",
         f"  masked LM   accuracy {m['val_mlm_acc']:.4f}   loss {m['val_mlm_loss']:.4f} nats",
         f"  next sent.  accuracy {m['val_nsp_acc']:.4f}   loss {m['val_nsp_loss']:.4f} nats"

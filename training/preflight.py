@@ -215,8 +215,10 @@ def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | Non
     from model.hf_io import TOKENIZER_FILES, has_tokenizer, read_config, tokenizer_fit_problem, tokenizer_size
     from preprocessing.wordpiece import tokenizer_difference
 
-    if has_tokenizer(init_dir) and (
-        problem := tokenizer_fit_problem(tokenizer_size(init_dir), read_config(init_dir).vocab_size)
+    if (
+        has_tokenizer(init_dir)
+        and (init_dir / "config.json").is_file()
+        and (problem := tokenizer_fit_problem(tokenizer_size(init_dir), read_config(init_dir).vocab_size))
     ):  # its own tokenizer is not the one to train it with either (a truncated vocab.txt)
         raise UserError(
             f"pretrain.init_from {init_dir}: its own tokenizer does not fit its weights: {problem}.",
