@@ -130,6 +130,22 @@ def check_input_file(
         raise UserError(missing or f"{what} {path} does not exist.", fix=fix)
 
 
+def check_checkpoint_dir(path: str | os.PathLike, missing_fix: str | None = None) -> None:
+    """A checkpoint is a folder: a file given instead (DIR/model.safetensors) is said to be one,
+    naming DIR where it holds config.json; a path that does not exist says so, with `missing_fix`."""
+    from common.errors import UserError
+
+    path = Path(path).expanduser()
+    if path.is_file():
+        folder = f"{path.parent}, " if (path.parent / "config.json").is_file() else ""
+        raise UserError(
+            f"{path} is a file, not a checkpoint directory.",
+            fix=f"pass {folder}the directory that holds config.json and the weights file.",
+        )
+    if not path.is_dir():
+        raise UserError(f"checkpoint directory {path} does not exist.", fix=missing_fix)
+
+
 def _nearest_existing(path: Path) -> Path:
     """`path` or its nearest parent that exists."""
     while not path.exists() and path != path.parent:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.errors import UserError
-from common.paths import resolve_data_path
+from common.paths import check_checkpoint_dir, resolve_data_path
 
 GENERIC_DIR_NAMES = {"model", "hf", "final", "export", "checkpoint", "hf_model"}
 
@@ -33,17 +33,7 @@ def normalize_checkpoint(checkpoint: str) -> str:
                 fix=f"use random:PRESET ({', '.join(PRESETS)}) or random:MODEL_DIR.",
             )
         return "random:" + str(Path(target).expanduser().resolve())
-    if (path := Path(checkpoint).expanduser()).is_file():  # e.g. DIR/model.safetensors: as import-hf says it
-        folder = f"{path.parent}, " if (path.parent / "config.json").is_file() else ""
-        raise UserError(
-            f"{checkpoint} is a file, not a checkpoint directory.",
-            fix=f"pass {folder}the directory that holds config.json and the weights file.",
-        )
-    if not Path(checkpoint).expanduser().is_dir():
-        raise UserError(
-            f"checkpoint directory {checkpoint} does not exist.",
-            fix="pass a model directory or random:PRESET.",
-        )
+    check_checkpoint_dir(checkpoint, missing_fix="pass a model directory or random:PRESET.")
     return str(Path(checkpoint).expanduser().resolve())
 
 

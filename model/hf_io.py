@@ -21,6 +21,7 @@ import torch
 
 from common.errors import UserError
 from common.jsonfile import read_json_object
+from common.paths import check_checkpoint_dir
 from common.stage_output import model_dir_hint
 from common.textfile import read_user_text
 from common.tokenizer_config import normalizer_settings
@@ -200,13 +201,7 @@ class LoadedCheckpoint:
 def load_checkpoint(directory: str | os.PathLike) -> LoadedCheckpoint:
     """Build our BertForPreTraining from an HF/our directory and say what was and was not in it."""
     directory = Path(directory)
-    if not directory.exists():
-        raise UserError(f"checkpoint directory {directory} does not exist.")
-    if not directory.is_dir():
-        raise UserError(
-            f"{directory} is a file, not a checkpoint directory.",
-            fix="pass the directory that holds config.json and the weights file.",
-        )
+    check_checkpoint_dir(directory)
     config = read_config(directory)
     state, ignored = normalize_keys(read_state_dict(directory))
     if not any(k.startswith("bert.encoder.") for k in state):

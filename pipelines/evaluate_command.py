@@ -20,7 +20,7 @@ import numpy as np
 from common.atomic import MARKER_NAME, atomic_write_json
 from common.errors import UserError
 from common.paths import check_output_file
-from pipelines.model_commands_export import _fresh, resolve_model
+from pipelines.model_commands_export import fresh_weights, resolve_model
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +60,9 @@ def evaluate_checkpoint(
     _check_split_has_examples(shards, split)
     resolved = resolve_model(checkpoint)
     _check_finite_weights(resolved.model, checkpoint)
-    has_nsp_head = _check_pretraining_heads(resolved.fresh, _fresh(checkpoint, resolved.fresh), checkpoint)
+    has_nsp_head = _check_pretraining_heads(
+        resolved.fresh, fresh_weights(checkpoint, resolved.fresh), checkpoint
+    )
     model = resolved.model
     vocab_size = model.config.vocab_size
     if resolved.tokenizer_dir is not None:

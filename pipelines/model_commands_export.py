@@ -147,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
         info={
             "source": str(args.ckpt.absolute()),
             "command": "export-hf",
-            "fresh": _fresh(args.ckpt, resolved.fresh),
+            "fresh": fresh_weights(args.ckpt, resolved.fresh),
         },
         encoder_only=args.encoder_only,
         card=_pretraining_card(args.ckpt),
@@ -176,7 +176,7 @@ def _fitting_own_tokenizer(args: argparse.Namespace, resolved: ResolvedModel) ->
     return None
 
 
-def _fresh(ckpt: Path, fresh: list[str]) -> list[str]:
+def fresh_weights(ckpt: Path, fresh: list[str]) -> list[str]:
     """The weights the export initializes, plus those its source directory's marker lists as freshly
     initialized by an earlier import-hf or export-hf: an export of an import without pretraining
     heads still has untrained heads."""
