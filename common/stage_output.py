@@ -8,10 +8,27 @@ are recognized by their files.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from common.atomic import read_marker
 from common.errors import UserError
+
+# a pretraining checkpoint: OUT/checkpoints/global_stepN/, verified once it holds VERIFIED_NAME
+# (`training/checkpoint.py`; here without torch, for the flow's notes)
+VERIFIED_NAME = "_VERIFIED.json"
+TAG_RE = re.compile(r"^global_step(\d+)$")
+
+
+def newest_verified_step(out: Path) -> int | None:
+    """The step of the newest verified checkpoint of the pretraining output `out`, if any."""
+    steps = [
+        int(m.group(1))
+        for tag in (Path(out) / "checkpoints").glob("global_step*")
+        if (m := TAG_RE.match(tag.name)) and (tag / VERIFIED_NAME).is_file()
+    ]
+    return max(steps, default=None)
+
 
 # files by which an output is recognized, stage by stage (first match wins)
 _SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (

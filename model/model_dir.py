@@ -36,14 +36,17 @@ def first_nonfinite(weights: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     return None
 
 
-def check_finite(model: torch.nn.Module, source: str) -> None:
-    """Refuse to publish weights holding NaN or Inf (e.g. from an fp16 overflow)."""
+def check_finite(
+    model: torch.nn.Module,
+    source: str,
+    refusal: str = "refusing to write a broken model",
+    fix: str = "from a pretraining run, export an earlier checkpoint (training diverged after it); a "
+    "downloaded model's file is damaged: download it again.",
+) -> None:
+    """Refuse weights holding NaN or Inf (e.g. from an fp16 overflow), naming the first one: to
+    publish them by default; `refusal` and `fix` say it for another use (evaluating them)."""
     if (name := first_nonfinite(model.state_dict().items())) is not None:
-        raise UserError(
-            f"{source}: weight {name!r} contains NaN or Inf; refusing to write a broken model.",
-            fix="from a pretraining run, export an earlier checkpoint (training diverged after it); a "
-            "downloaded model's file is damaged: download it again.",
-        )
+        raise UserError(f"{source}: weight {name!r} contains NaN or Inf; {refusal}.", fix=fix)
 
 
 def prepare_target(out: Path) -> None:

@@ -23,8 +23,6 @@ from common.paths import check_output_file
 from pipelines.model_commands_export import fresh_weights, resolve_model
 
 if TYPE_CHECKING:
-    import torch
-
     from model.config import BertConfig
     from training.data import ExampleStore
 
@@ -51,6 +49,7 @@ def evaluate_checkpoint(
     import torch
 
     from finetuning.chance import nsp_at_chance
+    from model.model_dir import check_finite
     from training.data import collate, load_split
     from training.evaluate import beats_unigram, evaluate_pretraining, mlm_baselines, train_target_counts
     from training.preflight import check_shards
@@ -59,7 +58,12 @@ def evaluate_checkpoint(
         raise UserError("--batch-size and --max-examples must be positive integers.")
     _check_split_has_examples(shards, split)
     resolved = resolve_model(checkpoint)
-    _check_finite_weights(resolved.model, checkpoint)
+    check_finite(
+        resolved.model,
+        str(checkpoint),
+        refusal="its figures would be meaningless",
+        fix="evaluate an earlier checkpoint of that run (its training diverged after it), or another model.",
+    )
     has_nsp_head = _check_pretraining_heads(
         resolved.fresh, fresh_weights(checkpoint, resolved.fresh), checkpoint
     )
@@ -99,18 +103,6 @@ def evaluate_checkpoint(
         # False: the checkpoint has no tokenizer files, so only the ids' range could be checked
         "vocabulary_checked": resolved.tokenizer_dir is not None,
     }
-
-
-def _check_finite_weights(model: torch.nn.Module, checkpoint: Path) -> None:
-    """Weights holding NaN or Inf are refused before any forward pass, naming the first one (as
-    export-hf, import-hf and finetune refuse them): every figure of such a model would be NaN."""
-    from model.model_dir import first_nonfinite
-
-    if (name := first_nonfinite(model.state_dict().items())) is not None:
-        raise UserError(
-            f"{checkpoint}: weight {name!r} contains NaN or Inf; its figures would be meaningless.",
-            fix="evaluate an earlier checkpoint of that run (its training diverged after it), or another model.",
-        )
 
 
 def _check_pretraining_heads(missing: list[str], fresh: list[str], checkpoint: Path) -> bool:

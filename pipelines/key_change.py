@@ -8,18 +8,16 @@ unsaid, next to the progress it left behind.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from common.atomic import progress_state
+from common.stage_output import newest_verified_step
 from pipelines.run_history import flow_runs
 from pipelines.stage_keys import base_stage
 
 NOTED_STAGES = ("tokenizer", "preprocess", "pretrain")  # the ones that take long; later ones follow them
 SHOWN_CHANGES = 4
-# a verified checkpoint of a pretraining (`training/checkpoint.py`, not imported: it imports torch)
-VERIFIED_CHECKPOINT = re.compile(r"^global_step(\d+)$")
 
 
 def flat(inputs: dict[str, Any], section: str) -> dict[str, Any]:
@@ -65,15 +63,6 @@ def changed_settings(
     return said
 
 
-def verified_step(out: Path) -> int | None:
-    steps = [
-        int(m.group(1))
-        for tag in (out / "checkpoints").glob("global_step*")
-        if (m := VERIFIED_CHECKPOINT.match(tag.name)) and (tag / "_VERIFIED.json").is_file()
-    ]
-    return max(steps, default=None)
-
-
 def left_behind(old: Path) -> tuple[str, bool]:
     """What the old output holds, said so that the user can get it back ('' when nothing), and
     whether it is progress that only the old settings resume."""
@@ -83,7 +72,7 @@ def left_behind(old: Path) -> tuple[str, bool]:
             f"Its output under the old key, {old}, is complete and stays: the old settings find it again.",
             False,
         )
-    step = verified_step(old) if old.is_dir() else None
+    step = newest_verified_step(old)
     if step is None or state == "running":
         return "", False
     return (

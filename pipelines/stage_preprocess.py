@@ -243,12 +243,14 @@ def nothing_to_predict(stats: dict, files: list[str], tokenizer_path: Path) -> U
 def shard_identity(cfg: PreprocessConfig, files: list[str], tokenizer_json: str, vocab: list[str]) -> dict:
     """What determines the shards, recorded in the manifest; a finished output with another
     identity is rebuilt."""
+    from preprocessing.wordpiece import vocabulary_sha256
+
     return {
         "schema_version": SCHEMA_VERSION,
         "config": cfg.output_settings(),  # how the job runs (workers, runner) is not in the manifest
         # the vocabulary decides the ids: its hash equals the sha256 of a vocab.txt holding it, so
         # pretraining can match the shards to a tokenizer dir however preprocess was given it
-        "tokenizer_sha256": hashlib.sha256(("\n".join(vocab) + "\n").encode()).hexdigest(),
+        "tokenizer_sha256": vocabulary_sha256(vocab),
         "tokenizer_json_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
         "input_fingerprint": input_fingerprint(files),
     }

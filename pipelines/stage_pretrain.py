@@ -283,7 +283,7 @@ def cpu_run_note(cfg: PipelineConfig) -> str:
     (a CPU build of torch, a missing driver) would otherwise start weeks of CPU training unsaid."""
     from training.flops import step_flops
     from training.launch import world_size
-    from training.ranks import CPU_RANKS, resolve_ranks, visible_gpus
+    from training.ranks import CPU_RANKS, has_gpu_device, resolve_ranks, visible_gpus
 
     if visible_gpus():
         return ""
@@ -300,7 +300,7 @@ def cpu_run_note(cfg: PipelineConfig) -> str:
         return ""
     took = f"{hours:,.0f} hours" if hours < 48 else f"{hours / 24:,.0f} days"
     shape = model_shape(cfg)
-    if not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/kfd").exists():
+    if not has_gpu_device():
         why = "this machine shows no GPU device (/dev/nvidia*, /dev/kfd)"
     else:
         import torch

@@ -8,6 +8,7 @@ truncation per task; padding is always off, batches are padded dynamically).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -290,6 +291,12 @@ def _json_lowercase(tok: Tokenizer, default: bool) -> bool:
 
 def pad_id(tok: Tokenizer) -> int:
     return tok.token_to_id(PAD)
+
+
+def vocabulary_sha256(vocab: list[str]) -> str:
+    """The vocabulary's identity, the sha256 of a vocab.txt holding it (tokens in id order, one a
+    line): what the shards' manifest records as tokenizer_sha256, however the tokenizer was stored."""
+    return hashlib.sha256(("\n".join(vocab) + "\n").encode()).hexdigest()
 
 
 def vocab_list(tok: Tokenizer) -> list[str]:

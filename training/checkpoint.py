@@ -10,7 +10,6 @@ verifies and warns about any newer one it skipped. Only the newest `keep` verifi
 from __future__ import annotations
 
 import random
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +20,7 @@ import torch
 
 from common.atomic import atomic_path, atomic_write_json, sha256_file
 from common.console import warning_line
-
-VERIFIED_NAME = "_VERIFIED.json"
-TAG_RE = re.compile(r"^global_step(\d+)$")
+from common.stage_output import TAG_RE, VERIFIED_NAME
 
 
 def tag_for(step: int) -> str:

@@ -8,7 +8,6 @@ per-rank script reads.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +59,14 @@ def tokenizer_hashes(tokenizer_dir: Path) -> set[str]:
     }
 
 
-def vocabulary_hashes(tokenizer_dir: Path) -> set[str]:
-    """sha256 of the tokens in id order, one a line, of each of its vocab.txt and tokenizer.json, as
-    preprocess records the vocabulary in the manifest (tokenizer_sha256): the same for the same
-    tokens and ids whatever bytes hold them (transformers' save_pretrained rewrites the files, and
-    may write only tokenizer.json); two hashes when the two files disagree."""
-    from preprocessing.wordpiece import load_tokenizer, vocab_list
+def vocabulary_hash(tokenizer_dir: Path) -> str:
+    """The vocabulary of `tokenizer_dir` as preprocess records it in the manifest (tokenizer_sha256,
+    `vocabulary_sha256`): the same for the same tokens and ids whatever bytes hold them
+    (transformers' save_pretrained rewrites the files, and may write only tokenizer.json). A folder
+    whose vocab.txt and tokenizer.json disagree is refused by `load_tokenizer`."""
+    from preprocessing.wordpiece import load_tokenizer, vocab_list, vocabulary_sha256
 
-    return {
-        hashlib.sha256(
-            ("\n".join(vocab_list(load_tokenizer(tokenizer_dir / n)[0])) + "\n").encode()
-        ).hexdigest()
-        for n in ("vocab.txt", "tokenizer.json")
-        if (tokenizer_dir / n).is_file()
-    }
+    return vocabulary_sha256(vocab_list(load_tokenizer(tokenizer_dir)[0]))
 
 
 def _column_max(meta: pq.FileMetaData, column: str) -> int | None:
@@ -142,7 +135,7 @@ def check_shards(
             fix="rerun preprocess with this version of bertflow.",
         )
     # the same bytes, or else the same tokens and ids in every tokenizer file
-    if recorded not in tokenizer_hashes(tokenizer_dir) and vocabulary_hashes(tokenizer_dir) != {recorded}:
+    if recorded not in tokenizer_hashes(tokenizer_dir) and vocabulary_hash(tokenizer_dir) != recorded:
         raise UserError(
             f"the shards in {shards_dir} were made with a different tokenizer than {tokenizer_dir}: its "
             f"vocabulary (tokens and their ids) differs from the one the manifest records (tokenizer_sha256 "

@@ -19,10 +19,15 @@ from training.launch import world_size
 CPU_RANKS = 2  # `auto` without a GPU: the CPU configs' two data-parallel ranks
 
 
+def has_gpu_device() -> bool:
+    """Whether the machine has a GPU device node (NVIDIA's, or ROCm's /dev/kfd), without torch."""
+    return any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
+
+
 def visible_gpus() -> int:
     """GPUs this process may use (CUDA_VISIBLE_DEVICES applies); 0 without CUDA, and 0 without
-    importing torch where the machine has no GPU device node (NVIDIA's, or ROCm's /dev/kfd)."""
-    if not any(Path("/dev").glob("nvidia[0-9]*")) and not Path("/dev/kfd").exists():
+    importing torch where the machine has no GPU device node (`has_gpu_device`)."""
+    if not has_gpu_device():
         return 0
     import torch
 
