@@ -72,6 +72,7 @@ class CardFacts:
     data: DataFacts | None = None
     training: TrainingFacts | None = None
     evaluation: EvalFacts | None = None
+    evaluation_note: str | None = None  # why `evaluation` is unknown (a checkpoint between evaluations)
     headline: str | None = None  # the fine-tuning scorecard's headline, when known
     fresh_weights: list[str] = field(default_factory=list)  # not from the source checkpoint
     provenance: dict[str, str] = field(default_factory=dict)
@@ -281,6 +282,8 @@ def render_model_card(f: CardFacts, model_dir: Path) -> str:
         lines += ["## Fine-tuning", "", f.headline, ""]
     if f.evaluation is not None:
         lines += _quality(f.evaluation)
+    elif f.evaluation_note:
+        lines += ["## How good is it", "", f.evaluation_note, ""]
     if f.data is not None:
         lines += _data(f.data)
     if f.training is not None:

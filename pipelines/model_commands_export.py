@@ -16,8 +16,9 @@ from pathlib import Path
 
 from common.console import warning_line
 from common.errors import UserError
-from model.heads import BertForPreTraining
+from model.heads import BertForPreTraining, count_parameters
 from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
+from model.model_card import CardFacts
 from model.model_dir import publish_model_dir
 from preprocessing.wordpiece import refuse_other_tokenizer
 
@@ -28,6 +29,7 @@ class ResolvedModel:
     tokenizer_dir: Path | None  # where the checkpoint's own tokenizer files are, if it has them
     fresh: list[str]  # parameters not in the checkpoint (freshly initialized)
     kind: str
+    tag: Path | None = None  # the DeepSpeed checkpoint tag read (checkpoints/global_stepN), if one
 
 
 def resolve_model(ckpt: Path) -> ResolvedModel:
@@ -43,7 +45,7 @@ def resolve_model(ckpt: Path) -> ResolvedModel:
 
         tag = resolve_tag_dir(ckpt)  # the newest verified one, or the one named
         model = load_model_from_tag(tag)  # ZeRO partitions merged to fp32
-        return ResolvedModel(model, _run_tokenizer(ckpt), [], f"DeepSpeed checkpoint {tag.name}")
+        return ResolvedModel(model, _run_tokenizer(ckpt), [], f"DeepSpeed checkpoint {tag.name}", tag)
     raise UserError(
         f"{ckpt} is not a BERT checkpoint: it has no config.json and no DeepSpeed checkpoint.",
         fix="pass a model directory (config.json + model.safetensors) written by bertflow or transformers, "
@@ -140,6 +142,9 @@ def main(args: argparse.Namespace) -> int:
             f"{args.ckpt} has no tokenizer (vocab.txt or tokenizer.json); a Hugging Face directory needs one.",
             fix="pass --tokenizer DIR, e.g. the tokenizer stage's output directory.",
         )
+    card = pretraining_card_of(args.ckpt, resolved.tag)
+    if card is not None and card.parameters is None:  # a run under way: no model/ to count yet
+        card.parameters = count_parameters(resolved.model)
     out = publish_model_dir(
         resolved.model,
         args.out_dir,
@@ -150,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
             "fresh": fresh_weights(args.ckpt, resolved.fresh),
         },
         encoder_only=args.encoder_only,
-        card=_pretraining_card(args.ckpt),
+        card=card,
     )
     print(f"exported {args.ckpt} ({resolved.kind}) -> {out}")
     if args.encoder_only:
@@ -186,16 +191,24 @@ def fresh_weights(ckpt: Path, fresh: list[str]) -> list[str]:
     return list(dict.fromkeys([*fresh, *(earlier if isinstance(earlier, list) else [])]))
 
 
-def _pretraining_card(ckpt: Path):
-    """The model card facts when CKPT is a finished bertflow pretraining output (or its model/):
-    the export then carries the same data, training and held-out figures. None otherwise."""
+def pretraining_card_of(ckpt: Path, tag: Path | None = None) -> CardFacts | None:
+    """The model card facts when CKPT is a bertflow pretraining output or lies in one: its model/
+    (a finished run), or `tag`, the DeepSpeed checkpoint read from the run dir, its checkpoints/ or
+    a global_stepN: then the card says which step, and carries the data, training and held-out
+    figures of the run's records up to that step. None otherwise (no run records next to it)."""
     from common.atomic import read_marker
-
-    run = next((d for d in (ckpt, ckpt.parent) if (d / "run_spec.json").is_file()), None)
-    if run is None or read_marker(run) is None or (ckpt != run and ckpt != run / "model"):
-        return None
     from pipelines.pretrain_card import pretraining_card
+    from training.checkpoint import step_of
 
-    card = pretraining_card(run)
+    runs = _run_dirs(ckpt)
+    if not runs:
+        return None
+    run = runs[0]
+    if ckpt in (run, run / "model") and read_marker(run) is not None:
+        card = pretraining_card(run)  # the finished run's model (its newest checkpoint)
+    elif tag is not None:
+        card = pretraining_card(run, step=step_of(tag))
+    else:
+        return None
     card.provenance = {"exported from": f"`{ckpt.absolute()}`", **card.provenance}
     return card

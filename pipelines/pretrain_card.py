@@ -55,10 +55,14 @@ def _data_facts(
     )
 
 
-def _training_facts(spec: dict[str, Any], rows: list[dict[str, Any]], stats: dict[str, Any]) -> TrainingFacts:
+def _training_facts(
+    spec: dict[str, Any], rows: list[dict[str, Any]], stats: dict[str, Any], steps: int | None = None
+) -> TrainingFacts:
+    """`steps`: those of the checkpoint described (default: the last logged training step)."""
     p = spec.get("pretrain", {})
     ds = spec.get("ds_config", {})
-    steps = max((int(r["step"]) for r in rows if r.get("step") is not None and "loss" in r), default=0)
+    if steps is None:
+        steps = max((int(r["step"]) for r in rows if r.get("step") is not None and "loss" in r), default=0)
     global_batch = int(ds.get("train_batch_size") or 0)
     per_example = stats.get("mean_tokens_per_example")
     precision = next((k for k in ("bf16", "fp16") if ds.get(k, {}).get("enabled")), "fp32")
@@ -136,22 +140,28 @@ def init_from_text(init_from: str) -> str:
     return f"`{init_from}`" + (f" ({', '.join(details)})" if details else "")
 
 
-def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | None = None) -> CardFacts:
+def pretraining_card(
+    out_dir: Path, seconds: float | None = None, name: str | None = None, step: int | None = None
+) -> CardFacts:
     """The model card facts of the pretraining output directory `out_dir` (its model is
-    `out_dir/model`)."""
+    `out_dir/model`); with `step`, of its checkpoint at that step (`checkpoints/global_stepN`): the
+    records up to that step, and the held-out figures only if an evaluation ran at that step (the
+    card says when none did)."""
     # imported here: `bertflow pretrain` and `bertflow run` import this module before they check the
     # config, and model.hf_io imports torch (2 s)
     from model.hf_io import saved_parameter_count
 
     out_dir = Path(out_dir)
     spec = read_json_or_empty(out_dir / "run_spec.json")
-    model_config = read_json_or_empty(out_dir / "model" / "config.json")
+    # a run still under way has no model/ yet: its shape is the one its run spec trains
+    model_config = read_json_or_empty(out_dir / "model" / "config.json") or spec.get("model", {})
     shards_dir = Path(spec["shards_dir"]) if spec.get("shards_dir") else None
     tokenizer_dir = Path(spec["tokenizer_dir"]) if spec.get("tokenizer_dir") else None
-    rows = read_metrics(out_dir)
+    logged = read_metrics(out_dir)
+    rows = [r for r in logged if step is None or int(r.get("step", 0)) <= step]
     data = _data_facts(shards_dir, model_config, tokenizer_dir) if shards_dir else None
     stats = read_json_or_empty(shards_dir / "stats.json") if shards_dir else {}
-    training = _training_facts(spec, rows, stats)
+    training = _training_facts(spec, rows, stats, steps=step)
     training.seconds = seconds
     preset = preset_of(model_config)
     title = f"BERT-{preset}" if preset else "BERT"
@@ -159,6 +169,17 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
     init_from = spec.get("pretrain", {}).get("init_from")
     before = steps_before(init_from)
     steps = steps_text([*before, training.steps])
+    evaluation = _eval_facts(spec, rows, shards_dir) if shards_dir else None
+    evaluation_note = None
+    if step is not None and (evaluation is None or evaluation.step != step):
+        evaluation = None
+        evaluated = sorted({int(r["step"]) for r in logged if "val_mlm_acc" in r})
+        at = f" (its evaluations: step {', '.join(f'{n:,}' for n in evaluated)})" if evaluated else ""
+        evaluation_note = (
+            f"Not known: the run logged no held-out evaluation at step {step:,}{at}. Measure it: "
+            f"`bertflow evaluate THIS_DIR --shards {shards_dir or 'SHARDS_DIR'}`."
+        )
+    checkpoint = {} if step is None else {"checkpoint": f"`global_step{step}` (step {step:,} of the run)"}
     return CardFacts(
         name=name or f"{title} pretrained{corpus} ({steps} steps, bertflow)",
         model_config=model_config,
@@ -166,11 +187,13 @@ def pretraining_card(out_dir: Path, seconds: float | None = None, name: str | No
         model_max_length=data.max_seq_length if data and data.max_seq_length else None,
         data=data,
         training=training,
-        evaluation=_eval_facts(spec, rows, shards_dir) if shards_dir else None,
+        evaluation=evaluation,
+        evaluation_note=evaluation_note,
         init_from=init_from_text(init_from) if init_from else None,
         steps_before=before,
         provenance={
             "pretraining output": f"`{out_dir}`",
+            **checkpoint,
             **({"continued from": f"`{init_from}` (its weights; a fresh optimizer)"} if init_from else {}),
             "shards": f"`{shards_dir}`" if shards_dir else "?",
             "tokenizer": f"`{tokenizer_dir}`" if tokenizer_dir else "?",

@@ -5,6 +5,7 @@ the usual permissions."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 from pathlib import Path
 
@@ -221,3 +222,43 @@ def test_card_of_a_continued_pretraining_names_the_model_it_started_from(
         f"continued pretraining from `{init}` (`nreimers/MiniLM-L6-H384-uncased`, imported from `{minilm_dir}`) "
         "with masked-LM and next-sentence prediction for 300 steps"
     ) in text
+
+
+def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
+    tmp_path: Path, minilm_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`export-hf RUN/checkpoints/global_stepN` gets the finished model's card facts (data, training,
+    held-out figures) as of step N; a step with no held-out evaluation says the figures are not known.
+    (The DeepSpeed tag's loading is stubbed: its weights are another test's matter.)"""
+    import training.consolidate
+    from model.config import BertConfig
+    from model.heads import BertForPreTraining
+    from pipelines.config import load_config
+    from tests.report_fixtures import make_stage_outputs
+
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled", "finetune.tasks=[]"])
+    dirs = make_stage_outputs(cfg, minilm_dir, data_dir)
+    run = dirs["pretrain"]
+    shutil.copytree(dirs["tokenizer"], run / "model", dirs_exist_ok=True)  # the run's tokenizer
+    monkeypatch.setattr(training.consolidate, "resolve_tag_dir", lambda path: Path(path))
+    monkeypatch.setattr(
+        training.consolidate,
+        "load_model_from_tag",
+        lambda tag: BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522)),
+    )
+    for step in (200, 250):
+        tag = run / "checkpoints" / f"global_step{step}"
+        tag.mkdir(parents=True)
+        assert cli(["export-hf", str(tag), str(tmp_path / f"hf{step}")]) == 0
+
+    at_200 = (tmp_path / "hf200" / "README.md").read_text()
+    assert "(200 steps, bertflow)" in at_200 and "for 200 steps (12,800 sequences" in at_200
+    assert "Measured at step 200 on 16 held-out examples" in at_200
+    assert "200 optimizer steps × 64 sequences" in at_200 and "## Data" in at_200
+    assert "- checkpoint: `global_step200` (step 200 of the run)" in at_200
+    at_250 = (tmp_path / "hf250" / "README.md").read_text()
+    assert (
+        "## How good is it\n\nNot known: the run logged no held-out evaluation at step 250 "
+        "(its evaluations: step 100, 200, 300)"
+    ) in at_250
+    assert "Measured at" not in at_250 and "250 optimizer steps × 64 sequences" in at_250
