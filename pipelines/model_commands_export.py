@@ -11,7 +11,7 @@ model directories and any HF BERT directory, and is the one place to teach new c
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.console import warning_line
@@ -30,6 +30,7 @@ class ResolvedModel:
     fresh: list[str]  # parameters not in the checkpoint (freshly initialized)
     kind: str
     tag: Path | None = None  # the DeepSpeed checkpoint tag read (checkpoints/global_stepN), if one
+    left_out: list[str] = field(default_factory=list)  # tensors BertForPreTraining has no place for
 
 
 def resolve_model(ckpt: Path) -> ResolvedModel:
@@ -37,8 +38,9 @@ def resolve_model(ckpt: Path) -> ResolvedModel:
     e.g. `if is_deepspeed_checkpoint(ckpt): return ResolvedModel(consolidate(ckpt), ...)`."""
     if (ckpt / "config.json").is_file() or not ckpt.is_dir():
         loaded = load_checkpoint(ckpt)  # our model dir or any HF BERT dir; errors name the file
+        tokenizer = ckpt if has_tokenizer(ckpt) else None
         return ResolvedModel(
-            loaded.model, ckpt if has_tokenizer(ckpt) else None, loaded.fresh, "model directory"
+            loaded.model, tokenizer, loaded.fresh, "model directory", left_out=loaded.ignored
         )
     if _looks_like_deepspeed(ckpt):
         from training.consolidate import load_model_from_tag, resolve_tag_dir
@@ -158,11 +160,27 @@ def main(args: argparse.Namespace) -> int:
         card=card,
     )
     print(f"exported {args.ckpt} ({resolved.kind}) -> {out}")
+    if resolved.left_out:
+        print(warning_line(left_out_note(args.ckpt, resolved.left_out)))
     if args.encoder_only:
         print("encoder only (no pretraining heads): load it with AutoModel / BertModel")
     elif resolved.fresh:
         print(f"warning: not in the checkpoint, freshly initialized: {', '.join(resolved.fresh)}")
     return 0
+
+
+def left_out_note(ckpt: Path, left_out: list[str]) -> str:
+    """What the export did not carry over: a fine-tuned model's task head (`classifier.*`,
+    `qa_outputs.*`), which BertForPreTraining, the one architecture export-hf writes, has no place for."""
+    from common.jsonfile import read_json_or_empty
+
+    architectures = read_json_or_empty(ckpt / "config.json").get("architectures") or []
+    own = f" ({', '.join(map(str, architectures))})" if architectures else ""
+    return (
+        f"left out of the export, which holds only the encoder and the pretraining heads "
+        f"(BertForPreTraining): {', '.join(left_out)}, e.g. a fine-tuned task head. To use the "
+        f"fine-tuned model{own}, load {ckpt} itself with transformers: it already is a Hugging Face directory."
+    )
 
 
 def _fitting_own_tokenizer(args: argparse.Namespace, resolved: ResolvedModel) -> Path | None:

@@ -351,3 +351,25 @@ def test_a_weights_file_given_as_the_finetune_checkpoint_is_named_a_file(good, t
     argv = ["finetune", "--checkpoint", str(weights), "--tasks", "sst2", "--output", str(tmp_path / "o")]
     err = expect_cli_error(argv, capsys, f"{weights} is a file, not a checkpoint directory", f"pass {good}, ")
     assert "does not exist" not in err and not (tmp_path / "o").exists()
+
+
+def test_export_of_a_fine_tuned_model_names_the_task_head_it_leaves_out(good, tmp_path, capsys):
+    """A transformers BertForSequenceClassification directory: export-hf writes BertForPreTraining,
+    which has no place for `classifier.*`; the command says which tensors it left out and where the
+    fine-tuned model is, rather than dropping them silently."""
+    from safetensors.torch import load_file, save_file
+
+    tuned = copy_dir(good, tmp_path / "tuned")
+    state = {k: v for k, v in load_file(tuned / "model.safetensors").items() if not k.startswith("cls.")}
+    state |= {"classifier.weight": torch.zeros(3, 128), "classifier.bias": torch.zeros(3)}
+    save_file(state, tuned / "model.safetensors")
+    config = json.loads((tuned / "config.json").read_text())
+    (tuned / "config.json").write_text(
+        json.dumps({**config, "architectures": ["BertForSequenceClassification"]})
+    )
+    (tuned / "vocab.txt").write_text(SPECIALS + "".join(f"w{i}\n" for i in range(59)))
+
+    assert cli(["export-hf", str(tuned), str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "warning: left out of the export" in out and "classifier.bias, classifier.weight" in out, out
+    assert f"(BertForSequenceClassification), load {tuned} itself with transformers" in out, out
