@@ -397,6 +397,31 @@ FLAG_KEYS = (
 )
 
 
+# the settings of the model that --preset decides, as a refusal names them (a resume's differences)
+PRESET_DECIDES = (
+    "model.num_hidden_layers",
+    "model.hidden_size",
+    "model.num_attention_heads",
+    "model.intermediate_size",
+)
+
+
+def name_the_flags(error: UserError, flags: list[tuple[str, str, str]]) -> UserError:
+    """`error` with the flags the user typed named next to the settings they gave: a refusal of
+    `model.preset 'mini'` (or of the model.hidden_size its --preset decides) reads as the config's
+    unless it says that here it is `--preset mini` to change or drop."""
+    text = str(error)
+    notes = []
+    for flag, key, value in flags:
+        decided = [k for k in PRESET_DECIDES if k in text] if key == "model.preset" else []
+        if key in text or decided:
+            via = f", which decides {', '.join(decided)}" if decided and key not in text else ""
+            notes.append(f"{key} is the `{flag} {value}` you typed{via}: change or drop {flag}")
+    if not notes:
+        return error
+    return UserError(f"{text} (On this command line: {'; '.join(notes)}.)")
+
+
 def flag_settings(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(flag, setting, value) of each flag given, `--nnodes`, `pretrain.nnodes`, `2`."""
     given = [(flag, key, getattr(args, flag)) for flag, key in FLAG_KEYS]
@@ -432,6 +457,13 @@ def main(args: argparse.Namespace) -> int:
     flags = flag_settings(args)
     base = load_config(args.config, args.set)  # the file's and --set's own mistakes, named as theirs
     check_flag_values(base.phase_config(base.phase_index(args.phase)), flags)
+    try:
+        return _run(args, flags)
+    except UserError as error:
+        raise name_the_flags(error, flags) from None
+
+
+def _run(args: argparse.Namespace, flags: list[tuple[str, str, str]]) -> int:
     cfg = load_config(args.config, [*args.set, *(flag_override(args, key, value) for _, key, value in flags)])
     cfg = cfg.phase_config(cfg.phase_index(args.phase))
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)

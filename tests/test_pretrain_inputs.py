@@ -17,7 +17,7 @@ from common.paths import PROJECT_ROOT
 from pipelines.config import load_config
 from pipelines.stage_pretrain import run_pretrain_stage
 from preprocessing import shard_format
-from tests.pretrain_runs import cli_env, config
+from tests.pretrain_runs import cli_env, config, settings
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
 from training import checkpoint, preflight
 
@@ -374,3 +374,31 @@ def test_an_output_that_holds_another_stages_output_is_refused(data, tmp_path):
     shutil.copytree(tok, other)
     write_marker(other, {"stage": "tokenizer"})
     _fails(config(), shards, tok, other, r"pretrain output .*tok2 holds a bertflow tokenizer output")
+
+
+def test_a_refusal_of_the_preset_names_the_preset_flag_typed(data, tmp_path, minilm_dir, capsys):
+    """`bertflow pretrain --preset mini` refused for a model.preset that mismatches init_from, or for
+    the model shape it decides when resuming an output of another shape, named only the config key
+    model.preset (or model.hidden_size ...): the refusal now names the flag typed, to change or drop."""
+    from pipelines.cli import main as cli
+
+    shards, tok = data
+    out = tmp_path / "out"
+    spec = _spec(config(), shards, tok, out)
+    _checkpoint(out, {"model_config": spec.model, "settings": spec.settings()})
+    sets = [a for s in settings() for a in ("--set", s)]
+    argv = ["pretrain", "--shards", str(shards), "--tokenizer", str(tok), *sets, "--preset", "mini"]
+
+    assert cli([*argv, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "model.hidden_size: 128 -> 256" in err, err
+    assert "model.preset is the `--preset mini` you typed, which decides model.num_hidden_layers, " in err, (
+        err
+    )
+    assert "change or drop --preset" in err, err
+
+    init = ["--set", f"pretrain.init_from={minilm_dir}"]
+    assert cli([*argv, *init, "--output", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert "model.preset 'mini' describes another model than pretrain.init_from" in err, err
+    assert "model.preset is the `--preset mini` you typed: change or drop --preset" in err, err
