@@ -190,7 +190,8 @@ def test_init_froms_own_vocabulary_is_named_as_the_file_tokenizer_vocab_takes(
     with pytest.raises(UserError) as exc:
         check_init_vocabulary(model, model / "tokenizer" / "vocab.txt")
     said = str(exc.value)
-    assert f"tokenizer.vocab: {model / 'vocab.txt'} (bertflow pretrain --tokenizer {model})" in said, said
+    assert f"tokenizer.vocab: {model / 'vocab.txt'}, and its tokenizer" in said, said
+    assert f"`bertflow pretrain CONFIG --tokenizer {model} --shards NEW_SHARDS --output OUT`" in said, said
     check_init_vocabulary(model, model / "vocab.txt")  # the fix, followed
     assert model / "vocab.txt" in check_data_paths(
         load_config(None, [f"tokenizer.vocab={model / 'vocab.txt'}"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from common.atomic import sha256_file, write_marker
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
 from pipelines.config import load_config
+from pipelines.flow_preflight import check_flow_init_vocabulary
 from pipelines.stage_pretrain import run_pretrain_stage
 from preprocessing import shard_format
 from tests.pretrain_runs import cli_env, config, settings
@@ -158,6 +160,38 @@ def test_init_from_a_model_of_another_vocabulary_of_the_same_size(data, tmp_path
     shape = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512}
     (init / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": len(vocab), **shape}))
     _fails(config(f"pretrain.init_from={init}"), shards, tok, tmp_path / "out", "another vocabulary than")
+
+
+def test_init_from_a_model_of_another_vocabulary_size_says_to_make_the_shards_again(data, tmp_path):
+    """The fix said to pretrain with init_from's own tokenizer, but the shards hold the ids of the
+    tokenizer that made them: it now says to make them again with it, in the flow (tokenizer.vocab)
+    and with the stage commands (preprocess --vocab, then pretrain --tokenizer --shards)."""
+    shards, tok = data
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "vocab.txt").write_text(
+        "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n" + "".join(f"w{i}\n" for i in range(59))
+    )
+    shape = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512}
+    (init / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 64, **shape}))
+    fix = (
+        "Fix: pretrain with init_from's own tokenizer, on shards made with it (shards hold the token ids of "
+        f"the tokenizer that made them): in the flow (`bertflow run`), set tokenizer.vocab: {init / 'vocab.txt'}, "
+        "and its tokenizer and preprocess stages run again for that vocabulary; with the stage commands, "
+        f"`bertflow preprocess CONFIG --vocab {init} --output NEW_SHARDS`, then "
+        f"`bertflow pretrain CONFIG --tokenizer {init} --shards NEW_SHARDS --output OUT`."
+    )
+    cfg = config(f"pretrain.init_from={init}")
+    _fails(
+        cfg,
+        shards,
+        tok,
+        tmp_path / "out",
+        r"has vocab_size 64, the tokenizer .* has 30522\. " + re.escape(fix),
+    )
+    flow = config(f"pretrain.init_from={init}", f"tokenizer.vocab={tok / 'vocab.txt'}")
+    with pytest.raises(UserError, match=r"another vocabulary than .*" + re.escape(fix)):
+        check_flow_init_vocabulary(flow)
 
 
 def test_init_from_a_model_whose_own_vocab_txt_is_truncated(data, tmp_path):

@@ -201,11 +201,32 @@ def shorter_init_length(init_from: str | None, seq: int | None) -> int | None:
     return trained if trained is not None and trained < seq else None
 
 
+def own_tokenizer_fix(init_dir: Path) -> str:
+    """How to pretrain `init_dir` with its own tokenizer: the shards hold the token ids of the
+    tokenizer that made them, so they are made again with it; in the flow, `tokenizer.vocab` does
+    that (the tokenizer and preprocess stages are keyed by the vocabulary and run again)."""
+    from model.hf_io import TOKENIZER_FILES
+
+    own = next((init_dir / n for n in TOKENIZER_FILES if (init_dir / n).is_file()), None)
+    if own is None:
+        return (
+            f"pretrain with the tokenizer {init_dir} was trained with (for a phase, the tokenizer of the "
+            "phase before), and shards made with it: it has no vocab.txt or tokenizer.json to name."
+        )
+    return (
+        "pretrain with init_from's own tokenizer, on shards made with it (shards hold the token ids "
+        f"of the tokenizer that made them): in the flow (`bertflow run`), set tokenizer.vocab: {own}, "
+        "and its tokenizer and preprocess stages run again for that vocabulary; with the stage commands, "
+        f"`bertflow preprocess CONFIG --vocab {init_dir} --output NEW_SHARDS`, then "
+        f"`bertflow pretrain CONFIG --tokenizer {init_dir} --shards NEW_SHARDS --output OUT`."
+    )
+
+
 def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | None = None) -> None:
     """The rows of init_from's embeddings are the ids of its own vocabulary: a tokenizer with other
     tokens, the same ones in another order, or another casing would train them on the wrong words.
     `lowercase`: the casing `tokenizer` is read with (a bare vocab.txt: tokenizer.lowercase)."""
-    from model.hf_io import TOKENIZER_FILES, has_tokenizer, read_config, tokenizer_fit_problem, tokenizer_size
+    from model.hf_io import has_tokenizer, read_config, tokenizer_fit_problem, tokenizer_size
     from preprocessing.wordpiece import tokenizer_difference
 
     if (
@@ -223,13 +244,10 @@ def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | Non
         else None
     )
     if differs is not None:
-        # tokenizer.vocab names a file (the flow checks it is one); --tokenizer takes the directory
-        own = next(init_dir / n for n in TOKENIZER_FILES if (init_dir / n).is_file())
         raise UserError(
             f"pretrain.init_from {init_dir} was trained with another vocabulary than {tokenizer} "
             f"({differs}): its embeddings would be read as the wrong tokens.",
-            fix=f"pretrain with init_from's own tokenizer: tokenizer.vocab: {own} "
-            f"(bertflow pretrain --tokenizer {init_dir}).",
+            fix=own_tokenizer_fix(init_dir),
         )
 
 
@@ -244,7 +262,7 @@ def model_config(cfg, vocab: list[str], tokenizer_dir: Path) -> BertConfig:
             raise UserError(
                 f"pretrain.init_from {init_dir} has vocab_size {base.vocab_size}, the tokenizer "
                 f"{tokenizer_dir} has {len(vocab)}.",
-                fix=f"pretrain with init_from's own tokenizer ({init_dir}, or the tokenizer of the phase before).",
+                fix=own_tokenizer_fix(init_dir),
             )
         check_init_vocabulary(init_dir, tokenizer_dir)
         check_init_shape(m, base, init_dir)
