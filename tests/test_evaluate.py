@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from model.heads import BertForPreTraining
 from model.model_dir import publish_model_dir
 from pipelines.cli import main as cli_main
 from pipelines.evaluate_command import evaluate_checkpoint
+from tests.pretrain_runs import cli_env
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
 from training.data import ExampleStore, collate, load_split
 from training.evaluate import mlm_baselines, train_target_counts
@@ -441,3 +444,67 @@ def test_a_split_the_shards_do_not_have_is_refused_listing_those_they_have(
     assert cli_main(["evaluate", str(model_dir), "--shards", str(shards), "--split", "test"]) == 2
     err = capsys.readouterr().err
     assert "has no 'test' split; its splits are 'train', 'validation'" in err and "Traceback" not in err
+
+
+# a one-rank ZeRO-2 checkpoint of an untrained tiny BERT (vocabulary 30522), as pretraining writes one
+WRITE_ZERO_CHECKPOINT = """
+import os, socket, sys
+from pathlib import Path
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import deepspeed, torch
+from model.config import BertConfig
+from model.heads import BertForPreTraining
+from training import checkpoint
+cfg = BertConfig.from_preset("tiny", vocab_size=30522)
+model = BertForPreTraining(cfg)
+deepspeed.init_distributed(dist_backend="gloo")
+ds = {"train_batch_size": 1, "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
+engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=ds)
+tags = Path(sys.argv[1]) / "checkpoints"
+engine.save_checkpoint(str(tags), tag="global_step1")
+checkpoint.write_verification(tags / "global_step1", {"step": 1, "model_config": cfg.to_hf_dict()})
+"""
+
+
+def test_evaluating_a_deepspeed_checkpoint_keeps_deepspeeds_lines_off_the_console(
+    shards_and_tokenizer, tmp_path
+):
+    """On a CPU machine `bertflow evaluate RUN` printed DeepSpeed's "Setting accelerator to CPU" warning
+    and its "Loading checkpoint shards" bar, library noise pretraining keeps in launcher.log; the
+    console now shows the command's own lines only (its figures, and its note on the vocabulary)."""
+    from common.paths import PROJECT_ROOT
+
+    shards, _ = shards_and_tokenizer
+    run = tmp_path / "run"
+    made = subprocess.run(
+        [sys.executable, "-c", WRITE_ZERO_CHECKPOINT, str(run)],
+        cwd=PROJECT_ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "evaluate",
+        str(run),
+        "--shards",
+        str(shards),
+        "--max-examples",
+        "8",
+    ]
+    res = subprocess.run(cmd, cwd=PROJECT_ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    console = res.stdout + res.stderr
+    for noise in ("accelerator", "[WARNING]", "[INFO]", "Loading checkpoint shards"):
+        assert noise not in console, console
+    assert res.stdout.startswith(
+        f"{run} (DeepSpeed checkpoint global_step1) on {shards} (validation, 8 examples"
+    )
+    assert "NOTE: the checkpoint has no vocab.txt or tokenizer.json" in res.stdout  # the command's own

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -40,6 +42,24 @@ def resolve_tag_dir(ckpt_dir: str | os.PathLike) -> Path:
     )
 
 
+@contextlib.contextmanager
+def deepspeed_quiet() -> Iterator[None]:
+    """DeepSpeed's console lines kept off a command's console while it loads and merges a checkpoint:
+    its import's "Setting accelerator to CPU" (a WARNING of its logger on a machine without a GPU),
+    its progress prints and its tqdm bars ("Loading checkpoint shards"). Its errors still show; the
+    command's own warnings are printed outside this block."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        # imported before the redirection: DeepSpeed's logger, made at import, keeps the real stdout
+        import deepspeed  # noqa: F401
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
+
+
 def consolidated_state_dict(
     tag_dir: Path, master_groups: list[list[str]] | None = None
 ) -> dict[str, torch.Tensor]:
@@ -47,9 +67,9 @@ def consolidated_state_dict(
     # ZeRO 1-3 partitions: `zero_pp_rank_*`, `bf16_zero_pp_rank_*` with bf16 (the module file then
     # holds bf16 weights: the fp32 masters are only in the partitions)
     if any(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("*zero_pp_rank_*")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        with deepspeed_quiet():
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        with contextlib.redirect_stdout(io.StringIO()):  # it prints progress lines
             return get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
     states = tag_dir / "mp_rank_00_model_states.pt"
     if not states.is_file():
