@@ -141,6 +141,26 @@ def _safetensors_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         raise unreadable(path, exc) from None
 
 
+def weight_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in an HF directory's weights (`weight_files`): safetensors
+    headers read without loading a tensor, .bin files memory-mapped where their format allows."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in weight_files(directory):
+        if not path.name.endswith(".safetensors"):
+            state = _read_weights_file(path, mmap=zipfile.is_zipfile(path))
+            shapes.update({k: tuple(v.shape) for k, v in state.items()})
+            continue
+        _require_weights_file(path)
+        try:
+            with safe_open(str(path), framework="pt") as weights:
+                shapes.update({k: tuple(weights.get_slice(k).get_shape()) for k in weights.keys()})
+        except Exception as exc:  # corrupt or truncated file
+            raise unreadable(path, exc) from None
+    return shapes
+
+
 def saved_parameter_count(directory: Path) -> int | None:
     """Elements in `directory/model.safetensors`, from its header (no tensor is read); None without
     that file. `write_hf_dir` stores each parameter once (not the tied decoder) and no buffers, so

@@ -31,7 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipelines.evaluate_command",
         "held-out masked-LM / NSP accuracy of any checkpoint on shards",
     ),
-    "model-info": ("pipelines.model_commands_info", "print a preset's size and parameter count"),
+    "model-info": (
+        "pipelines.model_commands_info",
+        "print a preset's or a model folder's shape, parameter count and heads",
+    ),
     "import-hf": ("pipelines.model_commands_import", "convert a Hugging Face BERT directory into ours"),
     "export-hf": ("pipelines.model_commands_export", "write a checkpoint as a Hugging Face model directory"),
 }

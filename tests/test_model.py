@@ -37,6 +37,39 @@ def test_model_info_counts_equal_transformers(capsys):
     assert f"parameters: {total:,} total" in printed and f"{encoder:,} in BertModel" in printed
 
 
+def test_model_info_describes_a_model_folder_and_refuses_what_is_not_one(minilm_dir, tmp_path, capsys):
+    """`bertflow model-info PATH`: the shape from config.json, the parameters saved (transformers'
+    count for the same model), the vocabulary and whether the folder holds pretraining heads; a
+    file, or a folder without config.json, is refused naming what to pass."""
+    import transformers
+
+    from model.hf_io import write_hf_dir
+    from pipelines.cli import main as cli
+
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    write_hf_dir(model, tmp_path / "tiny")
+    assert cli(["model-info", str(tmp_path / "tiny")]) == 0
+    out = capsys.readouterr().out
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "tiny")
+    assert out.startswith(f"{tmp_path / 'tiny'}: BERT L=2 H=128 A=2 I=512 vocab=64 positions=512"), out
+    assert f"parameters: {hf.num_parameters():,} saved" in out, out
+    assert f"{hf.bert.num_parameters():,} in BertModel" in out, out
+    assert "vocabulary: 64 tokens" in out and "pretraining heads: yes: masked-LM and next-sentence" in out, (
+        out
+    )
+
+    assert cli(["model-info", str(minilm_dir)]) == 0  # a Hugging Face encoder without heads
+    out = capsys.readouterr().out
+    assert "L=6 H=384 A=12" in out and "vocabulary: 30,522 tokens" in out, out
+    assert "pretraining heads: no: an encoder only" in out, out
+
+    assert cli(["model-info", str(tmp_path / "tiny" / "config.json")]) == 2
+    assert "config.json is a file, not a checkpoint directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli(["model-info", str(tmp_path / "empty")]) == 2
+    assert f"{tmp_path / 'empty' / 'config.json'} is missing" in capsys.readouterr().err
+
+
 def test_unknown_preset_is_a_user_error():
     with pytest.raises(UserError, match="unknown model preset 'huge'"):
         BertConfig.from_preset("huge")
