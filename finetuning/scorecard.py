@@ -436,7 +436,8 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
         "Pretrain on more tokens (a larger corpus, not more passes over a small one): on 2 CPU cores "
         "the tiny BERT of `bertflow run configs/cpu-hour.yaml` passes random init after about 25-30 "
         "minutes of pretraining and ends about +8 GLUE-style points ahead (under an hour of "
-        "pretraining); docs/quality.md has the measurements."
+        "pretraining; on one GPU its pretraining took five minutes), judged with its own fine-tuning "
+        "budget (full training sets, an lr sweep); docs/quality.md has the measurements."
         if h.get("pretrained_here", True)  # scorecards from before 2026-11-27: bertflow's own models
         else "bertflow did not pretrain this model (an import or another checkpoint): check that its "
         "fine-tuning suits it, a lower lr for a larger model (`finetune.lrs`, e.g. 1e-4 and 2e-4) and "
