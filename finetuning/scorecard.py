@@ -618,11 +618,22 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
 
 
 def pretrained_here(checkpoint: str) -> bool:
-    """Whether `checkpoint` is the model of a bertflow pretraining output (its completion marker
-    with the steps, and its run spec, beside it)."""
+    """Whether `checkpoint` is the model of a bertflow pretraining output or an `export-hf` of one."""
+    return pretraining_steps(checkpoint) is not None
+
+
+def pretraining_steps(checkpoint: str) -> list[int] | None:
+    """The pretraining steps of each phase of a bertflow pretraining output's model (its completion
+    marker with the steps, and its run spec, beside it) or of an `export-hf` of one (its own
+    marker's `pretraining_steps`); None for any other model."""
     path = Path(checkpoint)
+    exported = read_json_or_empty(path / "_COMPLETE.json").get("pretraining_steps")
+    if isinstance(exported, list) and exported:
+        return [int(n) for n in exported]
     marker = read_json_or_empty(path.parent / "_COMPLETE.json") if path.name == "model" else {}
-    return "max_steps" in marker and (path.parent / "run_spec.json").is_file()
+    if "max_steps" in marker and (path.parent / "run_spec.json").is_file():
+        return [*marker.get("steps_before", []), marker["max_steps"]]
+    return None
 
 
 def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
@@ -634,12 +645,10 @@ def display_name(checkpoint: str, label: str, kind: str = "pretrained") -> str:
         target = next((t.split(":", 1)[1] for t in (checkpoint, label) if t.startswith("random:")), label)
         shape = target if "/" not in target else (_preset(Path(target)) or Path(target).name)
         return f"random init ({shape})"
-    path = Path(checkpoint)
-    preset = _preset(path)
-    if pretrained_here(checkpoint):
-        marker = read_json_or_empty(path.parent / "_COMPLETE.json")
-        steps = steps_text([*marker.get("steps_before", []), marker["max_steps"]])
-        return f"pretrained ({preset or 'custom shape'}, {steps} steps)"
+    preset = _preset(Path(checkpoint))
+    steps = pretraining_steps(checkpoint)
+    if steps is not None:
+        return f"pretrained ({preset or 'custom shape'}, {steps_text(steps)} steps)"
     return f"{label} ({preset})" if preset else label
 
 

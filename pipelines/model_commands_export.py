@@ -155,6 +155,13 @@ def main(args: argparse.Namespace) -> int:
             "source": str(args.ckpt.absolute()),
             "command": "export-hf",
             "fresh": fresh_weights(args.ckpt, resolved.fresh),
+            # a bertflow pretraining's steps (each phase's): the scorecard names and advises on the
+            # export as the model bertflow pretrained, wherever the export is copied
+            **(
+                {"pretraining_steps": [*card.steps_before, card.training.steps]}
+                if card and card.training
+                else {}
+            ),
         },
         encoder_only=args.encoder_only,
         card=card,

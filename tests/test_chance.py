@@ -153,6 +153,34 @@ def test_a_model_bertflow_pretrained_that_has_not_helped_is_pointed_to_more_toke
     assert "bertflow did not pretrain" not in md
 
 
+def test_an_export_of_a_model_bertflow_pretrained_is_named_and_advised_as_one(tmp_path):
+    """`export-hf` of a pretraining output, copied anywhere: its own marker's pretraining_steps make
+    the scorecard name it by its phases' steps and point to more tokens, as for the run's model/."""
+    exported = tmp_path / "shipped" / "my-bert"
+    exported.mkdir(parents=True)
+    (exported / "_COMPLETE.json").write_text(
+        json.dumps(
+            {
+                "command": "export-hf",
+                "source": "/gone/runs/pretrain/abc/model",
+                "pretraining_steps": [3000, 8500],
+            }
+        )
+    )
+    results = [
+        {
+            **_unit("my-bert", "pretrained", "sst2", 1, {"accuracy": 60.0}, {"accuracy": 50.9}),
+            "checkpoint": str(exported),
+        },
+        _unit("random:tiny", "random", "sst2", 1, {"accuracy": 70.0}, {"accuracy": 50.9}),
+    ]
+    card = build_scorecard(results, tmp_path / "card")
+    md = (tmp_path / "card" / "scorecard.md").read_text()
+    assert card["headline"]["pretrained_here"] is True
+    assert card["headline"]["name"] == "pretrained (custom shape, 3,000 + 8,500 steps)"
+    assert "Pretrain on more tokens" in md and "bertflow did not pretrain" not in md
+
+
 def test_a_difference_that_rounds_to_zero_prints_without_a_minus_sign(tmp_path):
     acc = {"accuracy": 50.9}
     results = [

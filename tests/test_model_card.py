@@ -256,6 +256,8 @@ def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
     assert "Measured at step 200 on 16 held-out examples" in at_200
     assert "200 optimizer steps × 64 sequences" in at_200 and "## Data" in at_200
     assert "- checkpoint: `global_step200` (step 200 of the run)" in at_200
+    # the export's marker keeps the steps, so a scorecard names it as the model bertflow pretrained
+    assert json.loads((tmp_path / "hf200" / "_COMPLETE.json").read_text())["pretraining_steps"] == [200]
     at_250 = (tmp_path / "hf250" / "README.md").read_text()
     assert (
         "## How good is it\n\nNot known: the run logged no held-out evaluation at step 250 "
