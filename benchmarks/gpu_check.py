@@ -202,16 +202,25 @@ RETURNED_FILE_LIMIT = 16 * 2**20  # the device tool brings back files of at most
 
 
 def keep_quality_model(result: dict, out: Path) -> None:
-    """The quality part's final model as OUT/quality-model.tar.gz (`model/`: a Hugging Face
-    directory), so that a CPU session can fine-tune or evaluate it after the GPU is gone; the probe
-    says where it is, or why not (a 30 k vocabulary makes the tiny model ~18 MB)."""
+    """The quality part's final model as OUT/quality-model.tar.gz (`model/`: its `bertflow export-hf`,
+    a Hugging Face directory with the run's card, whose marker keeps the pretraining's steps), so
+    that a CPU session can fine-tune or evaluate it after the GPU is gone and its scorecard names it
+    as the model bertflow pretrained; the probe says where it is, or why not (a 30 k vocabulary
+    makes the tiny model ~18 MB)."""
     probe = result.get("probes", {}).get("quality")
     rows = [r for r in result.get("measurements", []) if r.get("status") == "ok" and r.get("model_dir")]
     if probe is None or "headline" not in probe or not rows:
         return
     target = out / QUALITY_ARCHIVE
-    with tarfile.open(target, "w:gz") as tar:
-        tar.add(rows[-1]["model_dir"], arcname="model")
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = Path(tmp) / "model"
+        cmd = [sys.executable, "-m", "pipelines.cli", "export-hf", rows[-1]["model_dir"], str(exported)]
+        done = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+        if done.returncode != 0:
+            probe["model_archive"] = f"not kept: export-hf failed: {(done.stderr or done.stdout)[-500:]}"
+            return
+        with tarfile.open(target, "w:gz") as tar:
+            tar.add(exported, arcname="model")
     if target.stat().st_size > RETURNED_FILE_LIMIT:
         probe["model_archive"] = f"not kept: {target.stat().st_size / 2**20:.1f} MiB, over the 16 MiB a file"
         target.unlink()

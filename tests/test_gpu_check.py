@@ -98,7 +98,11 @@ def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry,
     assert quality["headline"]["glue_average_delta"] is not None
     assert quality["model_archive"] == "quality-model.tar.gz"  # the model, for CPU fine-tuning later
     with tarfile.open(out / quality["model_archive"]) as tar:
-        assert {"model/config.json", "model/model.safetensors", "model/vocab.txt"} <= set(tar.getnames())
+        assert {"model/config.json", "model/model.safetensors", "model/vocab.txt", "model/README.md"} <= set(
+            tar.getnames()
+        )
+        # an export-hf of the run's model: its marker keeps the steps, for the scorecard's name
+        assert json.load(tar.extractfile("model/_COMPLETE.json"))["pretraining_steps"] == [3]
     # one worker in the dry run: its units ran one after another, within the command's time
     assert 0 < quality["units_wall_s"] < quality["finetune_wall_s"]
     assert finetune["again_in_same_process"]["train_examples_per_s"] > 0
