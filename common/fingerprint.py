@@ -10,8 +10,9 @@ its bytes, so it must not cost an hour of pretraining; its sha256 is remembered 
 (its `file_stamp`) in the user's cache, so each version is read once.
 
 Users of the scheme: the stage keys (`pipelines/stage_keys.py`, the directory a stage writes), the
-fine-tuning unit keys (`finetuning/fanout.py`), the pretraining run fingerprint in its completion
-marker (`training/preflight.py`), and the tokenizer stage's identity. The preprocessing manifest
+fine-tuning unit keys (`finetuning/fanout.py`: the checkpoint by `model_dir_content`, so a moved or
+copied run finds its units), the pretraining run fingerprint in its completion marker
+(`training/preflight.py`), and the tokenizer stage's identity. The preprocessing manifest
 is the one place that records sha256 of every input file instead of stamps: it travels with the
 shards as their provenance, where a path and an mtime mean nothing on another machine.
 """
@@ -84,13 +85,21 @@ def content_digest(path: str | os.PathLike, length: int = 16) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:length]
 
 
+def _model_files(directory: Path) -> list[Path]:
+    """A model directory's config and weight files (any HF layout)."""
+    patterns = ("config.json", "*.safetensors", "*.bin", "*.index.json")
+    return sorted(p for pattern in patterns for p in directory.glob(pattern))
+
+
 def model_dir_stamp(directory: str | os.PathLike) -> list[dict[str, Any]]:
-    """Stamps of a model directory's config and weight files (any HF layout): a model retrained
-    into the same directory gets a new stamp."""
+    """Stamps of a model directory's config and weight files: a model retrained into the same
+    directory gets a new stamp."""
     directory = Path(directory)
-    files = sorted(
-        p
-        for pattern in ("config.json", "*.safetensors", "*.bin", "*.index.json")
-        for p in directory.glob(pattern)
-    )
-    return [file_stamp(p) for p in files] or [{"path": str(directory), "missing": True}]
+    return [file_stamp(p) for p in _model_files(directory)] or [{"path": str(directory), "missing": True}]
+
+
+def model_dir_content(directory: str | os.PathLike) -> list[dict[str, Any]]:
+    """A model directory's config and weight files by name, size and sha256 (`content_stamp`),
+    without the directory's path: the same after the directory is moved or copied, new when a model
+    is retrained into it."""
+    return [{**content_stamp(p), "path": p.name} for p in _model_files(Path(directory))]

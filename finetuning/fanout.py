@@ -5,10 +5,11 @@ each job, all sharing one `UnitPool`).
 `plan` owns the units' directories and labels. A unit writes `ROOT/units/<unit>__<label>-<key>/`,
 where the key (`common.fingerprint`) covers everything that determines its result: the unit's
 task, lr and seed, the fine-tuning settings, the task definition and its data, the checkpoint
-(weight-file stamps) and the tokenizer (content). So a finished unit is found again by any plan
-that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`), and a
-changed setting never reuses a stale result. Random init of a model directory's shape (random:DIR)
-takes DIR's architecture only, so its units also carry a `random_init_key` without DIR's path and
+and the tokenizer, each by content, not by place. So a finished unit is found again by any plan
+that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`; the
+checkpoint's run directory moved or copied: its result then names the checkpoint where it is now),
+and a changed setting or a model retrained in place never reuses a stale result. Random init of a
+model directory's shape (random:DIR) takes DIR's architecture only, so its units also carry a `random_init_key` without DIR's path and
 weights: `reuse_random_init_units` copies such a unit's result from an earlier pretraining run's
 baseline of the same architecture instead of retraining it under the new model's label.
 
@@ -37,7 +38,7 @@ import torch
 
 from common.atomic import read_marker
 from common.errors import UserError
-from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_stamp
+from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_content, model_dir_stamp
 from common.tracking import WandbTarget
 from finetuning.checkpoints import checkpoint_label, is_random, normalize_checkpoint, tokenizer_dir_for
 from finetuning.config import FinetuneConfig
@@ -61,6 +62,12 @@ from training.ranks import visible_gpus
 # sweep reuses every finished unit).
 NOT_IN_UNIT_KEY = {*FinetuneConfig.run_only, "tasks", "lrs", "seeds", "baselines", "task_config"}
 WORKER_DIED = "the worker process died (out of memory or killed); rerun to retry this unit"
+
+# How unit keys held their inputs, newest first (`unit_key`): "content", since 2026-11-27 (a moved
+# or copied checkpoint keeps its units); "stamps", since 2026-11-25: the checkpoint by its path and
+# its weight files' stamps (path, size, mtime); "path", before: the task data by path too. `plan`
+# finds a finished unit under any of them.
+KEY_SCHEMES = ("content", "stamps", "path")
 
 
 def plan(
@@ -87,10 +94,10 @@ def plan(
         for unit in units:
             slug = _slug(f"{unit.name}__{label}")
             key = unit_key(cfg, unit, checkpoint, tokenizer, data_root)
-            # a unit made before 2026-11-25 is under its earlier key
+            # a unit made before 2026-11-27 is under the key of its time
             if units_dir.is_dir() and not (units_dir / f"{slug}-{key}").exists():
-                earlier = unit_key(cfg, unit, checkpoint, tokenizer, data_root, earlier=True)
-                key = earlier if (units_dir / f"{slug}-{earlier}").is_dir() else key
+                older = (unit_key(cfg, unit, checkpoint, tokenizer, data_root, s) for s in KEY_SCHEMES[1:])
+                key = next((k for k in older if (units_dir / f"{slug}-{k}").is_dir()), key)
             shared = random_init_key(cfg, unit, checkpoint, tokenizer, data_root)
             jobs.append(Job(unit, checkpoint, label, tokenizer, units_dir / f"{slug}-{key}", key, shared))
     return jobs
@@ -206,28 +213,40 @@ def unit_key(
     checkpoint: str,
     tokenizer_dir: Path,
     data_root: str | None,
-    *,
-    earlier: bool = False,
+    scheme: str = "content",
 ) -> str:
-    """The task's data files enter by size and sha256 under their configured path (an edited TSV
-    is new data; a moved data root is not); `earlier`: by resolved path only, as before 2026-11-25,
-    to find the units made then (`plan`)."""
+    """The key of `unit` of `checkpoint` (normalized) under `scheme` (`KEY_SCHEMES`). "content": a
+    model directory by its config and weight files' names, sizes and sha256 (a model retrained in
+    place is a new checkpoint; one moved or copied is not), random:DIR by DIR's architecture,
+    random:PRESET by its name; the tokenizer files by content; the task's data files by size and
+    sha256 under their configured path (an edited TSV is new data; a moved data root is not).
+    The older schemes, to find the units made under them: "stamps" holds the checkpoint's path and
+    its `model_dir_stamp`, and the tokenizer files' digests in a list; "path" the data files by
+    resolved path too."""
+    if scheme == "content":
+        held = {"checkpoint": _content(checkpoint)}
+    else:
+        target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+        held = {"checkpoint": checkpoint, "weights": model_dir_stamp(target) if "/" in target else None}
+    return digest({**_unit_inputs(cfg, unit, tokenizer_dir, data_root, scheme), **held}, KEY_LENGTH)
+
+
+def _content(checkpoint: str) -> dict[str, Any]:
+    """What a unit takes from `checkpoint`, without where it is (`unit_key`'s "content")."""
+    from model.hf_io import read_config
+
     target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
-    return digest(
-        {
-            **_unit_inputs(cfg, unit, tokenizer_dir, data_root, earlier),
-            "checkpoint": checkpoint,
-            "weights": model_dir_stamp(target) if "/" in target else None,
-        },
-        KEY_LENGTH,
-    )
+    if not is_random(checkpoint):
+        return {"weights": model_dir_content(target)}
+    return {"random": dataclasses.asdict(read_config(Path(target))) if "/" in target else target}
 
 
 def random_init_key(
     cfg: FinetuneConfig, unit: FinetuneUnit, checkpoint: str, tokenizer_dir: Path, data_root: str | None
 ) -> str | None:
-    """For random:DIR, what its unit's result depends on: `unit_key`'s inputs with DIR's
-    architecture (config.json) in place of DIR's path and weights; None for other checkpoints."""
+    """For random:DIR, what its unit's result depends on: `unit_key`'s inputs ("stamps", as since
+    2026-11-25: the markers of finished units hold this key) with DIR's architecture (config.json)
+    in place of DIR's path and weights; None for other checkpoints."""
     from model.hf_io import read_config
 
     target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else ""
@@ -235,26 +254,32 @@ def random_init_key(
         return None
     architecture = dataclasses.asdict(read_config(Path(target)))
     return digest(
-        {**_unit_inputs(cfg, unit, tokenizer_dir, data_root, False), "architecture": architecture},
+        {**_unit_inputs(cfg, unit, tokenizer_dir, data_root, "stamps"), "architecture": architecture},
         KEY_LENGTH,
     )
 
 
 def _unit_inputs(
-    cfg: FinetuneConfig, unit: FinetuneUnit, tokenizer_dir: Path, data_root: str | None, earlier: bool
+    cfg: FinetuneConfig, unit: FinetuneUnit, tokenizer_dir: Path, data_root: str | None, scheme: str
 ) -> dict[str, Any]:
     spec = get_task(unit.task, cfg.task_config)
     data = (
         [str(spec.path(split, data_root)) for split in ("train", "dev")]
-        if earlier
+        if scheme == "path"
         else task_data(spec, data_root)
+    )
+    files = [tokenizer_dir / name for name in TOKENIZER_FILES]
+    tokenizer = (  # "content": the files it has, by name (content_digest names a missing one's path)
+        {p.name: content_digest(p) for p in files if p.is_file()}
+        if scheme == "content"
+        else [content_digest(p) for p in files]
     )
     return {
         "unit": dataclasses.asdict(unit),
         "settings": cfg.model_dump(mode="json", exclude=NOT_IN_UNIT_KEY),
         "task": spec.model_dump(mode="json", exclude={"source"}),
         "data": data,
-        "tokenizer": [content_digest(tokenizer_dir / name) for name in TOKENIZER_FILES],
+        "tokenizer": tokenizer,
     }
 
 

@@ -154,7 +154,8 @@ def run_finetune_unit(
     cfg: FinetuneConfig, job: Job, data_root: str | None = None, wandb: WandbTarget | None = None
 ) -> dict[str, Any]:
     """Fine-tune `job.checkpoint` on one unit, evaluate on the dev split and write
-    `job.out_dir/result.json` plus a completion marker. A finished unit returns its stored result."""
+    `job.out_dir/result.json` plus a completion marker. A finished unit returns its stored result
+    (`as_job_result`)."""
     out_dir = job.out_dir
     marker = read_marker(out_dir)
     if marker is not None and (out_dir / RESULT_FILE).is_file():
@@ -163,7 +164,7 @@ def run_finetune_unit(
                 f"{out_dir} holds a finished result of unit {job.unit.name} made with different settings.",
                 fix="use another --output directory, or delete that unit directory to recompute it.",
             )
-        return json.loads((out_dir / RESULT_FILE).read_text())
+        return as_job_result(job, json.loads((out_dir / RESULT_FILE).read_text()))
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_dir(out_dir, f"unit {job.unit.name}", inside=True):
         return _run_locked(cfg, job, data_root, wandb or WandbTarget())
@@ -187,10 +188,18 @@ def finished_results(unit_dirs: Iterable[Path]) -> list[dict[str, Any]]:
     return [r for r in (finished_result(d) for d in unit_dirs) if r is not None]
 
 
+def as_job_result(job: Job, result: dict[str, Any]) -> dict[str, Any]:
+    """A finished unit's stored `result` as `job`'s, under `job`'s checkpoint and label: the unit
+    may have been made for the same weights at another path (a run directory moved or copied
+    since; its key holds the checkpoint's content), or, copied by `adopt_result`, for another
+    random:DIR of the same architecture."""
+    return {**result, "checkpoint": job.checkpoint, "checkpoint_label": job.label}
+
+
 def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:
     out_dir, unit, checkpoint, label = job.out_dir, job.unit, job.checkpoint, job.label
     if (done := finished_result(out_dir)) is not None:  # finished meanwhile
-        return done
+        return as_job_result(job, done)
     _clear_attempt(out_dir)
 
     wall_start = time.perf_counter()
@@ -302,13 +311,7 @@ def adopt_result(job: Job, source: Path) -> bool:
             if (source / METRICS_FILE).is_file():
                 shutil.copyfile(source / METRICS_FILE, job.out_dir / METRICS_FILE)
             atomic_write_json(
-                job.out_dir / RESULT_FILE,
-                {
-                    **result,
-                    "checkpoint": job.checkpoint,
-                    "checkpoint_label": job.label,
-                    "reused_from": origin,
-                },
+                job.out_dir / RESULT_FILE, {**as_job_result(job, result), "reused_from": origin}
             )
             write_marker(job.out_dir, {**source_marker, "key": job.key, "reused_from": origin})
     except (UserError, FileNotFoundError):  # another process holds the unit; the source went

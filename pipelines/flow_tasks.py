@@ -42,10 +42,12 @@ if TYPE_CHECKING:
 
 
 def _cache_key(_ctx: Any, parameters: dict[str, Any]) -> str:
-    """Prefect cache key of a task = its output directory (which embeds the stage or unit key)."""
+    """Prefect cache key of a task = its output directory (which embeds the stage or unit key); a
+    unit's with its checkpoint's path too: the unit key holds the checkpoint's content, so a moved
+    or copied checkpoint finds the same unit, whose result must then name the path it has now."""
     job = parameters.get("job")
-    out_dir = str(job.out_dir) if job is not None else parameters["out_dir"]
-    return f"bertflow-{parameters.get('stage', 'finetune-unit')}-{digest(out_dir, 20)}"
+    made = [str(job.out_dir), job.checkpoint] if job is not None else parameters["out_dir"]
+    return f"bertflow-{parameters.get('stage', 'finetune-unit')}-{digest(made, 20)}"
 
 
 def retry_unless_user_error(_task: Any, _task_run: Any, state: Any) -> bool:

@@ -244,7 +244,7 @@ def main(args: argparse.Namespace) -> int:
     from common.tracking import Tracker
     from finetuning import fanout
     from finetuning.scorecard import build_scorecard
-    from finetuning.units import find_unit, finished_results
+    from finetuning.units import as_job_result, find_unit, finished_result
     from training.ranks import visible_gpus
 
     jobs, output = _plan_from_args(cfg_all, cfg, args)
@@ -275,7 +275,8 @@ def main(args: argparse.Namespace) -> int:
         )
 
     results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)
-    results += finished_results(j.out_dir for j in jobs if j not in selected)  # --unit: the plan's others
+    others = [j for j in jobs if j not in selected]  # --unit: the plan's others, finished ones as theirs
+    results += [as_job_result(j, r) for j in others if (r := finished_result(j.out_dir)) is not None]
     tracker = Tracker(
         output / "scorecard_run", wandb, name=f"{group}/scorecard", job_type="finetune-scorecard"
     )

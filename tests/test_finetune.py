@@ -25,6 +25,9 @@ from finetuning.config import UNIT_CODE, FinetuneConfig
 from finetuning.fanout import plan, reuse_random_init_units, unit_key, worker_count
 from finetuning.scorecard import build_scorecard, table_rows
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
+from model.config import BertConfig
+from model.heads import BertForPreTraining
+from model.hf_io import write_hf_dir
 from tests.wandb_records import by_step, history, logged_table, run_info
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -253,13 +256,82 @@ def test_a_units_data_enter_its_key_by_content_not_by_place(tmp_path, minilm_dir
     [job] = plan(
         cfg, ["random:tiny"], tmp_path / "out", tokenizer_dir=minilm_dir, data_root=str(tmp_path / "disk1")
     )
-    earlier = unit_key(cfg, job.unit, job.checkpoint, minilm_dir, str(tmp_path / "disk1"), earlier=True)
+    earlier = unit_key(cfg, job.unit, job.checkpoint, minilm_dir, str(tmp_path / "disk1"), "path")
     made_then = job.out_dir.with_name(job.out_dir.name.replace(job.key, earlier))
     made_then.mkdir(parents=True)
     [found] = plan(
         cfg, ["random:tiny"], tmp_path / "out", tokenizer_dir=minilm_dir, data_root=str(tmp_path / "disk1")
     )
     assert (found.out_dir, found.key) == (made_then, earlier)  # its marker holds that key
+
+
+def _pretraining_output(run_dir: Path, minilm_dir: Path, seed: int = 0) -> Path:
+    """A tiny model as the flow's pretraining leaves it (RUN_DIR/pretrain/KEY/model), with a
+    vocab.txt and no tokenizer.json."""
+    run = run_dir / "pretrain" / "7cfac3eecab6"
+    torch.manual_seed(seed)
+    model = write_hf_dir(BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522)), run / "model")
+    shutil.copyfile(minilm_dir / "vocab.txt", model / "vocab.txt")
+    (run / "run_spec.json").write_text("{}")
+    (run / "_COMPLETE.json").write_text(json.dumps({"max_steps": 300}))
+    return model
+
+
+def test_a_moved_run_finds_its_units_and_its_scorecard_names_the_new_path(tmp_path, minilm_dir):
+    """Unit keys hold the checkpoint by content: after the run directory is moved, the plan finds
+    the same (finished) unit directories, and their results name the checkpoint where it is now, so
+    the scorecard is the one before the move but for the paths."""
+    cfg = FinetuneConfig(tasks=["sst2"], **TINY)
+    model = _pretraining_output(tmp_path / "runs", minilm_dir)
+    jobs = plan(cfg, [str(model), f"random:{model}"], tmp_path / "runs" / "finetune")
+    before = build_scorecard([run_finetune_unit(cfg, job) for job in jobs], tmp_path / "card1")
+    assert before["rows"][0]["name"] == "pretrained (tiny, 300 steps)"
+
+    shutil.move(tmp_path / "runs", tmp_path / "elsewhere")
+    moved = tmp_path / "elsewhere" / "pretrain" / "7cfac3eecab6" / "model"
+    again = plan(cfg, [str(moved), f"random:{moved}"], tmp_path / "elsewhere" / "finetune")
+    assert [j.out_dir.name for j in again] == [j.out_dir.name for j in jobs]
+    assert all(read_marker(j.out_dir) is not None for j in again)  # no unit to run
+    results = [run_finetune_unit(cfg, job) for job in again]  # found finished, not retrained
+    assert [(r["checkpoint"], r["checkpoint_label"]) for r in results] == [
+        (str(moved), "7cfac3eecab6/model"),
+        (f"random:{moved}", "random:7cfac3eecab6/model"),
+    ]
+    after = build_scorecard(results, tmp_path / "card2")
+    assert after["rows"][0]["path"] == str(moved)
+    assert json.dumps(after) == json.dumps(before).replace(str(model), str(moved))
+
+    from pipelines.flow_tasks import _cache_key  # a flow's cached unit result names its path too
+
+    same_dir = dataclasses.replace(again[0], out_dir=jobs[0].out_dir)
+    assert _cache_key(None, {"job": same_dir}) != _cache_key(None, {"job": jobs[0]})
+
+
+def test_a_model_retrained_in_place_gets_new_unit_keys_a_touched_one_does_not(tmp_path, minilm_dir):
+    cfg = FinetuneConfig(tasks=["sst2", "rte"])
+    model = _pretraining_output(tmp_path / "runs", minilm_dir)
+
+    def keys() -> list[str]:
+        return [j.key for j in plan(cfg, [str(model)], tmp_path / "ft")]
+
+    first = keys()
+    os.utime(model / "model.safetensors", ns=(10**18, 10**18))  # the same bytes, another mtime
+    assert keys() == first
+    _pretraining_output(tmp_path / "runs", minilm_dir, seed=1)  # new weights in the same directory
+    assert not set(keys()) & set(first)
+
+
+def test_units_made_under_the_checkpoints_path_and_stamps_are_found(tmp_path, minilm_dir):
+    """A unit keyed by the checkpoint's path and weight-file stamps (2026-11-25 to 2026-11-27) is
+    found, not retrained."""
+    cfg = FinetuneConfig(tasks=["rte"])
+    [job] = plan(cfg, [str(minilm_dir)], tmp_path)
+    stamps = unit_key(cfg, job.unit, job.checkpoint, job.tokenizer_dir, None, "stamps")
+    assert stamps != job.key
+    made_then = job.out_dir.with_name(job.out_dir.name.replace(job.key, stamps))
+    made_then.mkdir(parents=True)
+    [found] = plan(cfg, [str(minilm_dir)], tmp_path)
+    assert (found.out_dir, found.key) == (made_then, stamps)
 
 
 def test_dynamic_padding_and_length_grouping():
