@@ -263,12 +263,29 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert random_row["checkpoint"] == f"random:{new_pretrain.name}/model" != first_random["checkpoint"]
     assert random_row["tasks"] == first_random["tasks"]
 
-    # --- `--force pretrain`: a new model in the same directory; its units train again, and the
-    # scorecard and report, though their keys are the same, are rebuilt from them
+    # --- `--force pretrain`: the same model again, byte for byte (pretraining is deterministic), and
+    # the units key the model by its content: they are found again, and nothing after them reruns
+    weights = (new_pretrain / "model" / "model.safetensors").read_bytes()
     fifth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"], force=["pretrain"])
-    assert _status(fifth) == new_model_ran, _status(fifth)
-    fifth_finetune = Path(next(r["out_dir"] for r in fifth["stages"] if r["stage"] == "finetune"))
-    assert fifth_finetune == fourth_finetune
+    assert _status(fifth) == {**new_model_ran, "finetune-units": "0 ran, 4 cached", "finetune": "cached",
+                              "report": "cached"}, _status(fifth)  # fmt: skip
+    assert (new_pretrain / "model" / "model.safetensors").read_bytes() == weights
+
+    # --- a unit deleted: it trains again, and the scorecard and report, though their keys are the
+    # same, are rebuilt from the units
+    [deleted, *_] = sorted(
+        d
+        for d in (fourth_finetune.parent / "units").glob(f"*{new_pretrain.name}_model-*")
+        if "random" not in d.name
+    )
+    shutil.rmtree(deleted)
+    rebuilt = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"])
+    assert _status(rebuilt) == {**new_model_ran, "pretrain": "cached", "finetune-units": "1 ran, 3 cached"}, (
+        _status(rebuilt)
+    )
+    assert (deleted / MARKER_NAME).is_file()
+    rebuilt_finetune = Path(next(r["out_dir"] for r in rebuilt["stages"] if r["stage"] == "finetune"))
+    assert rebuilt_finetune == fourth_finetune
 
     # --- a model deleted from a complete pretraining: the flow writes it again from the last checkpoint
     shutil.rmtree(new_pretrain / "model")
