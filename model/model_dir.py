@@ -107,6 +107,18 @@ def publish_model_dir(
     return out
 
 
+def replaced_model_note(previous: dict[str, Any] | None, out: Path) -> str | None:
+    """What a finished model directory held before `publish_model_dir` replaced it (`previous`: its
+    marker, read before), when that was another model (other weights); None for a rerun that wrote
+    the same weights, or when nothing was there."""
+    now = read_marker(out) or {}
+    if not previous or previous.get("model.safetensors") == now.get("model.safetensors"):
+        return None
+    made = " ".join(str(previous[k]) for k in ("command",) if previous.get(k)) or "bertflow"
+    source = f" from {previous['source']}" if previous.get("source") else ""
+    return f"{out} held another model ({made}{source}, other weights); it is replaced by this one."
+
+
 def basic_card(model: BertForPreTraining, model_dir: Path, info: dict[str, Any]) -> CardFacts:
     """What is known of a converted checkpoint: its shape, where it came from, which weights are new."""
     from common.version import package_version

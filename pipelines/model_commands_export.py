@@ -14,12 +14,13 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.atomic import read_marker
 from common.console import warning_line
 from common.errors import UserError
 from model.heads import BertForPreTraining, count_parameters
 from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
 from model.model_card import CardFacts
-from model.model_dir import publish_model_dir
+from model.model_dir import publish_model_dir, replaced_model_note
 from preprocessing.wordpiece import refuse_other_tokenizer
 
 
@@ -147,6 +148,7 @@ def main(args: argparse.Namespace) -> int:
     card = pretraining_card_of(args.ckpt, resolved.tag)
     if card is not None and card.parameters is None:  # a run under way: no model/ to count yet
         card.parameters = count_parameters(resolved.model)
+    previous = read_marker(args.out_dir)
     out = publish_model_dir(
         resolved.model,
         args.out_dir,
@@ -167,6 +169,8 @@ def main(args: argparse.Namespace) -> int:
         card=card,
     )
     print(f"exported {args.ckpt} ({resolved.kind}) -> {out}")
+    if note := replaced_model_note(previous, out):
+        print(warning_line(note))
     if resolved.left_out:
         print(warning_line(left_out_note(args.ckpt, resolved.left_out)))
     if args.encoder_only:
@@ -210,8 +214,6 @@ def fresh_weights(ckpt: Path, fresh: list[str]) -> list[str]:
     """The weights the export initializes, plus those its source directory's marker lists as freshly
     initialized by an earlier import-hf or export-hf: an export of an import without pretraining
     heads still has untrained heads."""
-    from common.atomic import read_marker
-
     earlier = (read_marker(ckpt) or {}).get("fresh") if ckpt.is_dir() else None
     return list(dict.fromkeys([*fresh, *(earlier if isinstance(earlier, list) else [])]))
 
@@ -221,7 +223,6 @@ def pretraining_card_of(ckpt: Path, tag: Path | None = None) -> CardFacts | None
     (a finished run), or `tag`, the DeepSpeed checkpoint read from the run dir, its checkpoints/ or
     a global_stepN: then the card says which step, and carries the data, training and held-out
     figures of the run's records up to that step. None otherwise (no run records next to it)."""
-    from common.atomic import read_marker
     from pipelines.pretrain_card import pretraining_card
     from training.checkpoint import step_of
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from common.atomic import read_marker
+from common.console import warning_line
 from model.hf_io import has_tokenizer, load_checkpoint
-from model.model_dir import publish_model_dir
+from model.model_dir import publish_model_dir, replaced_model_note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +28,7 @@ def main(args: argparse.Namespace) -> int:
     tokenizer_dir = args.tokenizer
     if tokenizer_dir is None and has_tokenizer(args.hf_dir):
         tokenizer_dir = args.hf_dir
+    previous = read_marker(args.out_dir)
     out = publish_model_dir(
         loaded.model,
         args.out_dir,
@@ -37,6 +40,8 @@ def main(args: argparse.Namespace) -> int:
         f"imported {args.hf_dir} (L={cfg.num_hidden_layers} H={cfg.hidden_size} "
         f"A={cfg.num_attention_heads} vocab={cfg.vocab_size}) -> {out}"
     )
+    if note := replaced_model_note(previous, out):
+        print(warning_line(note))
     if loaded.fresh:
         print(f"freshly initialized (not in the source checkpoint): {', '.join(_group(loaded.fresh))}")
     else:

@@ -266,6 +266,24 @@ def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, mini
         load_checkpoint(out / "config.json")
 
 
+def test_replacing_a_finished_model_directory_with_another_model_is_said(minilm_dir, tmp_path, capsys):
+    """import-hf / export-hf onto a finished model directory replace it: silently when it held the
+    same weights (a rerun), with a warning naming what it held when it held another model."""
+    out = tmp_path / "out"
+    assert cli(["import-hf", str(minilm_dir), str(out)]) == 0
+    capsys.readouterr()
+    assert cli(["import-hf", str(minilm_dir), str(out)]) == 0  # a rerun: the same weights
+    assert "warning" not in capsys.readouterr().out
+    other = tmp_path / "other"
+    write_hf_dir(BertForPreTraining(BertConfig.from_preset("tiny")), other, minilm_dir)
+    assert cli(["export-hf", str(other), str(out)]) == 0
+    said = capsys.readouterr().out
+    assert (
+        f"warning: {out} held another model (import-hf from {minilm_dir.absolute()}, other weights)" in said
+    ), said
+    assert json.loads((out / "_COMPLETE.json").read_text())["source"] == str(other.absolute())
+
+
 def test_a_pretraining_output_is_not_exported_onto_its_own_model(good, tmp_path, capsys):
     """export-hf RUN RUN/model said the finished model 'is not a finished bertflow model directory
     ... remove this one': now it is refused as nothing to export, and no fix suggests deleting it."""
