@@ -374,7 +374,7 @@ def headline_text(h: dict[str, Any] | None) -> str:
         + average
         + f"ahead on {len(h['ahead_on'])} of {len(h['tasks'])} tasks"
         + _ahead_list(h["ahead_on"], at_chance_too)
-        + (f", behind on {len(behind)} ({', '.join(behind)})" if behind else "")
+        + (f" and behind on {len(behind)} ({', '.join(behind)})" if behind else "")  # how tested: both
         + _how_tested(tested)
         + f", mean of {h['seeds']} seed(s) per task."
     ]
