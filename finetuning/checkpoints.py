@@ -17,6 +17,12 @@ def is_random(checkpoint: str) -> bool:
     return checkpoint.startswith("random:")
 
 
+def checkpoint_target(checkpoint: str) -> str:
+    """The model directory or preset a checkpoint names: DIR for DIR and for random:DIR (its
+    architecture), PRESET for random:PRESET."""
+    return checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+
+
 def normalize_checkpoint(checkpoint: str) -> str:
     """`random:PRESET`, `random:DIR` or a model directory, with directories made absolute so a
     result names exactly what was scored."""

@@ -40,7 +40,13 @@ from common.atomic import read_marker
 from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_content, model_dir_stamp
 from common.tracking import WandbTarget
-from finetuning.checkpoints import checkpoint_label, is_random, normalize_checkpoint, tokenizer_dir_for
+from finetuning.checkpoints import (
+    checkpoint_label,
+    checkpoint_target,
+    is_random,
+    normalize_checkpoint,
+    tokenizer_dir_for,
+)
 from finetuning.config import FinetuneConfig
 from finetuning.tasks import get_task, task_data
 from finetuning.units import (
@@ -128,7 +134,7 @@ def check_model_limits(cfg: FinetuneConfig, checkpoint: str, tasks: set[str]) ->
     """Settings the checkpoint's architecture cannot serve, refused before any unit runs."""
     from model.hf_io import read_config
 
-    target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+    target = checkpoint_target(checkpoint)
     model = read_config(Path(target)) if "/" in target else BertConfig.from_preset(target)
     check_architecture(cfg, model, f"checkpoint {checkpoint}", tasks)
 
@@ -226,19 +232,24 @@ def unit_key(
     if scheme == "content":
         held = {"checkpoint": _content(checkpoint)}
     else:
-        target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+        target = checkpoint_target(checkpoint)
         held = {"checkpoint": checkpoint, "weights": model_dir_stamp(target) if "/" in target else None}
     return digest({**_unit_inputs(cfg, unit, tokenizer_dir, data_root, scheme), **held}, KEY_LENGTH)
 
 
 def _content(checkpoint: str) -> dict[str, Any]:
     """What a unit takes from `checkpoint`, without where it is (`unit_key`'s "content")."""
-    from model.hf_io import read_config
-
-    target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else checkpoint
+    target = checkpoint_target(checkpoint)
     if not is_random(checkpoint):
         return {"weights": model_dir_content(target)}
-    return {"random": dataclasses.asdict(read_config(Path(target))) if "/" in target else target}
+    return {"random": _architecture(target) if "/" in target else target}
+
+
+def _architecture(model_dir: str) -> dict[str, Any]:
+    """A model directory's architecture (its config.json, as read), what random init of it takes."""
+    from model.hf_io import read_config
+
+    return dataclasses.asdict(read_config(Path(model_dir)))
 
 
 def random_init_key(
@@ -247,14 +258,14 @@ def random_init_key(
     """For random:DIR, what its unit's result depends on: `unit_key`'s inputs ("stamps", as since
     2026-11-25: the markers of finished units hold this key) with DIR's architecture (config.json)
     in place of DIR's path and weights; None for other checkpoints."""
-    from model.hf_io import read_config
-
-    target = checkpoint.split(":", 1)[1] if is_random(checkpoint) else ""
-    if "/" not in target:
+    target = checkpoint_target(checkpoint)
+    if not is_random(checkpoint) or "/" not in target:
         return None
-    architecture = dataclasses.asdict(read_config(Path(target)))
     return digest(
-        {**_unit_inputs(cfg, unit, tokenizer_dir, data_root, "stamps"), "architecture": architecture},
+        {
+            **_unit_inputs(cfg, unit, tokenizer_dir, data_root, "stamps"),
+            "architecture": _architecture(target),
+        },
         KEY_LENGTH,
     )
 
