@@ -158,34 +158,42 @@ def untrained_positions_notes(cfg: FinetuneConfig, jobs: list[Job]) -> list[str]
     return notes
 
 
-def nonfinite_encoder_weight(model_dir: Path) -> str | None:
+# task kinds whose head reads the pooled [CLS] vector; token and span heads use the encoder without
+# its pooler (model/heads.py), so a NaN in the pooler alone does not reach their units
+POOLED_KINDS = ("classification", "regression")
+
+
+def nonfinite_encoder_weight(model_dir: Path, pooler: bool = True) -> str | None:
     """The first weight of the encoder (what a unit takes from a checkpoint; its heads are
-    replaced) holding NaN or Inf, read one tensor at a time; None when all are finite."""
+    replaced), the pooler only with `pooler`, holding NaN or Inf, read one tensor at a time; None
+    when all are finite."""
+    prefixes = ("bert.",) if pooler else ("bert.embeddings.", "bert.encoder.")
 
     def encoder() -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in iter_weights(model_dir):
-            if any(key.startswith("bert.") for key in normalize_keys({name: tensor})[0]):
+            if any(key.startswith(prefixes) for key in normalize_keys({name: tensor})[0]):
                 yield name, tensor
 
     return first_nonfinite(encoder())
 
 
-def refuse_nonfinite_encoders(jobs: list[Job], retrain: bool = False) -> None:
+def refuse_nonfinite_encoders(cfg: FinetuneConfig, jobs: list[Job], retrain: bool = False) -> None:
     """Before any unit runs: each checkpoint with units still to train (every unit, with
-    `retrain`), refused when its encoder holds NaN or Inf (`check_encoder_finite`)."""
-    to_train = {
-        j.checkpoint
-        for j in jobs
-        if not is_random(j.checkpoint) and (retrain or read_marker(j.out_dir) is None)
-    }
-    for checkpoint in sorted(to_train):
-        check_encoder_finite(checkpoint)
+    `retrain`), refused when the part of its encoder those units take holds NaN or Inf
+    (`check_encoder_finite`)."""
+    to_train: dict[str, set[str]] = {}
+    for job in jobs:
+        if not is_random(job.checkpoint) and (retrain or read_marker(job.out_dir) is None):
+            to_train.setdefault(job.checkpoint, set()).add(job.unit.task)
+    for checkpoint, tasks in sorted(to_train.items()):
+        pooled = any(get_task(task, cfg.task_config).kind in POOLED_KINDS for task in tasks)
+        check_encoder_finite(checkpoint, pooler=pooled)
 
 
-def check_encoder_finite(checkpoint: str) -> None:
-    """A checkpoint whose encoder holds a NaN or Inf weight is refused, naming the weight: every
-    unit of it would diverge."""
-    if (name := nonfinite_encoder_weight(Path(checkpoint))) is not None:
+def check_encoder_finite(checkpoint: str, pooler: bool = True) -> None:
+    """A checkpoint whose encoder (with its pooler, for tasks that read it) holds a NaN or Inf
+    weight is refused, naming the weight: every unit of it would diverge."""
+    if (name := nonfinite_encoder_weight(Path(checkpoint), pooler)) is not None:
         raise UserError(
             f"checkpoint {checkpoint}: weight {name!r} contains NaN or Inf; every unit would diverge.",
             fix="fine-tune an earlier checkpoint of that run (its training diverged after it), or another model.",

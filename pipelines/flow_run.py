@@ -223,7 +223,8 @@ class FlowRun:
         jobs = flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
         self.unit_dirs = [str(job.out_dir) for job in jobs]
         self.write_record()  # the units it is about to use
-        refuse_nonfinite_encoders(jobs, retrain="finetune" in self.forced)  # before --force clears any
+        # before --force clears any finished unit
+        refuse_nonfinite_encoders(self.cfg.finetune, jobs, retrain="finetune" in self.forced)
         for note in untrained_positions_notes(self.cfg.finetune, jobs):
             get_run_logger().warning(note)
         if "finetune" in self.forced:

@@ -254,7 +254,7 @@ def main(args: argparse.Namespace) -> int:
     from common.progress import Progress
 
     reused = fanout.reuse_random_init_units(selected)
-    fanout.refuse_nonfinite_encoders(selected)
+    fanout.refuse_nonfinite_encoders(cfg, selected)
     for note in fanout.untrained_positions_notes(cfg, selected):
         print(f"bertflow finetune: {warning_line(note)}", flush=True)
     complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}

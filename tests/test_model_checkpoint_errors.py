@@ -351,15 +351,42 @@ def test_complete_units_of_a_nan_checkpoint_are_not_read_again_unless_retrained(
     with torch.no_grad():
         model.bert.pooler.dense.bias[0] = float("nan")
     write_hf_dir(model, tmp_path / "nan", minilm_dir)
-    jobs = plan(FinetuneConfig(tasks=["sst2"], seeds=[1, 2]), [str(tmp_path / "nan")], tmp_path / "ft")
+    cfg = FinetuneConfig(tasks=["sst2"], seeds=[1, 2])
+    jobs = plan(cfg, [str(tmp_path / "nan")], tmp_path / "ft")
     with pytest.raises(UserError, match="bert.pooler.dense.bias"):
-        refuse_nonfinite_encoders(jobs)
+        refuse_nonfinite_encoders(cfg, jobs)
     for job in jobs:
         job.out_dir.mkdir(parents=True)
         write_marker(job.out_dir)
-    refuse_nonfinite_encoders(jobs)  # every unit complete: nothing to train, nothing read
+    refuse_nonfinite_encoders(cfg, jobs)  # every unit complete: nothing to train, nothing read
     with pytest.raises(UserError, match="bert.pooler.dense.bias"):
-        refuse_nonfinite_encoders(jobs, retrain=True)
+        refuse_nonfinite_encoders(cfg, jobs, retrain=True)
+
+
+def test_a_nan_pooler_is_refused_only_for_tasks_whose_head_reads_it(minilm_dir, tmp_path):
+    """Token and span heads (NER, SQuAD) take the encoder without its pooler: a NaN there does not
+    reach their units, so a run of those tasks alone goes on; with a GLUE task beside them it is
+    refused, and a NaN in the encoder proper is refused for every task."""
+    from finetuning.config import FinetuneConfig
+    from finetuning.fanout import plan, refuse_nonfinite_encoders
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
+    with torch.no_grad():
+        model.bert.pooler.dense.weight[0, 0] = float("nan")
+    write_hf_dir(model, tmp_path / "nan", minilm_dir)
+    checkpoint = [str(tmp_path / "nan")]
+    token_tasks = FinetuneConfig(tasks=["conll2003", "squad"], seeds=[1])
+    refuse_nonfinite_encoders(token_tasks, plan(token_tasks, checkpoint, tmp_path / "ft"))
+    with_glue = FinetuneConfig(tasks=["conll2003", "stsb"], seeds=[1])
+    with pytest.raises(UserError, match="bert.pooler.dense.weight"):
+        refuse_nonfinite_encoders(with_glue, plan(with_glue, checkpoint, tmp_path / "ft"))
+
+    with torch.no_grad():
+        model.bert.encoder.layer[1].output.dense.bias[0] = float("inf")
+    write_hf_dir(model, tmp_path / "inf", minilm_dir)
+    with pytest.raises(UserError, match="bert.encoder.layer.1.output.dense.bias"):
+        refuse_nonfinite_encoders(token_tasks, plan(token_tasks, [str(tmp_path / "inf")], tmp_path / "ft"))
 
 
 def test_a_weights_file_given_as_the_finetune_checkpoint_is_named_a_file(good, tmp_path, capsys):
