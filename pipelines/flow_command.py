@@ -117,7 +117,9 @@ def end_summary(summary: dict[str, Any]) -> str:
         lines.append(f"Report: {summary['report_html']}")
     root = Path(summary["run_dir"])
     if (root / "latest").is_dir():
-        here = root.resolve() == Path("runs").resolve()  # where `bertflow runs` looks by default
+        from pipelines.runs_command import default_run_root
+
+        here = root.resolve() == default_run_root()
         runs = "bertflow runs" if here else f"bertflow runs --run-dir {root}"
         lines.append(f"Latest: {root / 'latest'}/  (`{runs}` lists past runs)")
     if any(r["status"] not in ("cached", "reused") and not r["status"].startswith("0 ran") for r in stages):

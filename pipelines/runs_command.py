@@ -65,7 +65,14 @@ def _root(args: argparse.Namespace) -> Path:
         from pipelines.stage_keys import run_root
 
         return _existing_run_dir(run_root(load_config(args.config)), "run_dir", missing_ok=True)
-    return _existing_run_dir(Path("runs").resolve(), "the run directory", missing_ok=True)
+    return _existing_run_dir(default_run_root(), "the run directory", missing_ok=True)
+
+
+def default_run_root() -> Path:
+    """Where `bertflow runs` looks without --run-dir or a config: the default `run_dir`, here."""
+    from pipelines.config import PipelineConfig
+
+    return Path(PipelineConfig.model_fields["run_dir"].default).resolve()
 
 
 def _existing_run_dir(root: Path, key: str, missing_ok: bool = False) -> Path:

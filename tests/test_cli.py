@@ -108,7 +108,7 @@ def test_stage_flag_help_in_a_real_shell() -> None:
     assert "--epochs EPOCHS" in proc.stdout and "passes over the training examples" in proc.stdout
 
 
-def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path) -> None:
+def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path, monkeypatch) -> None:
     import json
 
     from pipelines.flow_command import end_summary
@@ -144,6 +144,9 @@ def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path) 
     # the hint at past runs names the run directory where `bertflow runs` would not look by itself
     (tmp_path / "latest").mkdir()
     assert f"(`bertflow runs --run-dir {tmp_path}` lists past runs)" in end_summary(summary)
+    monkeypatch.chdir(tmp_path.parent)  # the default run_dir, `runs`, is here
+    (tmp_path.parent / "runs" / "latest").mkdir(parents=True, exist_ok=True)
+    assert "(`bertflow runs` lists past runs)" in end_summary({**summary, "run_dir": "runs"})
 
 
 def test_end_of_run_summary_columns_line_up_for_long_stage_names_and_statuses(tmp_path) -> None:
