@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -98,32 +99,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_set_argument(p, dest="set")
 
 
-def _flag_values(args: argparse.Namespace) -> dict:
+def _units_per_gpu(workers: int) -> int:
+    """--workers N shared among the GPUs (N units at a time on CPU: finetune.concurrency)."""
     from training.ranks import visible_gpus
 
-    # --workers N: N units at a time, on CPU (concurrency) or shared among the GPUs (units_per_gpu)
-    per_gpu = args.workers and -(-args.workers // max(visible_gpus(), 1))
-    try:
-        flags = {
-            "tasks": args.tasks and _csv(args.tasks),
-            "task_config": args.task_config,
-            "max_train_examples": args.max_train_examples,
-            "max_eval_examples": args.max_eval_examples,
-            "max_seq_length": args.max_seq_length,
-            "epochs": args.epochs,
-            "batch_size": args.batch_size,
-            "lrs": args.lr and [float(x) for x in _csv(args.lr)],
-            "seeds": args.seed and [int(x) for x in _csv(args.seed)],
-            "concurrency": args.workers,
-            "units_per_gpu": per_gpu,
-            "threads": args.threads,
-        }
-    except ValueError as exc:
-        raise UserError(f"--lr / --seed: {exc}", fix="e.g. --lr 5e-5,3e-5 --seed 42,43.") from None
-    return {k: v for k, v in flags.items() if v is not None}
+    return -(-workers // max(visible_gpus(), 1))
 
 
-ARG_OF_SETTING = {"lrs": "lr", "seeds": "seed", "concurrency": "workers", "units_per_gpu": "workers"}
+# finetune.<setting>: the flag (argparse dest) that sets it, and how the flag's text becomes the
+# setting's value (None: as argparse typed it). --workers N sets both concurrency (units at a time
+# on CPU) and units_per_gpu.
+SETTING_FLAGS: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
+    "tasks": ("tasks", _csv),
+    "task_config": ("task_config", None),
+    "max_train_examples": ("max_train_examples", None),
+    "max_eval_examples": ("max_eval_examples", None),
+    "max_seq_length": ("max_seq_length", None),
+    "epochs": ("epochs", None),
+    "batch_size": ("batch_size", None),
+    "lrs": ("lr", lambda text: [float(x) for x in _csv(text)]),
+    "seeds": ("seed", lambda text: [int(x) for x in _csv(text)]),
+    "concurrency": ("workers", None),
+    "units_per_gpu": ("workers", _units_per_gpu),
+    "threads": ("threads", None),
+}
+
+
+def _flag_values(args: argparse.Namespace) -> dict:
+    """The settings that the flags given set (`SETTING_FLAGS`)."""
+    values = {}
+    for setting, (flag, parse) in SETTING_FLAGS.items():
+        if (given := getattr(args, flag)) is not None:
+            try:
+                values[setting] = parse(given) if parse else given
+            except ValueError as exc:
+                raise UserError(f"--{flag}: {exc}", fix="e.g. --lr 5e-5,3e-5 --seed 42,43.") from None
+    return values
 
 
 def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig:
@@ -134,7 +145,7 @@ def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig
         try:
             FinetuneConfig.model_validate({**cfg.model_dump(), setting: value})
         except ValidationError as exc:
-            arg = ARG_OF_SETTING.get(setting, setting)
+            arg = SETTING_FLAGS[setting][0]
             flag = f"--{arg.replace('_', '-')}"
             raise bad_flag_value(
                 flag, getattr(args, arg), exc, f"finetune.{setting}", getattr(cfg, setting)

@@ -104,3 +104,10 @@ def test_finetune_flags_are_checked_the_same_way() -> None:
     for flag, named in refused:
         with pytest.raises(UserError, match=f"bad flag value {named}"):
             apply_flags(cfg, parser.parse_args(flag))
+    # a value that is no number at all is named by its flag alone
+    for flag, named in [
+        (["--lr", "1e-3,fast"], "--lr: could not convert"),
+        (["--seed", "1,x"], "--seed: invalid"),
+    ]:
+        with pytest.raises(UserError, match=named):
+            apply_flags(cfg, parser.parse_args(flag))
