@@ -6,6 +6,7 @@ TSV task is one YAML entry. Every malformed row is a UserError naming the file a
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,12 +136,24 @@ def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
 
 def load_task_specs(task_config: str | None = None) -> dict[str, TaskSpec]:
     """Built-in tasks, plus (overriding by name) the ones in a user's task config file."""
-    specs = _parse_task_file(BUILTIN_TASKS_FILE, "builtin")
+    specs = dict(_task_file(BUILTIN_TASKS_FILE, "builtin"))
     if task_config:
         path = Path(task_config).expanduser()
         check_input_file(path, "task config", fix="pass an existing YAML file to --task-config.")
-        specs.update(_parse_task_file(path, str(path)))
+        specs.update(_task_file(path, str(path)))
     return specs
+
+
+def _task_file(path: Path, source: str) -> dict[str, TaskSpec]:
+    """`_parse_task_file`, parsed again only when the file changed: a plan asks for a task per unit
+    (hundreds of times for a sweep), and parsing the YAML each time took seconds."""
+    stat = path.stat()
+    return _parsed_task_file(path, source, (path.resolve(), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_task_file(path: Path, source: str, file_stamp: tuple[Path, int, int]) -> dict[str, TaskSpec]:
+    return _parse_task_file(path, source)
 
 
 def get_task(name: str, task_config: str | None = None) -> TaskSpec:

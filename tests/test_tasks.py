@@ -97,6 +97,17 @@ def test_user_task_from_config(tmp_path, data_dir):
     assert load_task_specs(str(relative))["movies"].path("dev") == tsv
 
 
+def test_a_task_config_edited_between_two_reads_is_read_again(tmp_path, data_dir):
+    """Task files are parsed once per content stamp (a plan asks once per unit): an edit in the
+    same process, a long-lived flow's, is seen; the parsed tasks are never shared for mutation."""
+    cfg, _ = _user_task(tmp_path, data_dir, USER_TASK)
+    assert load_task_specs(str(cfg))["movies"].metrics == ["accuracy", "f1"]
+    cfg.write_text(cfg.read_text().replace("[accuracy, f1]", "[f1]") + "\n")
+    assert load_task_specs(str(cfg))["movies"].metrics == ["f1"]
+    load_task_specs(str(cfg)).pop("sst2")
+    assert "sst2" in load_task_specs(str(cfg)) and "movies" not in load_task_specs()
+
+
 def test_a_task_written_twice_is_refused(tmp_path, data_dir):
     cfg, _ = _user_task(tmp_path, data_dir, USER_TASK + USER_TASK.replace("[accuracy, f1]", "[f1]"))
     with pytest.raises(UserError, match=r"tasks.yaml: key 'movies' appears twice \(lines 2 and 12\)"):
