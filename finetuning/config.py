@@ -16,8 +16,11 @@ UNIT_CODE: tuple[str, ...] = ("finetuning/*.py", "model/*.py")
 
 
 class FinetuneConfig(Section):
-    # scheduling, not a unit's result
-    run_only: ClassVar[tuple[str, ...]] = ("concurrency", "units_per_gpu", "threads")
+    # scheduling, not a unit's result (a unit's torch threads are `threads`, whatever the concurrency)
+    run_only: ClassVar[tuple[str, ...]] = ("concurrency", "units_per_gpu")
+    # threads was run-only until 2026-11-27, but torch's float sums on CPU depend on it: in the keys
+    # once set, so the units made before (one thread each on CPU by default) are found again
+    added_later: ClassVar[tuple[str, ...]] = ("threads",)
 
     tasks: list[str] = Field(
         default_factory=lambda: ["sst2", "mrpc", "rte", "cola", "stsb"],
@@ -57,6 +60,10 @@ class FinetuneConfig(Section):
     )
     dropout: float = Field(0.1, ge=0, lt=1, description="hidden and attention dropout while fine-tuning")
     threads: int | None = Field(
-        None, ge=1, description="torch threads per worker (default: CPU cores // workers)"
+        None,
+        ge=1,
+        description="torch threads per unit on CPU (null: 1, so a unit's numbers depend on neither the "
+        "machine nor the concurrency; more are faster for a few large units but change the float sums, "
+        "so a set value is in the unit key); on a GPU machine null shares the cores among the workers",
     )
     group_by_length: bool = Field(True, description="batch examples of similar length together")

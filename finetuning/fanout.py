@@ -295,7 +295,7 @@ def _unit_inputs(
     )
     return {
         "unit": dataclasses.asdict(unit),
-        "settings": cfg.model_dump(mode="json", exclude=NOT_IN_UNIT_KEY),
+        "settings": cfg.settings_without(NOT_IN_UNIT_KEY),
         "task": spec.model_dump(mode="json", exclude={"source"}),
         "data": data,
         "tokenizer": tokenizer,
@@ -304,8 +304,8 @@ def _unit_inputs(
 
 class UnitPool:
     """Worker processes for fine-tuning units (`worker_count`: `cfg.concurrency` on CPU,
-    `cfg.units_per_gpu` per GPU on a GPU machine, never more than jobs), each with `cfg.threads`
-    torch threads or its share of the CPU cores; worker i pinned to GPU i mod the GPUs."""
+    `cfg.units_per_gpu` per GPU on a GPU machine, never more than jobs), each with `unit_threads`
+    torch threads; worker i pinned to GPU i mod the GPUs."""
 
     def __init__(
         self,
@@ -324,7 +324,7 @@ class UnitPool:
             devices = ctx.Queue()
             for i in range(self.workers):
                 devices.put(i % n_gpus)
-        threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.workers)
+        threads = unit_threads(cfg, self.workers, n_gpus)
         self._pool = ProcessPoolExecutor(
             max_workers=self.workers,
             mp_context=ctx,
@@ -357,6 +357,15 @@ def worker_count(cfg: FinetuneConfig, n_jobs: int, gpus: int, cpus: int | None =
     else:
         want = cfg.concurrency
     return max(1, min(want, n_jobs))
+
+
+def unit_threads(cfg: FinetuneConfig, workers: int, gpus: int) -> int:
+    """Torch threads of each unit's worker: `cfg.threads`, else 1 on CPU (a unit's float sums, so
+    its scores, are then the same on any machine and at any concurrency: its key holds no thread
+    count), and on a GPU machine, where they only feed the GPU, the cores shared among the workers."""
+    if cfg.threads is not None:
+        return cfg.threads
+    return max(1, (os.cpu_count() or 1) // workers) if gpus else 1
 
 
 def outcome(job: Job, future: Future) -> dict[str, Any]:

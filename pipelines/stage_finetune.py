@@ -91,7 +91,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="concurrent units (default: finetune.concurrency; on a GPU machine finetune.units_per_gpu per GPU, "
         "and N rounded up to whole units per GPU)",
     )
-    p.add_argument("--threads", type=int, help="torch threads per worker (default: cores // workers)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads per unit on CPU (default 1; a set count is in the unit key: it changes float sums)",
+    )
     p.add_argument("--group", help="W&B group for the unit runs (default: the output directory name)")
     p.add_argument(
         "--output", help="output directory (needed with --checkpoint; default: the flow's finetune stage)"

@@ -22,7 +22,8 @@ from common.version import source_digests
 from finetuning.batching import collate, train_batches
 from finetuning.checkpoints import checkpoint_label, with_baselines
 from finetuning.config import UNIT_CODE, FinetuneConfig
-from finetuning.fanout import plan, reuse_random_init_units, unit_key, worker_count
+from finetuning.fanout import plan, reuse_random_init_units, unit_key, unit_threads, worker_count
+from finetuning.fanout import run as fanout_run
 from finetuning.scorecard import build_scorecard, table_rows
 from finetuning.units import FinetuneUnit, build_model, finetune_units, run_finetune_unit
 from model.config import BertConfig
@@ -94,6 +95,30 @@ def test_the_workers_flag_is_that_many_units_at_a_time_on_cpu_and_on_gpus(
     cfg = apply_flags(FinetuneConfig(), args)
     assert cfg.units_per_gpu == per_gpu
     assert worker_count(cfg, 90, gpus, cpus=16) == (gpus * per_gpu if gpus else workers)
+
+
+def test_a_units_threads_follow_neither_the_concurrency_nor_the_machine_and_a_set_count_is_keyed(
+    tmp_path, minilm_dir
+):
+    """torch's float sums on CPU depend on its thread count: under one key, a unit's STS-B Pearson
+    was 23.3809 at concurrency 2 (one thread each) and 23.3797 at concurrency 1 or in a plan of one
+    unit (both cores). On CPU a unit now runs on one thread whatever the concurrency, the number of
+    units and the cores; `finetune.threads`, once set, is in the key."""
+    base = FinetuneConfig(tasks=["sst2"], **TINY)
+    by_concurrency = {c: base.model_copy(update={"concurrency": c}) for c in (1, 2, 8)}
+    assert {unit_threads(cfg, w, 0) for cfg in by_concurrency.values() for w in (1, 2, 8)} == {1}
+    assert unit_threads(base.model_copy(update={"threads": 3}), 2, 0) == 3
+    assert unit_threads(base, 2, 1) == max(1, (os.cpu_count() or 1) // 2)  # feeding a GPU: the cores shared
+
+    def key(cfg: FinetuneConfig) -> str:
+        return plan(cfg, ["random:tiny"], tmp_path / "ft", tokenizer_dir=minilm_dir)[0].key
+
+    assert {key(cfg) for cfg in by_concurrency.values()} == {key(base)}
+    assert key(base.model_copy(update={"threads": 2})) != key(base)
+    # a plan of one unit with concurrency 1 (a single worker) runs it on one thread, as a sweep does
+    alone = by_concurrency[1]
+    [result] = fanout_run(alone, plan(alone, ["random:tiny"], tmp_path / "ft", tokenizer_dir=minilm_dir))
+    assert result["torch_threads"] == 1 and result["device"] == "cpu"
 
 
 def test_plan_owns_unit_dirs_and_labels(tmp_path, minilm_dir):

@@ -79,6 +79,11 @@ def test_zero2_two_processes_lowers_the_loss(ref_run):
     tags = [t.name for t in checkpoint.tag_dirs(out / "checkpoints")]
     assert tags == ["global_step12", "global_step8", "global_step4"]
     assert all(checkpoint.verify(t) is None for t in checkpoint.tag_dirs(out / "checkpoints"))
+    # each records its ranks' torch threads (a resume under another count says it cannot match)
+    from training.launch import cpu_threads_per_rank
+
+    newest = checkpoint.read_verification(out / "checkpoints" / "global_step12")
+    assert newest["cpu_threads"] == cpu_threads_per_rank(2)
     assert (out / "_COMPLETE.json").is_file() and model_dir == out / "model"
     # the ranks read a per-node memory-mapped cache, built once and removed once the run completes
     assert any("data cache ready" in ln for ln in lines) and not (out / "data_cache").exists()

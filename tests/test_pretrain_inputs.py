@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -272,6 +273,31 @@ def test_resume_with_other_settings_names_each_key(data, tmp_path):
         tok,
         out,
     )
+
+
+def test_a_cpu_resume_on_another_thread_count_says_it_will_not_match_bit_for_bit(data, tmp_path, monkeypatch):
+    """A checkpoint written by ranks on one torch thread each, resumed on a machine with more cores
+    or under OMP_NUM_THREADS=2, went on under the same key with weights that differed from an
+    uninterrupted run's in the 7th digit, unsaid. The count is recorded; another one is said, with
+    the way to continue exactly; the same one, a GPU run or a checkpoint without the record is not."""
+    from training.launch import cpu_threads_per_rank
+
+    shards, tok = data
+    out = tmp_path / "out"
+    spec = _spec(config(), shards, tok, out)
+    _checkpoint(out, {"model_config": spec.model, "settings": spec.settings(), "cpu_threads": 1})
+    note = preflight.resume_threads_note(spec, 2)
+    assert "global_step4 with 2 torch thread(s) per rank, where it was written with 1" in note
+    assert "OMP_NUM_THREADS=1" in note
+    assert preflight.resume_threads_note(spec, 1) is None
+    assert preflight.resume_threads_note(spec.model_copy(update={"on_gpu": True}), 2) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's count is what the ranks get
+    assert cpu_threads_per_rank(2) == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert cpu_threads_per_rank(2) == max(1, (os.cpu_count() or 1) // 2)
+    older = tmp_path / "older"
+    _checkpoint(older, {"model_config": spec.model, "settings": spec.settings()})
+    assert preflight.resume_threads_note(spec.model_copy(update={"out_dir": older}), 2) is None
 
 
 def test_resume_of_a_checkpoint_from_before_a_setting_existed(data, tmp_path):

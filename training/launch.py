@@ -107,9 +107,18 @@ def child_env(num_processes: int, on_gpu: bool, stop_grace_s: float) -> dict[str
     env["PYTHONUNBUFFERED"] = "1"
     env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
     if not on_gpu:
-        # One process per core share: N ranks each spawning all-core thread pools thrash.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
+        env.setdefault("OMP_NUM_THREADS", str(cpu_threads_per_rank(num_processes)))
     return env
+
+
+def cpu_threads_per_rank(local_ranks: int) -> int:
+    """The torch threads of each CPU rank: OMP_NUM_THREADS where the user set a number, else one
+    core share (N ranks each spawning all-core thread pools thrash). torch's float sums depend on
+    it, so a checkpoint records it and a resume under another count says so."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, (os.cpu_count() or 1) // local_ranks)
 
 
 def run_launcher(

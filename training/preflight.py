@@ -344,6 +344,27 @@ def check_resume(spec: RunSpec) -> None:
         return  # the newest recorded one decides
 
 
+def resume_threads_note(spec: RunSpec, threads: int) -> str | None:
+    """What a CPU resume should say when the checkpoint it continues was written by ranks on
+    another number of torch threads: the same math with other float rounding, so its later losses
+    are not an uninterrupted run's bit for bit (a machine with other cores, or OMP_NUM_THREADS)."""
+    if spec.on_gpu:
+        return None
+    for tag in checkpoint.tag_dirs(spec.checkpoints_dir):
+        recorded = (checkpoint.read_verification(tag) or {}).get("cpu_threads")
+        if recorded is None:
+            continue
+        if recorded == threads:
+            return None
+        return (
+            f"resuming {tag} with {threads} torch thread(s) per rank, where it was written with "
+            f"{recorded}: float sums round otherwise with another thread count, so from here the losses "
+            "and weights differ in their last digits from those of an uninterrupted run (the keys do not "
+            f"hold the thread count); to continue it exactly, rerun with OMP_NUM_THREADS={recorded}."
+        )
+    return None
+
+
 def _recorded_settings(out_dir: Path) -> dict[str, Any] | None:
     """The settings of the run spec an earlier launch wrote (checkpoints from before they were
     recorded in `_VERIFIED.json`)."""

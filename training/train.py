@@ -631,6 +631,9 @@ def _save_checkpoint(engine: Any, spec: RunSpec, step: int, plan: BatchPlan, ran
                 "world_size": plan.world_size,
                 "global_batch": plan.global_batch,
                 "zero_stage": spec.zero_stage,
+                # a CPU rank's torch threads: its float sums depend on them (a resume under
+                # another count is said, training/preflight.py `resume_threads_note`)
+                "cpu_threads": None if spec.on_gpu else torch.get_num_threads(),
                 "model_config": spec.model,
                 "settings": spec.settings(),  # what a resume must match (training/preflight.py)
                 **checkpoint.master_weight_names(engine),
