@@ -25,6 +25,16 @@ class UserError(Exception):
         super().__init__(" ".join(parts))
 
 
+class TransientError(Exception):
+    """A failure of the machines, not of the input (a node or rank lost or hung): said as one
+    paragraph naming the way on, like a UserError, but a flow stage retries it (`flow.retries`)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(f"{message} Fix: {fix}" if fix else message)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same cleanup runs (child
     processes stopped, the flow's end recorded); the CLI exits 143 (128 + SIGTERM)."""

@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
 modules are imported only when their command runs (DeepSpeed, Beam and Prefect are slow to import).
-A UserError is printed as one paragraph, exit code 2, no traceback.
+A UserError is printed as one paragraph, exit code 2, no traceback; a TransientError (a lost node or
+rank) the same way, exit code 1.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import errno
 import importlib
 import sys
 
-from common.errors import Terminated, UserError
+from common.errors import Terminated, TransientError, UserError
 
 # name -> (module, one-line help), in the order `bertflow --help` lists them: the flow, its stages
 # in pipeline order, then the tools around them.
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args.command == "run" else 1
     try:
         return int(module.main(args) or 0)
-    except UserError as exc:
+    except (UserError, TransientError) as exc:
         print(f"bertflow {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:

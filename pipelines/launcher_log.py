@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.paths import torch_extensions_dir
-from training.launch import ERROR_LINE
+from training.launch import ERROR_LINE, NODES_JOINED
 
 # `[2026-11-22 21:30:26,607] [WARNING] [real_accelerator.py:213:get_accelerator] ...`
 DEEPSPEED_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
@@ -65,6 +65,7 @@ class LauncherLog:
         self._rank_error = False  # a rank printed `rank R: error: ...`
         self._failure_report = False  # torchrun is reporting that failure
         self._stopping = False  # torchrun got a stop signal
+        self._traceback: list[str] = []  # a traceback's lines until its exception line
 
     def is_self_talk(self, line: str) -> bool:
         self._rank_error = self._rank_error or bool(ERROR_LINE.search(line))
@@ -90,11 +91,27 @@ class LauncherLog:
         self.raw.write(line + "\n")
         if not line.strip():
             return
-        if self.is_self_talk(line):
+        if line.startswith("Traceback (most recent call last)") or (self._traceback and line[0].isspace()):
+            self._traceback.append(line)  # shown once its exception line says what it was
+            return
+        if self._traceback:
+            block, self._traceback = self._traceback, []
+            said = NODES_JOINED.search(line) is not None  # bertflow's own error says it
+            for held in block:
+                self._show(held, quiet=said)
+            self._show(line, quiet=said)
+            return
+        self._show(line)
+
+    def _show(self, line: str, quiet: bool = False) -> None:
+        if quiet or self.is_self_talk(line):
             if self.debug is not None:
                 self.debug(line)
         else:
             self.info(line)
 
     def close(self) -> None:
+        for held in self._traceback:  # a traceback cut off by the end of the output
+            self._show(held)
+        self._traceback = []
         self.raw.close()

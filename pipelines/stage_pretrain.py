@@ -212,8 +212,14 @@ def _run_ranks(
     local = local_ranks(p, world)
     hostfile = p.hostfile and str(Path(p.hostfile).resolve())
     cmd = launch.build_command(
-        p.launcher, local, spec_path, port, hostfile, p.nnodes, node_rank, p.master_addr
+        p.launcher, local, spec_path, port, hostfile, p.nnodes, node_rank, p.master_addr, p.dist_timeout_s
     )
+    if p.nnodes > 1:
+        waits = "waits for the other nodes" if node_rank == 0 else "joins node 0"
+        log_line(
+            f"pretrain: node {node_rank} of {p.nnodes} {waits} at {p.master_addr}:{port} "
+            f"(up to pretrain.dist_timeout_s, {p.dist_timeout_s:g} s)"
+        )
     if notice := jit_build_notice(on_gpu):
         log_line(notice)
     started = time.time()

@@ -472,7 +472,8 @@ def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_f
     assert all("Traceback" not in t for t in texts), texts
     stopped = [
         re.findall(
-            r"stopped by a stop request \(Ctrl-C or SIGTERM\) after step (\d+) of 12; its checkpoint is saved",
+            r"stopped by a stop request \(Ctrl-C or SIGTERM on one of the 2 nodes\) after step (\d+) of 12; "
+            r"its checkpoint is saved",
             t,
         )
         for t in texts
@@ -482,9 +483,10 @@ def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_f
     step = int(stopped[1][0])
     assert set(stopped[0]) == {str(step)} and 3 <= step < 12
     assert (
-        f"bertflow pretrain: error: pretraining stopped: stopped by a stop request (Ctrl-C or SIGTERM) after step {step}"
-        in texts[0]
+        "bertflow pretrain: error: pretraining stopped: stopped by a stop request (Ctrl-C or SIGTERM on one of "
+        f"the 2 nodes) after step {step}" in texts[0]
     )
+    assert "Rerun the same command on every node to resume from it." in texts[0]
     tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
     assert (
         tags == [f"global_step{step}"]
@@ -501,6 +503,56 @@ def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_f
     assert losses(out) == losses(ref_out)  # bit-exact, every step
     a, b = read_state_dict(ref_model), read_state_dict(out / "model")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_hung_node_stops_the_others_within_dist_timeout_s_naming_it(data, tmp_path):
+    """A node that hangs (its rank stopped, as by SIGSTOP or a stuck filesystem) held the other one
+    in the gradient all-reduce for 30 minutes whatever pretrain.dist_timeout_s said: DeepSpeed's ZeRO
+    groups take torch's default timeout. Now node 0 stops within the timeout (10 s here) with one
+    paragraph, no traceback, naming the timeout and the way on. And a node started alone says that
+    it waits, and stops after the same time naming the nodes that did not come."""
+    shards, tok = data
+    out = tmp_path / "run"
+    sets = two_node_settings(free_port(), "pretrain.dist_timeout_s=10")
+    logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
+    procs = [
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], BERTFLOW_DEBUG_STEP_DELAY_S="0.3",
+                  **ONE_THREAD)
+        for r in (0, 1)
+    ]  # fmt: skip
+    try:
+        wait_for(out / "checkpoints" / "global_step4" / checkpoint.VERIFIED_NAME, procs[0])
+        node1_ranks = [
+            c
+            for c in psutil.Process(procs[1].pid).children(recursive=True)
+            if "training.train" in c.cmdline()
+        ]
+        assert node1_ranks
+        for rank in node1_ranks:
+            rank.send_signal(signal.SIGSTOP)
+        stopped_at = time.time()
+        assert procs[0].wait(timeout=120) == 1
+        waited = time.time() - stopped_at
+    finally:
+        kill_tree(procs[1])
+    said = logs[0].read_text()
+    assert waited < 10 + 60, (waited, said[-3000:])  # the timeout and the stop, not 30 minutes
+    assert "Traceback" not in said, said[-3000:]
+    assert (
+        "bertflow pretrain: error: pretraining stopped: lost contact with the other ranks: a collective timed "
+        "out waiting for another rank"
+        in said
+        and "pretrain.dist_timeout_s, 10 s" in said
+        and "resume from the newest checkpoint (global_step" in said
+    ), said[-3000:]
+
+    alone = start_cli(shards, tok, tmp_path / "alone", two_node_settings(free_port(), "pretrain.dist_timeout_s=10"),
+                      ("--node-rank", "0"), tmp_path / "alone.log")  # fmt: skip
+    assert alone.wait(timeout=120) == 1
+    said = (tmp_path / "alone.log").read_text()
+    assert "pretrain: node 0 of 2 waits for the other nodes at 127.0.0.1:" in said
+    assert "(up to pretrain.dist_timeout_s, 10 s)" in said and "Traceback" not in said, said
+    assert "bertflow pretrain: error: pretraining did not start: only 1 of 2 nodes joined in" in said, said
 
 
 def test_two_nodes_train_like_one_and_resume_exactly_after_one_is_killed(ref_run, data, tmp_path):
@@ -523,7 +575,15 @@ def test_two_nodes_train_like_one_and_resume_exactly_after_one_is_killed(ref_run
     ]  # fmt: skip
     wait_for(out / "checkpoints" / "global_step8" / checkpoint.VERIFIED_NAME, procs[0])
     kill_tree(procs[1])
-    assert procs[0].wait(timeout=180) != 0  # node 0 cannot go on without node 1
+    assert procs[0].wait(timeout=180) == 1  # node 0 cannot go on without node 1, and says so
+    said = (tmp_path / "first0.log").read_text()
+    assert "Traceback" not in said, said[-3000:]
+    assert re.search(
+        r"bertflow pretrain: error: pretraining stopped: lost contact with the other ranks: (another rank's "
+        r"connection was reset|another rank closed its connection).*rerun the same command on every node to resume from the newest "
+        r"checkpoint \(global_step(8|9|1\d)\)",
+        said,
+    ), said[-3000:]
     run = digest(str(out.resolve()), 12)  # under data_cache_dir, named by the run's output too
     assert [sorted(p.name for p in (s / "cache").iterdir()) for s in scratch] == [
         [f"{host}-rank0-run{run}"],

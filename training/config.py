@@ -131,7 +131,10 @@ class PretrainConfig(Section):
         "default OUTPUT/data_cache",
     )
     dist_timeout_s: int = Field(
-        600, ge=10, le=7 * 86400, description="collective timeout: a hung rank fails all ranks"
+        600,
+        ge=10,
+        le=7 * 86400,
+        description="collective timeout: a hung rank fails all ranks; nodes also wait this long for each other",
     )
     stop_grace_s: int = Field(
         90,

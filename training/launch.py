@@ -26,14 +26,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.child_process import die_with_parent
-from common.errors import Terminated, UserError
+from common.errors import Terminated, TransientError, UserError
 from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
 from common.textfile import read_user_text
+from training.lost_ranks import LOST_PREFIX
 
 if TYPE_CHECKING:
     from training.config import PretrainConfig
 
 ERROR_LINE = re.compile(r"rank \S+: error: (.*)")
+# torch's TCPStore when nodes did not all come: "Timed out after 601 seconds waiting for clients. 1/2 clients joined."
+NODES_JOINED = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 
 
 def free_port() -> int:
@@ -77,9 +80,11 @@ def build_command(
     nnodes: int = 1,
     node_rank: int = 0,
     master_addr: str | None = None,
+    join_timeout_s: float | None = None,
 ) -> list[str]:
     """`num_processes` ranks on this node (with a hostfile: in all); the settings are checked
-    (`pipelines.stage_pretrain.check_nodes`)."""
+    (`pipelines.stage_pretrain.check_nodes`). Nodes wait `join_timeout_s` for each other (torchrun's
+    static rendezvous, else its 600 s)."""
     py = sys.executable
     if launcher == "auto":
         launcher = "deepspeed" if hostfile else "torchrun"
@@ -88,6 +93,8 @@ def build_command(
         nodes = []
         if nnodes > 1:  # static rendezvous: node ranks are given, global rank = node rank x N + local rank
             nodes = [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={master_addr}"]
+            if join_timeout_s is not None:
+                nodes.append(f"--rdzv_conf=timeout={int(join_timeout_s)}")
         return [py, "-m", "torch.distributed.run", f"--nproc_per_node={num_processes}", *nodes,
                 f"--master_port={port}", "--max_restarts=0", "-m", *script]  # fmt: skip
     cmd = [py, "-m", "deepspeed.launcher.runner", f"--master_port={port}"]
@@ -139,6 +146,7 @@ def run_launcher(
         preexec_fn=die_with_parent,  # the launcher passes SIGTERM on to the ranks
     )
     errors: list[str] = []
+    missing_nodes: list[str] = []  # torchrun's static rendezvous timed out
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -146,14 +154,25 @@ def run_launcher(
             m = ERROR_LINE.search(line)
             if m and m.group(1) not in errors:
                 errors.append(m.group(1))
+            if joined := NODES_JOINED.search(line):
+                seconds, came, nodes = joined.groups()
+                missing_nodes.append(f"only {came} of {nodes} nodes joined in {seconds} s")
             log_line(line)
         rc = proc.wait()
     except BaseException as exc:
         _stop_group(proc, log_line, stop_grace_s, stop_reason(exc))
         raise
     if rc != 0:
+        if lost := [e for e in errors if e.startswith(LOST_PREFIX)]:
+            raise TransientError("pretraining stopped: " + " | ".join(lost))
         if errors:
             raise UserError("pretraining stopped: " + " | ".join(errors))
+        if missing_nodes:
+            raise TransientError(
+                f"pretraining did not start: {missing_nodes[-1]} (the nodes wait pretrain.dist_timeout_s for each other).",
+                fix="start the same command on every node, each with its --node-rank (0 .. nnodes-1) and the "
+                "same pretrain.master_addr and master_port, within that time of each other.",
+            )
         raise RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
 
 

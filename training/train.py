@@ -55,6 +55,7 @@ from training.data import (
 from training.ds_config import offloads_optimizer, precision_of
 from training.evaluate import PretrainEval, evaluate_pretraining, target_counts
 from training.flops import device_peak_tflops
+from training.lost_ranks import lost_ranks_message, peer_failure
 from training.optim import build_optimizer, build_scheduler
 from training.run_spec import RunSpec
 from training.step_stats import StepStats, all_reduce_sums
@@ -129,6 +130,19 @@ def init_distributed(spec: RunSpec, local_rank: int) -> Ranks:
     else:
         device = torch.device("cpu")
     return Ranks(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def time_out_every_group(seconds: float) -> None:
+    """Every process group of this rank waits at most `seconds` in a collective. DeepSpeed makes its
+    ZeRO and data-parallel groups with `new_group(ranks)`, which takes torch's default (30 min for
+    gloo), not the timeout `init_distributed` was given: a stopped rank on another node held the
+    others in the gradient all-reduce for as long, past pretrain.dist_timeout_s."""
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = datetime.timedelta(seconds=seconds)
+    for group in list(c10d._world.pg_map):
+        if not c10d._rank_not_in_group(group):
+            c10d._set_pg_timeout(timeout, group)
 
 
 # ----------------------------------------------------------------------------- resume selection
@@ -296,6 +310,7 @@ def build_engine(spec: RunSpec, ranks: Ranks, resume: Resume | None, data: Train
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=spec.ds_config
     )
+    time_out_every_group(p.dist_timeout_s)
     if ranks.world == 1 and spec.zero_stage == 0:
         # One rank: the gradient all-reduce would only flatten every gradient into a bucket and
         # copy it back (~6% of a base step on CPU). ZeRO 1-3 keep their own gradient path.
@@ -553,9 +568,10 @@ def run_steps(
             if step % p.checkpoint_every == 0 or step == p.max_steps or stats.stop_requests:
                 last_tag = save_checkpoint(engine, spec, step, data.plan, ranks.rank)
             if stats.stop_requests and step < p.max_steps:
+                where = f" on one of the {p.nnodes} nodes" if p.nnodes > 1 else ""
                 raise PretrainingStopped(
-                    f"stopped by a stop request (Ctrl-C or SIGTERM) after step {step} of {p.max_steps}; its checkpoint is saved "
-                    f"({last_tag.name}). Rerun the same command to resume from it."
+                    f"stopped by a stop request (Ctrl-C or SIGTERM{where}) after step {step} of {p.max_steps}; its checkpoint "
+                    f"is saved ({last_tag.name}). Rerun the same command{' on every node' if where else ''} to resume from it."
                 )
     finally:
         loader.close()
@@ -721,7 +737,15 @@ def main(argv: list[str] | None = None) -> int:
         if not silent:
             print(f"rank {os.environ.get('RANK', local_rank)}: error: {exc}", file=sys.stderr, flush=True)
         _exit_now(exc.exit_code if isinstance(exc, UserError) else 3)  # PretrainingStopped: 143
-    except BaseException:
+    except BaseException as exc:
+        if (what := peer_failure(exc)) is not None:  # one paragraph, the same on every rank
+            rank = os.environ.get("RANK", local_rank)
+            print(f"rank {rank}: {str(exc).splitlines()[0][:300]}", file=sys.stderr, flush=True)
+            lost = lost_ranks_message(
+                what, spec.pretrain.dist_timeout_s, spec.pretrain.nnodes, spec.checkpoints_dir
+            )
+            print(f"rank {rank}: error: {lost}", file=sys.stderr, flush=True)
+            _exit_now(1)
         import traceback
 
         traceback.print_exc()
