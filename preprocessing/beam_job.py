@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import socket
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -72,6 +73,7 @@ SHARD_ROW_GROUP_ROWS = 1 << 16  # rows per key range (and row group) of shards m
 KEY_SPACE = 1 << 63  # example keys are uniform in [0, 2**63)
 STATS_DIR, ENTRIES_DIR, DIGESTS_DIR = "stats", "entries", "digests"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+CONNECT_TIMEOUT_S = 5.0  # for the reachability checks before a job starts
 
 
 def document_hash(doc_id: str, text: str) -> int:
@@ -421,6 +423,36 @@ def check_runner(name: str) -> None:
             f"preprocess.runner {name!r} cannot be loaded here: {exc}.",
             fix="install the runner's extra (e.g. apache-beam[gcp] for DataflowRunner) or pick another runner.",
         ) from None
+
+
+def connect_error(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why a TCP connection to host:port does not open within `timeout` seconds; None if it does."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+
+
+def check_dask_scheduler(options: PipelineOptions) -> None:
+    """A DaskRunner job's --dask_client_address must answer: refused in seconds with what to do,
+    instead of Dask's traceback after its 30 s connection timeout."""
+    settings = options.get_all_options()
+    address = settings.get("address")
+    if settings["runner"] != DASK_RUNNER or not address:
+        return
+    from distributed.comm import parse_address, parse_host_port
+
+    scheme, location = parse_address(address)
+    if scheme not in ("tcp", "tls"):
+        return  # (inproc://, ucx://: no plain TCP port to try)
+    host, port = parse_host_port(location, default_port=8786)
+    if (error := connect_error(host, port)) is not None:
+        raise UserError(
+            f"no Dask scheduler answers at --dask_client_address={address} ({error}).",
+            fix=f"start the scheduler (`dask scheduler --port {port}` on {host}, then its workers; see "
+            "infra/beam/README.md) or correct --dask_client_address.",
+        )
 
 
 def filesystem_options(options: PipelineOptions) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from common.paths import PROJECT_ROOT
 from pipelines.stage_preprocess import run_preprocess_stage
 from preprocessing.config import PreprocessConfig
 from preprocessing.shard_format import read_manifest
-from tests.test_preprocess import make_corpus
+from tests.test_preprocess import cli, make_corpus
 from training.launch import free_port
 
 pytestmark = pytest.mark.slow
@@ -197,3 +197,21 @@ def test_dask_cluster_on_s3_writes_the_directrunner_shards_byte_for_byte(
     before = s3.head_object(Bucket=BUCKET, Key=f"shards/{shards[0]}")["LastModified"]
     assert run_preprocess_stage(cfg, minilm_dir, f"s3://{BUCKET}/shards") == stats
     assert s3.head_object(Bucket=BUCKET, Key=f"shards/{shards[0]}")["LastModified"] == before
+
+
+def test_no_dask_scheduler_at_the_address_is_said_at_once_naming_the_flag(tmp_path, minilm_dir):
+    """Nothing listens at --dask_client_address: one line naming the flag and the fix, exit 2, in
+    seconds and before the output is made (Dask itself gave a traceback after 30 s)."""
+    (tmp_path / "a.txt").write_text("Some text. More text.\n")
+    address = f"tcp://{HOST}:{free_port()}"
+    started = time.monotonic()
+    r = cli(
+        "preprocess", str(PROJECT_ROOT / "infra/beam/dask.yaml"), "--input", str(tmp_path / "a.txt"),
+        "--vocab", str(minilm_dir), "--output", str(tmp_path / "o"),
+        f"--dask_client_address={address}", f"--temp_location={tmp_path / 'tmp'}",
+    )  # fmt: skip
+    assert time.monotonic() - started < 20
+    assert r.returncode == 2, r.stderr
+    assert f"no Dask scheduler answers at --dask_client_address={address}" in r.stderr
+    assert "Fix: start the scheduler" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "tmp").exists()
