@@ -455,6 +455,26 @@ def check_dask_scheduler(options: PipelineOptions) -> None:
         )
 
 
+def check_s3_endpoint(options: PipelineOptions, paths: list[str]) -> None:
+    """An --s3_endpoint_url for s3:// inputs or outputs must answer: refused in seconds, instead of
+    Beam's retries with growing waits (a traceback each, minutes) on a dead address."""
+    endpoint = options.get_all_options().get("s3_endpoint_url")
+    if not endpoint or not any(str(p).startswith("s3://") for p in paths if p):
+        return
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return  # (boto3 refuses such an endpoint with its own message)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    if (error := connect_error(url.hostname, port)) is not None:
+        raise UserError(
+            f"nothing answers at --s3_endpoint_url={endpoint} ({error}), the S3 endpoint for the s3:// "
+            "input and output.",
+            fix="start the S3 service there, or correct --s3_endpoint_url (leave it out for AWS S3 itself).",
+        )
+
+
 def filesystem_options(options: PipelineOptions) -> dict[str, Any]:
     """The options the workers' filesystems need (all non-default ones: S3/GCS/HDFS settings)."""
     return options.get_all_options(drop_default=True, retain_unknown_options=False)

@@ -215,3 +215,20 @@ def test_no_dask_scheduler_at_the_address_is_said_at_once_naming_the_flag(tmp_pa
     assert f"no Dask scheduler answers at --dask_client_address={address}" in r.stderr
     assert "Fix: start the scheduler" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists() and not (tmp_path / "tmp").exists()
+
+
+def test_no_s3_service_at_the_endpoint_is_said_at_once_naming_the_flag(tmp_path, minilm_dir):
+    """Nothing listens at --s3_endpoint_url: one line naming the flag and the fix, exit 2, in seconds
+    (Beam retried with growing waits, a traceback each, for minutes)."""
+    endpoint = f"http://{HOST}:{free_port()}"
+    started = time.monotonic()
+    r = cli(
+        "preprocess", "--input", f"s3://{BUCKET}/corpus/*", "--vocab", str(minilm_dir),
+        "--output", f"s3://{BUCKET}/shards", f"--s3_endpoint_url={endpoint}", *S3_CREDENTIALS,
+        timeout=60,
+    )  # fmt: skip
+    assert time.monotonic() - started < 20
+    assert r.returncode == 2, r.stderr
+    assert f"nothing answers at --s3_endpoint_url={endpoint}" in r.stderr
+    assert "Fix: start the S3 service there, or correct --s3_endpoint_url" in r.stderr
+    assert "Traceback" not in r.stderr
