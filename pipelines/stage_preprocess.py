@@ -265,7 +265,7 @@ def run_preprocess_stage(
 ) -> dict:
     """Write the shard directory `out_dir` (a local path or a URL); returns the stats (also in
     stats.json)."""
-    from preprocessing.beam_job import check_dask_scheduler, check_s3_endpoint
+    from preprocessing.beam_job import check_dask_scheduler, check_s3_endpoint, worker_credentials_note
     from preprocessing.wordpiece import load_tokenizer, vocab_list
 
     out_dir = str(out_dir)
@@ -273,8 +273,11 @@ def run_preprocess_stage(
     if local:
         check_own_output(out_dir, "preprocess", {"tokenizer": Path(tokenizer_path)})
     options = check_preprocess_settings(cfg, beam_args)
+    paths = [*cfg.input, out_dir, options.get_all_options()["temp_location"]]
+    if note := worker_credentials_note(options, paths):
+        log.warning(note)
     check_dask_scheduler(options)
-    check_s3_endpoint(options, [*cfg.input, out_dir, options.get_all_options()["temp_location"]])
+    check_s3_endpoint(options, paths)
     storage.use_options(options)  # the driver's own reads and writes (S3 endpoint, credentials)
     files = [str(p) for p in expand_inputs(cfg.input, data_root, remote_ok=True)]
     if all(storage.size(p) == 0 for p in files):

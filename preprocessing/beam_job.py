@@ -37,7 +37,7 @@ import math
 import os
 import socket
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -74,6 +74,8 @@ KEY_SPACE = 1 << 63  # example keys are uniform in [0, 2**63)
 STATS_DIR, ENTRIES_DIR, DIGESTS_DIR = "stats", "entries", "digests"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 CONNECT_TIMEOUT_S = 5.0  # for the reachability checks before a job starts
+LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner", "PrismRunner")
+AWS_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
 
 
 def document_hash(doc_id: str, text: str) -> int:
@@ -473,6 +475,27 @@ def check_s3_endpoint(options: PipelineOptions, paths: list[str]) -> None:
             "input and output.",
             fix="start the S3 service there, or correct --s3_endpoint_url (leave it out for AWS S3 itself).",
         )
+
+
+def worker_credentials_note(
+    options: PipelineOptions, paths: list[str], environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """A warning when the S3 credentials are only in this driver's environment while the workers of
+    a remote runner read and write s3:// themselves: they do not get that environment (names the
+    variables, never their values)."""
+    settings = options.get_all_options()
+    runner = settings["runner"].rsplit(".", 1)[-1]
+    found = [name for name in AWS_CREDENTIAL_VARIABLES if environ.get(name)]
+    s3 = any(str(p).startswith("s3://") for p in paths if p)
+    if runner in LOCAL_RUNNERS or not s3 or not found or settings.get("s3_access_key_id"):
+        return None
+    return (
+        f"the S3 credentials are in this machine's environment ({', '.join(found)}) but not in the "
+        f"pipeline options: the {runner} workers read and write s3:// themselves, and a worker without "
+        "credentials fails with 'Unable to locate credentials' (after minutes). Pass them as "
+        "--s3_access_key_id=... --s3_secret_access_key=... (Beam options travel to every worker), or set "
+        "the AWS environment on every worker (an IAM role there needs neither)."
+    )
 
 
 def filesystem_options(options: PipelineOptions) -> dict[str, Any]:

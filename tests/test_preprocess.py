@@ -208,11 +208,10 @@ def test_bad_settings_fail_before_any_work(tmp_path, minilm_dir):
         assert not out.exists(), message
 
 
-def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+def cli(*args: str, timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", *args],
-        env=env,
+        env={**(env or os.environ), "PYTHONPATH": str(PROJECT_ROOT)},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -232,3 +232,24 @@ def test_no_s3_service_at_the_endpoint_is_said_at_once_naming_the_flag(tmp_path,
     assert f"nothing answers at --s3_endpoint_url={endpoint}" in r.stderr
     assert "Fix: start the S3 service there, or correct --s3_endpoint_url" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_s3_credentials_only_in_the_drivers_environment_are_warned_about_before_the_job(tmp_path, minilm_dir):
+    """AWS_* in the driver's environment reach no Dask worker: said before the job (naming the
+    options that do reach them, never the secret), not after minutes of 'Unable to locate
+    credentials'. Given as options, nothing is said. (No scheduler runs: the job stops at its check.)"""
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "AKIDSECRETID", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}
+    args = [
+        "preprocess", str(PROJECT_ROOT / "infra/beam/dask.yaml"), "--input", f"s3://{BUCKET}/corpus/*",
+        "--vocab", str(minilm_dir), "--output", f"s3://{BUCKET}/shards",
+        f"--dask_client_address=tcp://{HOST}:{free_port()}",
+    ]  # fmt: skip
+    r = cli(*args, env=env)
+    assert r.returncode == 2 and "no Dask scheduler answers" in r.stderr, r.stderr
+    said = "the S3 credentials are in this machine's environment"
+    warning = next(line for line in r.stderr.splitlines() if said in line)
+    assert "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY" in warning and "DaskRunner workers" in warning
+    assert "--s3_access_key_id=... --s3_secret_access_key=..." in warning
+    assert "AKIDSECRETID" not in r.stderr and "s3cr3t-value" not in r.stderr
+    r = cli(*args, "--s3_access_key_id=AKIDSECRETID", "--s3_secret_access_key=s3cr3t-value", env=env)
+    assert r.returncode == 2 and said not in r.stderr, r.stderr
