@@ -117,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     if command is not None and (message := _unknown_command(command)):
         print(message, file=sys.stderr)
         return 2
-    from pipelines.beam_console import drop_import_chatter
+    from pipelines.beam_console import drop_import_chatter, no_default_root_handler
 
     drop_import_chatter()  # before any command's module imports Beam (its parser does)
-    parser = build_parser(command)
-    args, extra = parser.parse_known_args(argv)
-    module = _load(args.command) if args.command else None
+    # Beam's import warns through `logging.warning`, which would give the root logger Python's
+    # default handler and make a command's own `command_logging` a no-op (its INFO lines unshown)
+    with no_default_root_handler():
+        parser = build_parser(command)
+        args, extra = parser.parse_known_args(argv)
+        module = _load(args.command) if args.command else None
     if extra and not getattr(module, "PASSES_UNKNOWN_ARGS", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra_args = extra  # e.g. Beam pipeline options for `preprocess`

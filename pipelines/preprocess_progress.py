@@ -1,7 +1,9 @@
 """Progress of a running preprocessing job, read from the files its workers leave behind: how many
 input files are tokenized (one record per file under the work folder) and how many shards are
 written, every `every` seconds, with the time left at the rate so far. A Beam job reports nothing
-while it runs, and on a large corpus it runs for hours.
+while it runs, and on a large corpus it runs for hours. The folders are listed through
+`preprocessing.storage`, so this works on any runner whose work folder the driver can list: local,
+a shared mount or an object store (a Dask cluster's `s3://` temp location).
 """
 
 from __future__ import annotations
@@ -13,26 +15,33 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from common.progress import duration_text, eta_seconds
+from preprocessing import storage
 
 EVERY_S = 30.0
 
 
-def files_read(work_dir: Path) -> int:
+def files_read(work_dir: Path | str) -> int:
     """Input files tokenized so far: `stats/read-<file>.json`, else the files with doc chunks."""
-    records = list((work_dir / "stats").glob("read-*.json"))
+    records = storage.match(storage.join(str(work_dir), "stats", "read-*.json"))
     if records:
         return len(records)
-    return len({p.name.rsplit("-", 1)[0] for p in (work_dir / "docs").glob("*.arrow")})
+    chunks = storage.match(storage.join(str(work_dir), "docs", "*.arrow"))
+    return len({storage.basename(p).rsplit("-", 1)[0] for p, _ in chunks})
 
 
-def shards_written(work_dir: Path, out_dir: Path) -> int:
-    entries = list((work_dir / "entries").glob("*.json"))
+def shards_written(work_dir: Path | str, out_dir: Path | str) -> int:
+    entries = storage.match(storage.join(str(work_dir), "entries", "*.json"))
     if entries:
         return len(entries)
-    return sum(1 for split in ("train", "validation") for _ in (out_dir / split).glob("shard-*.parquet"))
+    return sum(
+        len(storage.match(storage.join(str(out_dir), split, "shard-*.parquet")))
+        for split in ("train", "validation")
+    )
 
 
-def progress_line(work_dir: Path, out_dir: Path, n_files: int, n_shards: int, elapsed: float) -> str:
+def progress_line(
+    work_dir: Path | str, out_dir: Path | str, n_files: int, n_shards: int, elapsed: float
+) -> str:
     read, written = files_read(work_dir), shards_written(work_dir, out_dir)
     line = (
         f"preprocess: {duration_text(elapsed)}: {read}/{n_files} input files tokenized, "
@@ -48,16 +57,18 @@ def watch_preprocess(
     work_dir: Path | str, out_dir: Path | str, n_files: int, n_shards: int, log: Callable[[str], None],
     every: float = EVERY_S,
 ) -> Iterator[None]:  # fmt: skip
-    """Log a progress line every `every` seconds while the block runs (local folders only)."""
-    if "://" in f"{work_dir}{out_dir}":
-        yield
-        return
+    """Log a progress line every `every` seconds while the block runs (a listing that fails, e.g. an
+    object store's hiccup, skips that line)."""
     stop = threading.Event()
     started = time.monotonic()
 
     def report() -> None:
         while not stop.wait(every):
-            log(progress_line(Path(work_dir), Path(out_dir), n_files, n_shards, time.monotonic() - started))
+            try:
+                line = progress_line(work_dir, out_dir, n_files, n_shards, time.monotonic() - started)
+            except OSError:  # (Beam's BeamIOError is one)
+                continue
+            log(line)
 
     thread = threading.Thread(target=report, name="preprocess-progress", daemon=True)
     thread.start()

@@ -253,3 +253,26 @@ def test_s3_credentials_only_in_the_drivers_environment_are_warned_about_before_
     assert "AKIDSECRETID" not in r.stderr and "s3cr3t-value" not in r.stderr
     r = cli(*args, "--s3_access_key_id=AKIDSECRETID", "--s3_secret_access_key=s3cr3t-value", env=env)
     assert r.returncode == 2 and said not in r.stderr, r.stderr
+
+
+def test_progress_lines_from_a_work_folder_on_s3(s3_endpoint):
+    """On a cluster the work folder is on the object store (--temp_location=s3://...): the driver
+    lists it there for the progress lines (they were reported for local folders only)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.preprocess_progress import watch_preprocess
+    from preprocessing import storage
+
+    storage.use_options(PipelineOptions([f"--s3_endpoint_url={s3_endpoint}", *S3_CREDENTIALS]))
+    work, out = f"s3://{BUCKET}/progress/tmp/bertflow-preprocess-0", f"s3://{BUCKET}/progress/shards"
+    lines: list[str] = []
+    with watch_preprocess(work, out, n_files=4, n_shards=3, log=lines.append, every=0.05):
+        s3 = s3_client(s3_endpoint)
+        s3.put_object(Bucket=BUCKET, Key="progress/tmp/bertflow-preprocess-0/stats/read-a.json", Body=b"{}")
+        s3.put_object(
+            Bucket=BUCKET, Key="progress/tmp/bertflow-preprocess-0/entries/train-00000.json", Body=b"{}"
+        )
+        deadline = time.monotonic() + 30
+        while not any("1/4" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert lines and "1/4 input files tokenized, 1/3 shards written" in lines[-1], lines

@@ -35,3 +35,19 @@ def test_counts_from_doc_chunks_and_shard_files(tmp_path: Path) -> None:
     (tmp_path / "train" / "shard-00000-of-00002.parquet").write_bytes(b"")
     line = progress_line(work, tmp_path, n_files=2, n_shards=3, elapsed=12.0)
     assert line == "preprocess: 12.0 s: 2/2 input files tokenized, 1/3 shards written"
+
+
+def test_the_command_shows_the_jobs_log_lines(tmp_path: Path, minilm_dir: Path) -> None:
+    """`bertflow preprocess` prints the job's INFO lines, where the progress lines go: Beam's import
+    had given the root logger Python's default handler (WARNING and up), so the command's own
+    console log was never set up and only the closing line appeared."""
+    from tests.test_preprocess import cli
+
+    (tmp_path / "a.txt").write_text("One sentence here. And another one.\n\nA second document. It ends.\n")
+    out = tmp_path / "o"
+    r = cli(
+        "preprocess", "--input", str(tmp_path / "a.txt"), "--vocab", str(minilm_dir), "--output", str(out)
+    )
+    assert r.returncode == 0, r.stderr
+    assert " bertflow.preprocess: preprocess: 1 file(s), " in r.stderr, r.stderr
+    assert f" bertflow.preprocess: wrote {r.stdout.split()[1]} examples " in r.stderr, r.stderr
