@@ -184,3 +184,17 @@ def test_deploy_and_run_on_a_local_server_and_worker(
             _stop(worker)
         _stop(server)
     assert server.poll() is not None and (worker is None or worker.poll() is not None)
+
+
+def test_the_image_and_the_slurm_script_set_only_variables_that_take_effect() -> None:
+    """Each BERTFLOW_* variable the image sets is one the code reads (BERTFLOW_HOME was read by
+    nothing), and the Slurm script sets NCCL's async error handling under the name torch reads since
+    2.2 (TORCH_NCCL_ASYNC_ERROR_HANDLING; NCCL_ASYNC_ERROR_HANDLING is deprecated)."""
+    dockerfile = (PROJECT_ROOT / "infra" / "docker" / "Dockerfile").read_text()
+    set_in_image = set(re.findall(r"\b(BERTFLOW_\w+)=", dockerfile))
+    packages = ("common", "model", "preprocessing", "training", "finetuning", "pipelines")
+    code = "\n".join(p.read_text() for d in packages for p in (PROJECT_ROOT / d).rglob("*.py"))
+    assert set_in_image and not [name for name in sorted(set_in_image) if f'"{name}"' not in code]
+    sbatch = (PROJECT_ROOT / "infra" / "slurm" / "pretrain.sbatch").read_text()
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in sbatch
+    assert not re.search(r"(?<!TORCH_)NCCL_ASYNC_ERROR_HANDLING", sbatch)
