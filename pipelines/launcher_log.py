@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.paths import torch_extensions_dir
-from training.launch import ERROR_LINE, NODES_JOINED
+from training.launch import ERROR_LINE, explained_failure
 
 # `[2026-11-22 21:30:26,607] [WARNING] [real_accelerator.py:213:get_accelerator] ...`
 DEEPSPEED_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
@@ -35,6 +35,8 @@ TORCHRUN_STOPPING = re.compile(r"[WI]\d{4} .*\] Received \d+ death signal")
 TORCHRUN_TALK = re.compile(
     r"^([WEI]\d{4} \d\d:|Traceback \(most recent call last\):|\s|torch\.distributed\.elastic\.)"
 )
+# lines that chain one traceback to the next
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 SELF_TALK = ("built successfully", "Loading checkpoint shards", "Loading extension module")
 
 SHM_OP = "deepspeed_shm_comm"  # the CPU communication op DeepSpeed compiles on first use
@@ -65,7 +67,8 @@ class LauncherLog:
         self._rank_error = False  # a rank printed `rank R: error: ...`
         self._failure_report = False  # torchrun is reporting that failure
         self._stopping = False  # torchrun got a stop signal
-        self._traceback: list[str] = []  # a traceback's lines until its exception line
+        self._traceback: list[str] = []  # a traceback's lines (chained ones too) until its exception line
+        self._exception_seen = False  # the held traceback's exception line came (a chained one may follow)
 
     def is_self_talk(self, line: str) -> bool:
         self._rank_error = self._rank_error or bool(ERROR_LINE.search(line))
@@ -91,17 +94,19 @@ class LauncherLog:
         self.raw.write(line + "\n")
         if not line.strip():
             return
-        if line.startswith("Traceback (most recent call last)") or (self._traceback and line[0].isspace()):
-            self._traceback.append(line)  # shown once its exception line says what it was
-            return
-        if self._traceback:
-            block, self._traceback = self._traceback, []
-            said = NODES_JOINED.search(line) is not None  # bertflow's own error says it
-            for held in block:
-                self._show(held, quiet=said)
-            self._show(line, quiet=said)
+        if self._traceback and (self._exception_seen and not line.startswith(CHAINED)):
+            self._flush_traceback()  # its last exception line came: shown (or not) as a whole
+        if line.startswith("Traceback (most recent call last)") or self._traceback:
+            self._traceback.append(line)  # held until its exception line says what it was
+            self._exception_seen = not (line[0].isspace() or line.startswith(("Traceback", *CHAINED)))
             return
         self._show(line)
+
+    def _flush_traceback(self) -> None:
+        block, self._traceback, self._exception_seen = self._traceback, [], False
+        quiet = any(explained_failure(held) for held in block)  # bertflow's own error says it
+        for held in block:
+            self._show(held, quiet=quiet)
 
     def _show(self, line: str, quiet: bool = False) -> None:
         if quiet or self.is_self_talk(line):
@@ -111,7 +116,5 @@ class LauncherLog:
             self.info(line)
 
     def close(self) -> None:
-        for held in self._traceback:  # a traceback cut off by the end of the output
-            self._show(held)
-        self._traceback = []
+        self._flush_traceback()  # one that ended the output
         self.raw.close()

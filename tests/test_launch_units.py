@@ -56,6 +56,41 @@ def test_a_launcher_killed_by_a_signal_is_a_failed_run() -> None:
     assert "rank 0 started" in lines
 
 
+def _launcher_printing(text: str) -> list[str]:
+    """A stand-in launcher command that prints `text` and exits 1, as torchrun or DeepSpeed's do."""
+    return [sys.executable, "-c", f"import sys; print({text!r}, flush=True); sys.exit(1)"]
+
+
+def test_what_a_launcher_or_its_ranks_say_when_ranks_or_nodes_are_lost_is_named() -> None:
+    """The failures of a run across processes and nodes that are not a bug of bertflow's, each one
+    paragraph with its fix: a rank that lost the others (a TransientError, which a flow retries),
+    nodes that did not all join, a hostfile host without ssh (the user's to fix)."""
+    from common.errors import TransientError, UserError
+    from training.lost_ranks import LOST_PREFIX
+
+    lost = f"rank 0: error: {LOST_PREFIX}: a collective timed out waiting for another rank (...)"
+    with pytest.raises(TransientError, match="pretraining stopped: lost contact with the other ranks"):
+        launch.run_launcher(_launcher_printing(lost), dict(os.environ), lambda _: None, stop_grace_s=1)
+    joined = "torch.distributed.DistStoreError: Timed out after 21 seconds waiting for clients. 1/2 clients joined."
+    with pytest.raises(TransientError, match="did not start: only 1 of 2 nodes joined in 21 s.*--node-rank"):
+        launch.run_launcher(_launcher_printing(joined), dict(os.environ), lambda _: None, stop_grace_s=1)
+    ssh = "RuntimeError: Using hostfile at /h but host=node-7 was not reachable via ssh. If you are ..."
+    with pytest.raises(UserError, match="pretrain.hostfile names host node-7.*`ssh node-7 true`.*--nnodes"):
+        launch.run_launcher(_launcher_printing(ssh), dict(os.environ), lambda _: None, stop_grace_s=1)
+
+
+def test_a_peer_failure_is_told_from_other_errors_and_names_the_way_on(tmp_path: Path) -> None:
+    from training.lost_ranks import lost_ranks_message, peer_failure
+
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:39333."
+    assert peer_failure(RuntimeError(gloo)) == "another rank closed its connection"
+    assert peer_failure(RuntimeError("CUDA out of memory")) is None and peer_failure(ValueError(gloo)) is None
+    (tmp_path / "checkpoints" / "global_step8").mkdir(parents=True)
+    text = lost_ranks_message("x", 60, 2, tmp_path / "checkpoints")
+    assert "rerun the same command on every node to resume from the newest checkpoint (global_step8)" in text
+    assert "resume from the start (no checkpoint" in lost_ranks_message("x", 60, 1, tmp_path / "none")
+
+
 def test_an_api_key_turns_only_the_default_offline_mode_online(monkeypatch: pytest.MonkeyPatch) -> None:
     """A WANDB_API_KEY in the environment never uploads a run the config keeps local."""
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -155,3 +155,42 @@ def test_torchruns_talk_after_a_stop_signal_is_debug_the_ranks_last_lines_info(t
         log(line)
     log.close()
     assert info == traceback
+
+
+def test_a_launchers_traceback_that_bertflow_explains_stays_in_the_file_others_are_shown(
+    tmp_path: Path,
+) -> None:
+    """DeepSpeed's launcher without ssh to the hostfile's host, or torchrun's rendezvous timeout:
+    bertflow ends with its own paragraph, so their chained tracebacks go to launcher.log only; a
+    rank's traceback, a bug, is shown whole, chained part included."""
+    explained = """\
+Traceback (most recent call last):
+  File "runner.py", line 489, in main
+    subprocess.check_call(safe_ssh_cmd)
+subprocess.CalledProcessError: Command '['ssh', 'localhost', 'hostname']' returned non-zero exit status 255.
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "runner.py", line 491, in main
+RuntimeError: Using hostfile at /h but host=localhost was not reachable via ssh. If you are running ...
+"""
+    bug = """\
+Traceback (most recent call last):
+  File "train.py", line 1, in <module>
+KeyError: 'x'
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "train.py", line 2, in <module>
+ValueError: bad
+step 3/4 loss 7.1
+"""
+    info: list[str] = []
+    log = LauncherLog(info.append, None, tmp_path / "launcher.log")
+    for line in (explained + bug).splitlines():
+        log(line)
+    log.close()
+    assert info == [line for line in bug.splitlines() if line.strip()]
+    assert (tmp_path / "launcher.log").read_text() == explained + bug

@@ -228,6 +228,10 @@ def test_checkpoint_of_another_model_shape(data, tmp_path):
         tag, {"step": 4, "world_size": 4, "global_batch": 32, "model_config": shape}
     )
     _fails(config(), *data, out, "written by 4 processes")
+    checkpoint.write_verification(
+        tag, {"step": 4, "world_size": 1, "global_batch": 16, "model_config": shape}
+    )
+    _fails(config(), *data, out, "written by 1 process with global batch 16; this run has 2 processes")
 
 
 def test_finished_run_with_other_settings(data, tmp_path):

@@ -37,6 +37,14 @@ if TYPE_CHECKING:
 ERROR_LINE = re.compile(r"rank \S+: error: (.*)")
 # torch's TCPStore when nodes did not all come: "Timed out after 601 seconds waiting for clients. 1/2 clients joined."
 NODES_JOINED = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
+# DeepSpeed's launcher when it cannot ssh to the hostfile's first host
+SSH_UNREACHABLE = re.compile(r"Using hostfile at \S+ but host=(\S+) was not reachable via ssh")
+
+
+def explained_failure(line: str) -> bool:
+    """Whether `line` ends a launcher's (not a rank's) traceback that `run_launcher` turns into its
+    own message: the traceback then stays in launcher.log."""
+    return bool(NODES_JOINED.search(line) or SSH_UNREACHABLE.search(line))
 
 
 def free_port() -> int:
@@ -147,6 +155,7 @@ def run_launcher(
     )
     errors: list[str] = []
     missing_nodes: list[str] = []  # torchrun's static rendezvous timed out
+    no_ssh: list[str] = []  # hosts DeepSpeed's launcher could not reach
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -154,6 +163,8 @@ def run_launcher(
             m = ERROR_LINE.search(line)
             if m and m.group(1) not in errors:
                 errors.append(m.group(1))
+            if unreachable := SSH_UNREACHABLE.search(line):
+                no_ssh.append(unreachable.group(1))
             if joined := NODES_JOINED.search(line):
                 seconds, came, nodes = joined.groups()
                 missing_nodes.append(f"only {came} of {nodes} nodes joined in {seconds} s")
@@ -167,6 +178,14 @@ def run_launcher(
             raise TransientError("pretraining stopped: " + " | ".join(lost))
         if errors:
             raise UserError("pretraining stopped: " + " | ".join(errors))
+        if no_ssh:
+            raise UserError(
+                f"pretrain.hostfile names host {no_ssh[0]}, which this machine cannot reach by ssh without a "
+                "password: DeepSpeed's launcher starts every host's ranks over ssh.",
+                fix=f"make `ssh {no_ssh[0]} true` work without a prompt from here (keys, known_hosts) for every "
+                "host of the hostfile; or drop pretrain.hostfile and start one `bertflow pretrain --nnodes N "
+                "--node-rank R` on each node (torchrun, no ssh).",
+            )
         if missing_nodes:
             raise TransientError(
                 f"pretraining did not start: {missing_nodes[-1]} (the nodes wait pretrain.dist_timeout_s for each other).",

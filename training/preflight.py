@@ -316,8 +316,8 @@ def check_resume(spec: RunSpec) -> None:
         world, global_batch = spec.world_size, spec.ds_config["train_batch_size"]
         if info.get("world_size") != world or info.get("global_batch") != global_batch:
             raise UserError(
-                f"checkpoint {tag} was written by {info.get('world_size')} processes with global batch "
-                f"{info.get('global_batch')}; this run has {world} processes and global batch {global_batch}. "
+                f"checkpoint {tag} was written by {_processes(info.get('world_size'))} with global batch "
+                f"{info.get('global_batch')}; this run has {_processes(world)} and global batch {global_batch}. "
                 "ZeRO partitions and the data position cannot be carried over.",
                 fix="resume with the same number of processes (pretrain.num_processes x pretrain.nnodes) and "
                 "batch settings; or continue on the new size from its weights: `bertflow export-hf "
@@ -335,8 +335,8 @@ def check_resume(spec: RunSpec) -> None:
             ]
         if differences:
             raise UserError(
-                f"{spec.out_dir} holds checkpoint {tag.name} of a run with other settings, which a resume "
-                f"would silently keep (optimizer state, schedule, weights): {'; '.join(differences)}.",
+                f"{spec.out_dir} holds checkpoint {tag.name} of a run with other settings: {'; '.join(differences)}. "
+                "A resume would carry on its optimizer state, schedule and weights without applying them.",
                 fix="rerun with the recorded settings to resume it (they are in its run_spec.json), or "
                 "start a new run in another --output (with --set pretrain.init_from=DIR to start from "
                 f"its weights, after `bertflow export-hf {spec.out_dir} DIR`).",
@@ -363,6 +363,10 @@ def resume_threads_note(spec: RunSpec, threads: int) -> str | None:
             f"hold the thread count); to continue it exactly, rerun with OMP_NUM_THREADS={recorded}."
         )
     return None
+
+
+def _processes(n: Any) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
 
 
 def _recorded_settings(out_dir: Path) -> dict[str, Any] | None:
