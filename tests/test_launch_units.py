@@ -71,6 +71,10 @@ def test_what_a_launcher_or_its_ranks_say_when_ranks_or_nodes_are_lost_is_named(
     lost = f"rank 0: error: {LOST_PREFIX}: a collective timed out waiting for another rank (...)"
     with pytest.raises(TransientError, match="pretraining stopped: lost contact with the other ranks"):
         launch.run_launcher(_launcher_printing(lost), dict(os.environ), lambda _: None, stop_grace_s=1)
+    # a rank's own error is the cause, whatever the others say after it
+    both = f"rank 1: error: shard val-00000.parquet is damaged\n{lost}"
+    with pytest.raises(UserError, match="pretraining stopped: shard val-00000.parquet is damaged$"):
+        launch.run_launcher(_launcher_printing(both), dict(os.environ), lambda _: None, stop_grace_s=1)
     joined = "torch.distributed.DistStoreError: Timed out after 21 seconds waiting for clients. 1/2 clients joined."
     with pytest.raises(TransientError, match="did not start: only 1 of 2 nodes joined in 21 s.*--node-rank"):
         launch.run_launcher(_launcher_printing(joined), dict(os.environ), lambda _: None, stop_grace_s=1)

@@ -174,10 +174,11 @@ def run_launcher(
         _stop_group(proc, log_line, stop_grace_s, stop_reason(exc))
         raise
     if rc != 0:
-        if lost := [e for e in errors if e.startswith(LOST_PREFIX)]:
-            raise TransientError("pretraining stopped: " + " | ".join(lost))
+        # a rank's own error is the cause; the others then lost contact with it
+        if causes := [e for e in errors if not e.startswith(LOST_PREFIX)]:
+            raise UserError("pretraining stopped: " + " | ".join(causes))
         if errors:
-            raise UserError("pretraining stopped: " + " | ".join(errors))
+            raise TransientError("pretraining stopped: " + " | ".join(errors))
         if no_ssh:
             raise UserError(
                 f"pretrain.hostfile names host {no_ssh[0]}, which this machine cannot reach by ssh without a "

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training import checkpoint
-
 LOST_PREFIX = "lost contact with the other ranks"
 
 # text of torch's gloo / NCCL / store errors -> what happened, in a user's words
@@ -37,6 +35,8 @@ def peer_failure(exc: BaseException) -> str | None:
 
 def lost_ranks_message(what: str, timeout_s: float, nnodes: int, checkpoints_dir: Path) -> str:
     """The paragraph a rank prints when `peer_failure` named `what`."""
+    from training import checkpoint  # torch: not for the launcher's import of LOST_PREFIX
+
     tags = checkpoint.tag_dirs(checkpoints_dir)
     resume = f"the newest checkpoint ({tags[0].name})" if tags else "the start (no checkpoint was saved yet)"
     logs = "the other ranks' lines and the other nodes' logs" if nnodes > 1 else "the other ranks' lines"
