@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +122,24 @@ class Tracker:
 
     def finish(self) -> None:
         if self._run is not None:
+            run_dir = self.wandb_run_dir
             self._run.finish()
             self._run = None
+            _keep_own_core_log(run_dir)
+
+
+def _keep_own_core_log(run_dir: Path | None) -> None:
+    """W&B links a run's logs/debug-core.log to the log of its process's service, kept under the W&B
+    cache folder of the first run that process made: another output's folder, which may be moved or
+    deleted since. A copy of it (or nothing, if it is gone) keeps the run folder whole by itself: a
+    run directory copied with `cp -r` or `shutil.copytree` failed on that dangling link."""
+    link = run_dir / "logs" / "debug-core.log" if run_dir is not None else None
+    if link is None or not link.is_symlink():
+        return
+    target = link.resolve()
+    link.unlink()
+    if target.is_file():
+        shutil.copyfile(target, link)
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

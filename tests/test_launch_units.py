@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import UserError
+from common.paths import PROJECT_ROOT
 from common.tracking import Tracker, WandbTarget
 from training import launch
 from training.config import PretrainConfig
@@ -113,6 +114,29 @@ def test_a_disabled_tracker_writes_metrics_only(tmp_path: Path, monkeypatch: pyt
     tracker.log({"loss": 1.5}, 1)
     tracker.finish()
     assert (tmp_path / "metrics.jsonl").is_file() and not (tmp_path / "wandb_files").exists()
+
+
+def test_a_finished_w_and_b_run_folder_holds_its_own_files_so_it_copies_alone(tmp_path: Path) -> None:
+    """W&B links each run's logs/debug-core.log to its process's service log, which sits in the W&B
+    cache of the first run that process made: a second output's run folder pointed into the first
+    output's, and once that was moved or deleted, copying the second output failed on the link."""
+    import shutil
+    import subprocess
+
+    script = (
+        "import sys; from pathlib import Path; from common.tracking import Tracker, WandbTarget\n"
+        "for name in ('first', 'second'):\n"
+        "    t = Tracker(Path(sys.argv[1]) / name, WandbTarget(mode='offline'), name=name)\n"
+        "    t.log({'loss': 1.0}, 1)\n"
+        "    t.finish()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    env.pop("WANDB_MODE", None)
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, timeout=180)
+    logs = list((tmp_path / "second").glob("wandb_files/wandb/offline-run-*/logs"))
+    assert logs and all(not p.is_symlink() for p in logs[0].iterdir())
+    shutil.rmtree(tmp_path / "first")
+    shutil.copytree(tmp_path / "second", tmp_path / "copy")  # nothing points outside it
 
 
 def test_a_hostfile_line_that_is_not_host_and_slots_is_refused(tmp_path: Path) -> None:
