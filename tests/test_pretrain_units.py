@@ -626,3 +626,17 @@ def test_a_small_held_out_split_is_said_before_training() -> None:
     accumulating = PretrainConfig(micro_batch_size=16, gradient_accumulation_steps=2)  # steps of 32, one rank
     assert small_held_out_note(32, accumulating, world=1) is None
     assert "fewer than one step's 32" in small_held_out_note(31, accumulating, world=1)
+
+
+def test_a_torch_without_the_group_timeout_api_is_said_not_a_crash(monkeypatch, capsys) -> None:
+    """`time_out_every_group` uses torch's private `_set_pg_timeout` (the GPU image has torch 2.11):
+    where it is missing the run goes on with torch's default timeout, and says so."""
+    from torch.distributed import distributed_c10d as c10d
+
+    from training.train import time_out_every_group
+
+    monkeypatch.delattr(c10d, "_set_pg_timeout")
+    monkeypatch.setattr(c10d, "_pg_map", {object(): None})  # what `_world.pg_map` returns
+    monkeypatch.setattr(c10d, "_rank_not_in_group", lambda group: False)
+    time_out_every_group(60)
+    assert "could not give DeepSpeed's process groups pretrain.dist_timeout_s" in capsys.readouterr().out

@@ -174,26 +174,33 @@ def run_launcher(
         _stop_group(proc, log_line, stop_grace_s, stop_reason(exc))
         raise
     if rc != 0:
-        # a rank's own error is the cause; the others then lost contact with it
-        if causes := [e for e in errors if not e.startswith(LOST_PREFIX)]:
-            raise UserError("pretraining stopped: " + " | ".join(causes))
-        if errors:
-            raise TransientError("pretraining stopped: " + " | ".join(errors))
-        if no_ssh:
-            raise UserError(
-                f"pretrain.hostfile names host {no_ssh[0]}, which this machine cannot reach by ssh without a "
-                "password: DeepSpeed's launcher starts every host's ranks over ssh.",
-                fix=f"make `ssh {no_ssh[0]} true` work without a prompt from here (keys, known_hosts) for every "
-                "host of the hostfile; or drop pretrain.hostfile and start one `bertflow pretrain --nnodes N "
-                "--node-rank R` on each node (torchrun, no ssh).",
-            )
-        if missing_nodes:
-            raise TransientError(
-                f"pretraining did not start: {missing_nodes[-1]} (the nodes wait pretrain.dist_timeout_s for each other).",
-                fix="start the same command on every node, each with its --node-rank (0 .. nnodes-1) and the "
-                "same pretrain.master_addr and master_port, within that time of each other.",
-            )
-        raise RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
+        raise launch_failure(rc, errors, no_ssh, missing_nodes)
+
+
+def launch_failure(rc: int, errors: list[str], no_ssh: list[str], missing_nodes: list[str]) -> Exception:
+    """What a failed launch raises: the ranks' own errors (UserError), else their lost contact with
+    each other (TransientError), a hostfile host without ssh, nodes that did not all join, or (a
+    bug, or a crash without a message) the exit code."""
+    # a rank's own error is the cause; the others then lost contact with it
+    if causes := [e for e in errors if not e.startswith(LOST_PREFIX)]:
+        return UserError("pretraining stopped: " + " | ".join(causes))
+    if errors:
+        return TransientError("pretraining stopped: " + " | ".join(errors))
+    if no_ssh:
+        return UserError(
+            f"pretrain.hostfile names host {no_ssh[0]}, which this machine cannot reach by ssh without a "
+            "password: DeepSpeed's launcher starts every host's ranks over ssh.",
+            fix=f"make `ssh {no_ssh[0]} true` work without a prompt from here (keys, known_hosts) for every "
+            "host of the hostfile; or drop pretrain.hostfile and start one `bertflow pretrain --nnodes N "
+            "--node-rank R` on each node (torchrun, no ssh).",
+        )
+    if missing_nodes:
+        return TransientError(
+            f"pretraining did not start: {missing_nodes[-1]} (the nodes wait pretrain.dist_timeout_s for each other).",
+            fix="start the same command on every node, each with its --node-rank (0 .. nnodes-1) and the "
+            "same pretrain.master_addr and master_port, within that time of each other.",
+        )
+    return RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
 
 
 def stop_reason(exc: BaseException) -> str:

@@ -140,9 +140,17 @@ def time_out_every_group(seconds: float) -> None:
     from torch.distributed import distributed_c10d as c10d
 
     timeout = datetime.timedelta(seconds=seconds)
-    for group in list(c10d._world.pg_map):
-        if not c10d._rank_not_in_group(group):
-            c10d._set_pg_timeout(timeout, group)
+    try:  # torch's private API (2.11 on the GPU image, 2.13 here): a torch without it keeps the default
+        for group in list(c10d._world.pg_map):
+            if not c10d._rank_not_in_group(group):
+                c10d._set_pg_timeout(timeout, group)
+    except (AttributeError, RuntimeError, ValueError) as exc:
+        log0(
+            warning_line(
+                f"could not give DeepSpeed's process groups pretrain.dist_timeout_s ({exc}): a hung rank may "
+                "hold the others in a collective for torch's default timeout (30 min on CPU, 10 min with NCCL)."
+            )
+        )
 
 
 # ----------------------------------------------------------------------------- resume selection
