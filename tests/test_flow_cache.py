@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common.atomic import MARKER_NAME
-from common.errors import UserError
+from common.errors import TransientError, UserError
 from tests.flow_support import stop_ephemeral_prefect
 
 
@@ -114,10 +114,18 @@ def _run_verify_with_one_retry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     return bert_pipeline(config=None, overrides=overrides, only="verify")
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [
+        RuntimeError("rank 1 lost"),
+        # what a pretraining that lost a node raises (training.launch), said without a traceback
+        TransientError("pretraining stopped: lost contact with the other ranks: ..."),
+    ],
+)
 def test_a_transient_stage_failure_is_retried_by_the_flow(
-    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, failure: Exception
 ) -> None:
-    body = FailingVerify(RuntimeError("rank 1 lost"))
+    body = FailingVerify(failure)
     summary = _run_verify_with_one_retry(tmp_path, monkeypatch, body)
     assert body.calls == 2  # failed once, retried once (flow.retries=1), then succeeded
     assert _statuses(summary) == {"verify": "ran"}
