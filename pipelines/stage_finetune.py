@@ -273,10 +273,12 @@ def main(args: argparse.Namespace) -> int:
     for note in fanout.untrained_positions_notes(cfg, selected):
         print(f"bertflow finetune: {warning_line(note)}", flush=True)
     complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
+    gpus = visible_gpus()
+    workers = fanout.worker_count(cfg, len(selected), gpus)
     print(
         f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete"
         + (f" ({reused} random-init units copied from a model of the same shape)" if reused else "")
-        + f", {fanout.worker_count(cfg, len(selected), visible_gpus())} worker(s) -> {output}",
+        + f", {workers} worker(s) of {fanout.unit_threads(cfg, workers, gpus)} torch thread(s) -> {output}",
         flush=True,
     )
     if note := code_change_note("finetune", sorted(complete)):

@@ -217,6 +217,7 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     alone = finetune_alone("--set", "finetune.epochs=2")
     assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
     assert "4 unit(s), 0 already complete" in alone.stdout
+    assert "worker(s) of 1 torch thread(s) -> " in alone.stdout  # on CPU, at any concurrency
     from pipelines.stage_keys import stage_dir, stage_key_inputs
 
     two_epochs = load_config(config, ["finetune.epochs=2"])  # what its key hashes, beside it as in the flow
