@@ -222,6 +222,10 @@ def _run_ranks(
         )
     if notice := jit_build_notice(on_gpu):
         log_line(notice)
+    if not on_gpu and (freed := launch.remove_stale_shm_buffers()):
+        log_line(
+            f"pretrain: removed {freed / 2**20:,.0f} MiB of shared memory that killed runs' ranks left in {launch.SHM_DIR}"
+        )
     started = time.time()
     ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
     try:

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -287,3 +288,46 @@ def _forward_lines(proc: subprocess.Popen, log_line: Callable[[str], None]) -> N
             log_line(line.rstrip("\n"))
     except (OSError, ValueError):  # the pipe closed under us
         pass
+
+
+# appended to training/launch.py
+
+# DeepSpeed's CPU all-reduce (its shm op): one buffer per rank in shared memory, named
+# deepspeed_allreduce_buffer_<uid>_<master addr>_<port>_<rank>
+SHM_DIR = Path("/dev/shm")
+SHM_BUFFER = "deepspeed_allreduce_buffer"
+STALE_AFTER_S = 60.0  # a buffer no process maps, older than this, belongs to a run that is over
+
+
+def remove_stale_shm_buffers(shm_dir: Path = SHM_DIR, stale_after_s: float = STALE_AFTER_S) -> int:
+    """Remove this user's DeepSpeed shared-memory buffers that no process maps any more; returns
+    their bytes. Each CPU rank holds a 67 MB buffer there (RAM, not disk), which DeepSpeed unlinks
+    only at a clean exit: every killed run left its ranks' buffers behind (20 GB after a day of
+    tests here), and a later run on the same port could open a dead rank's buffer as its peer's."""
+    mine = list(shm_dir.glob(f"{SHM_BUFFER}_{os.getuid()}_*"))
+    if not mine:
+        return 0
+    mapped, now, freed = _mapped_names(), time.time(), 0
+    for path in mine:
+        try:
+            stat = path.stat()
+            if path.name not in mapped and now - stat.st_mtime > stale_after_s:
+                path.unlink()
+                freed += stat.st_size
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    return freed
+
+
+def _mapped_names() -> set[str]:
+    """The names of the shared-memory files that some process (one this user may inspect) maps."""
+    names: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if SHM_BUFFER in line:
+                names.add(Path(line.split(maxsplit=5)[-1].removesuffix(" (deleted)")).name)
+    return names
