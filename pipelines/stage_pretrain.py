@@ -100,7 +100,7 @@ def run_pretrain_stage(
         return finished
     if not on_gpu and (note := cpu_run_note(cfg.model_copy(update={"pretrain": asked}))):
         log_line(warning_line(note))
-    if note := preflight.resume_threads_note(spec, launch.cpu_threads_per_rank(local_ranks(p, world))):
+    if note := preflight.resume_threads_note(spec, launch.cpu_threads_per_rank(launch.local_ranks(p, world))):
         log_line(warning_line(note))
 
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
@@ -187,11 +187,6 @@ def unapplied_settings_note(stage: str, out_dir: Path, asked: PretrainConfig, fi
     )
 
 
-def local_ranks(p: PretrainConfig, world: int) -> int:
-    """This node's ranks: `num_processes` on each node of a multi-node run, else the whole world."""
-    return p.num_processes if p.nnodes > 1 else world
-
-
 def _run_ranks(
     p: PretrainConfig,
     spec_path: Path,
@@ -209,7 +204,7 @@ def _run_ranks(
     from training import launch
 
     port = p.master_port or launch.free_port()
-    local = local_ranks(p, world)
+    local = launch.local_ranks(p, world)
     hostfile = p.hostfile and str(Path(p.hostfile).resolve())
     cmd = launch.build_command(
         p.launcher, local, spec_path, port, hostfile, p.nnodes, node_rank, p.master_addr, p.dist_timeout_s

@@ -80,6 +80,11 @@ def world_size(pretrain: PretrainConfig) -> int:
     return pretrain.num_processes * pretrain.nnodes
 
 
+def local_ranks(pretrain: PretrainConfig, world: int) -> int:
+    """This node's ranks: `num_processes` on each node of a multi-node run, else the whole world."""
+    return pretrain.num_processes if pretrain.nnodes > 1 else world
+
+
 def build_command(
     launcher: str,
     num_processes: int,
