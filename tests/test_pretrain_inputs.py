@@ -254,11 +254,12 @@ def _spec(cfg, shards, tok, out):
     return preflight.build_spec(cfg, shards, tok, out, False, False, 2, cfg.wandb.target(group=None))
 
 
-def _checkpoint(out, info):
-    tag = out / "checkpoints" / "global_step4"
+def _checkpoint(out, info, step=4):
+    tag = out / "checkpoints" / f"global_step{step}"
     tag.mkdir(parents=True)
     (tag / "mp_rank_00_model_states.pt").write_bytes(b"x")
-    checkpoint.write_verification(tag, {"step": 4, "world_size": 2, "global_batch": 16, **info})
+    checkpoint.write_verification(tag, {"step": step, "world_size": 2, "global_batch": 16, **info})
+    return tag
 
 
 def test_resume_with_other_settings_names_each_key(data, tmp_path):
@@ -302,6 +303,12 @@ def test_a_cpu_resume_on_another_thread_count_says_it_will_not_match_bit_for_bit
     older = tmp_path / "older"
     _checkpoint(older, {"model_config": spec.model, "settings": spec.settings()})
     assert preflight.resume_threads_note(spec.model_copy(update={"out_dir": older}), 2) is None
+    # a newer tag with a file missing is not the one resumed: the note names the tag that is
+    broken = _checkpoint(
+        out, {"model_config": spec.model, "settings": spec.settings(), "cpu_threads": 2}, step=8
+    )
+    (broken / "mp_rank_00_model_states.pt").unlink()
+    assert "resuming " + str(out / "checkpoints" / "global_step4") in preflight.resume_threads_note(spec, 2)
 
 
 def test_resume_of_a_checkpoint_from_before_a_setting_existed(data, tmp_path):

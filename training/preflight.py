@@ -350,19 +350,21 @@ def resume_threads_note(spec: RunSpec, threads: int) -> str | None:
     are not an uninterrupted run's bit for bit (a machine with other cores, or OMP_NUM_THREADS)."""
     if spec.on_gpu:
         return None
-    for tag in checkpoint.tag_dirs(spec.checkpoints_dir):
-        recorded = (checkpoint.read_verification(tag) or {}).get("cpu_threads")
-        if recorded is None:
-            continue
-        if recorded == threads:
-            return None
-        return (
-            f"resuming {tag} with {threads} torch thread(s) per rank, where it was written with "
-            f"{recorded}: float sums round otherwise with another thread count, so from here the losses "
-            "and weights differ in their last digits from those of an uninterrupted run (the keys do not "
-            f"hold the thread count); to continue it exactly, rerun with OMP_NUM_THREADS={recorded}."
-        )
-    return None
+    # the tag a resume picks (`checkpoint.newest_good`), without its checksums: the ranks verify them
+    complete = (
+        t for t in checkpoint.tag_dirs(spec.checkpoints_dir) if checkpoint.verify(t, deep=False) is None
+    )
+    if (tag := next(complete, None)) is None:
+        return None
+    recorded = (checkpoint.read_verification(tag) or {}).get("cpu_threads")
+    if recorded is None or recorded == threads:
+        return None
+    return (
+        f"resuming {tag} with {threads} torch thread(s) per rank, where it was written with "
+        f"{recorded}: float sums round otherwise with another thread count, so from here the losses "
+        "and weights differ in their last digits from those of an uninterrupted run (the keys do not "
+        f"hold the thread count); to continue it exactly, rerun with OMP_NUM_THREADS={recorded}."
+    )
 
 
 def _processes(n: Any) -> str:
