@@ -102,6 +102,8 @@ def run_pretrain_stage(
         log_line(warning_line(note))
     if note := preflight.resume_threads_note(spec, launch.cpu_threads_per_rank(launch.local_ranks(p, world))):
         log_line(warning_line(note))
+    if p.master_port and node_rank == 0 and not p.hostfile:  # node 0's ranks listen on it
+        launch.check_port_free(p.master_port)
 
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
     with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():

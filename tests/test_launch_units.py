@@ -57,6 +57,17 @@ def test_a_launcher_killed_by_a_signal_is_a_failed_run() -> None:
     assert "rank 0 started" in lines
 
 
+def test_a_failure_no_rank_explains_names_the_last_exception_printed() -> None:
+    """A launch that failed without a rank's own error said only 'launcher exit code 1; see the log
+    lines above', which a Prefect UI watcher does not have: the exception line that ended the
+    launcher's or a rank's traceback is now in the message (and in Prefect's state)."""
+    printed = "Traceback (most recent call last):\n  File x\ntorch.distributed.DistNetworkError: port: 4277, EADDRINUSE"
+    with pytest.raises(
+        RuntimeError, match=r"exit code 1\): torch.distributed.DistNetworkError: port: 4277, EADDRINUSE; "
+    ):
+        launch.run_launcher(_launcher_printing(printed), dict(os.environ), lambda _: None, stop_grace_s=1)
+
+
 def _launcher_printing(text: str) -> list[str]:
     """A stand-in launcher command that prints `text` and exits 1, as torchrun or DeepSpeed's do."""
     return [sys.executable, "-c", f"import sys; print({text!r}, flush=True); sys.exit(1)"]

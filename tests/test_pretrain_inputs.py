@@ -473,3 +473,24 @@ def test_a_refusal_of_the_preset_names_the_preset_flag_typed(data, tmp_path, min
     err = capsys.readouterr().err
     assert "model.preset 'mini' describes another model than pretrain.init_from" in err, err
     assert "model.preset is the `--preset mini` you typed: change or drop --preset" in err, err
+
+
+def test_a_master_port_in_use_is_refused_before_a_rank_starts(data, tmp_path):
+    """pretrain.master_port naming a port another program listens on failed the launch with a
+    38-line torch traceback ending EADDRINUSE, as a RuntimeError the flow then retried. Now one
+    UserError names the setting before anything is launched or written."""
+    import socket
+
+    shards, tok = data
+    out = tmp_path / "out"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        lines: list[str] = []
+        with pytest.raises(UserError, match=f"pretrain.master_port {port} is in use on this machine"):
+            run_pretrain_stage(
+                config(f"pretrain.master_port={port}"), shards, tok, out, log_line=lines.append
+            )
+    assert not any(line.startswith("launch:") for line in lines)
+    assert not out.exists()

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from training.config import PretrainConfig
 
 ERROR_LINE = re.compile(r"rank \S+: error: (.*)")
+# the last line of a Python traceback: what a failure without a rank's own error says
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt): \S")
 # torch's TCPStore when nodes did not all come: "Timed out after 601 seconds waiting for clients. 1/2 clients joined."
 NODES_JOINED = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 # DeepSpeed's launcher when it cannot ssh to the hostfile's first host
@@ -52,6 +54,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    """pretrain.master_port on node 0, before any rank starts: a port another program listens on
+    failed the launch with a 38-line torch traceback ending EADDRINUSE, which a flow then retried."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError as exc:
+            raise UserError(
+                f"pretrain.master_port {port} is in use on this machine ({exc.strerror}): node 0's ranks "
+                "listen there to meet each other.",
+                fix="set pretrain.master_port to a free port (the same on every node), or leave it unset "
+                "in a one-node run (a free one is then chosen).",
+            ) from None
 
 
 def hostfile_slots(path: Path) -> int:
@@ -162,6 +179,7 @@ def run_launcher(
     errors: list[str] = []
     missing_nodes: list[str] = []  # torchrun's static rendezvous timed out
     no_ssh: list[str] = []  # hosts DeepSpeed's launcher could not reach
+    raised: list[str] = []  # the launcher's or a rank's last exception line, for a failure not explained
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -174,19 +192,23 @@ def run_launcher(
             if joined := NODES_JOINED.search(line):
                 seconds, came, nodes = joined.groups()
                 missing_nodes.append(f"only {came} of {nodes} nodes joined in {seconds} s")
+            if EXCEPTION_LINE.match(line):
+                raised.append(line)
             log_line(line)
         rc = proc.wait()
     except BaseException as exc:
         _stop_group(proc, log_line, stop_grace_s, stop_reason(exc))
         raise
     if rc != 0:
-        raise launch_failure(rc, errors, no_ssh, missing_nodes)
+        raise launch_failure(rc, errors, no_ssh, missing_nodes, raised)
 
 
-def launch_failure(rc: int, errors: list[str], no_ssh: list[str], missing_nodes: list[str]) -> Exception:
+def launch_failure(
+    rc: int, errors: list[str], no_ssh: list[str], missing_nodes: list[str], raised: list[str] = ()
+) -> Exception:
     """What a failed launch raises: the ranks' own errors (UserError), else their lost contact with
     each other (TransientError), a hostfile host without ssh, nodes that did not all join, or (a
-    bug, or a crash without a message) the exit code."""
+    bug, or a crash without a message) the exit code with the last exception line printed."""
     # a rank's own error is the cause; the others then lost contact with it
     if causes := [e for e in errors if not e.startswith(LOST_PREFIX)]:
         return UserError("pretraining stopped: " + " | ".join(causes))
@@ -206,7 +228,11 @@ def launch_failure(rc: int, errors: list[str], no_ssh: list[str], missing_nodes:
             fix="start the same command on every node, each with its --node-rank (0 .. nnodes-1) and the "
             "same pretrain.master_addr and master_port, within that time of each other.",
         )
-    return RuntimeError(f"pretraining failed (launcher exit code {rc}); see the log lines above.")
+    said = f": {raised[-1][:500]}" if raised else ""
+    return RuntimeError(
+        f"pretraining failed (launcher exit code {rc}){said}; the whole output is in the pretraining "
+        "output's launcher.log."
+    )
 
 
 def stop_reason(exc: BaseException) -> str:
