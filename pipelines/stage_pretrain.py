@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -48,6 +49,7 @@ from pipelines.stage_keys import (
 )
 
 if TYPE_CHECKING:
+    from model.model_card import CardFacts, EvalFacts
     from training.config import PretrainConfig
     from training.run_spec import RunSpec
 
@@ -119,8 +121,10 @@ def run_pretrain_stage(
             return model_dir
         if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
             raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
-        card = finish_model_dir(out_dir, seconds=time.time() - started)
+        card, facts = finish_model_dir(out_dir, seconds=time.time() - started)
         log_line(f"pretrain: model card {card}")
+        if facts.evaluation is not None and (note := context_free_note(facts.evaluation)):
+            log_line(warning_line(note))
         write_marker(
             out_dir,
             {
@@ -353,9 +357,9 @@ def check_positions(cfg: PipelineConfig) -> None:
         )
 
 
-def finish_model_dir(out_dir: Path, seconds: float | None = None) -> Path:
+def finish_model_dir(out_dir: Path, seconds: float | None = None) -> tuple[Path, CardFacts]:
     """The trained model directory's last touches: `model_max_length` = the sequence length it was
-    trained at, and its model card (README.md). Returns the card's path."""
+    trained at, and its model card (README.md). Returns the card's path and facts."""
     from model.hf_io import set_model_max_length
     from model.model_card import write_model_card
     from pipelines.pretrain_card import pretraining_card
@@ -363,7 +367,20 @@ def finish_model_dir(out_dir: Path, seconds: float | None = None) -> Path:
     facts = pretraining_card(out_dir, seconds=seconds)
     if facts.model_max_length:
         set_model_max_length(out_dir / "model", facts.model_max_length)
-    return write_model_card(out_dir / "model", facts)
+    return write_model_card(out_dir / "model", facts), facts
+
+
+def context_free_note(e: EvalFacts) -> str | None:
+    """What the stage says when its last held-out evaluation shows no use of context: a run that
+    diverged (loss 7.6 -> 205, held-out 67.5) ended 'pretrain: done' with no word of it."""
+    loss, entropy = e.metrics.get("val_mlm_loss", math.nan), e.baselines.get("unigram_entropy", math.nan)
+    if e.beats_unigram or not math.isfinite(entropy):
+        return None
+    return (
+        f"pretrain: the held-out masked-LM loss at step {e.step} ({loss:.3f} nats) is not below the unigram "
+        f"entropy ({entropy:.3f}): the model predicts no better than token frequencies without context "
+        "(a diverged run, too high a lr, or too few steps); see metrics.jsonl and the model card."
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -75,6 +75,18 @@ def test_card_warns_when_the_model_is_no_better_than_token_frequencies() -> None
     )
 
 
+def test_the_stage_says_a_model_no_better_than_token_frequencies_out_loud() -> None:
+    """A diverged pretraining (loss 7.6 -> 205, held-out 67.5) ended 'pretrain: done'; only its card
+    said it. The stage now warns whenever the card's verdict is 'not below the unigram entropy'."""
+    from pipelines.stage_pretrain import context_free_note
+
+    note = context_free_note(_facts(67.5, False).evaluation)
+    assert (
+        "held-out masked-LM loss at step 300 (67.500 nats) is not below the unigram entropy (6.000)" in note
+    )
+    assert context_free_note(_facts(5.1, True).evaluation) is None
+
+
 def test_card_of_a_converted_checkpoint_leaves_out_what_is_unknown() -> None:
     facts = CardFacts(
         name="BERT from x (import-hf)", model_config=CONFIG, fresh_weights=["cls.predictions.bias"]
