@@ -10,6 +10,7 @@ rerun records the same directories).
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import shutil
@@ -45,6 +46,14 @@ class FlowRunRecord:
         if status == "running" and writer and writer_state(writer) == "interrupted":
             return "interrupted"
         return status
+
+    @property
+    def started(self) -> float | None:
+        """When the flow run started (seconds since the epoch, to the second); None if unrecorded."""
+        try:
+            return float(calendar.timegm(time.strptime(self.data["started_utc"], "%Y-%m-%d %H:%M:%S")))
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def out_dirs(self) -> list[Path]:
         """The stage outputs this flow run used (its fine-tuning units included, when recorded);

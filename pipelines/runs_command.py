@@ -101,34 +101,36 @@ def _running_row(run: FlowRunRecord) -> dict[str, Any] | None:
     return rows[-1] if rows and rows[-1].get("status") == "running" else None
 
 
-def _last_seen(run: FlowRunRecord) -> float:
+def _last_seen(run: FlowRunRecord, runs: list[FlowRunRecord]) -> float:
     """When the flow run was last seen at work: now while it runs; else the last write of its record
-    or of the output of the stage it was in (a killed run writes nothing as it dies)."""
+    or of the output of the stage it was in (a killed run writes nothing as it dies), up to the start
+    of the next flow run of `runs`, which may have resumed in that output and written to it since."""
     if run.status == "running":
         return time.time()
     row = _running_row(run)
     out = last_modified(run.local(row["out_dir"])) if row else 0.0
-    return max(run.path.stat().st_mtime, out)
+    later = [r.started for r in runs if None not in (r.started, run.started) and r.started > run.started]
+    return max(run.path.stat().st_mtime, min([out, *later]))
 
 
-def _run_time(run: FlowRunRecord) -> str:
+def _run_time(run: FlowRunRecord, runs: list[FlowRunRecord]) -> str:
     """The flow run's time; a live one's so far, a killed one's at least until it was last seen
     (its record's time stops at the last stage it started)."""
     seconds = run.data.get("seconds")
     if seconds is None or run.status not in ("running", "interrupted"):
         return _duration(seconds)
-    total = _duration(seconds + max(0.0, _last_seen(run) - run.path.stat().st_mtime))
+    total = _duration(seconds + max(0.0, _last_seen(run, runs) - run.path.stat().st_mtime))
     return f"{total} so far" if run.status == "running" else f"≥ {total}"
 
 
-def _stage_time(run: FlowRunRecord, row: dict[str, Any]) -> str:
+def _stage_time(run: FlowRunRecord, row: dict[str, Any], runs: list[FlowRunRecord]) -> str:
     """A stage's time; for one recorded as running (its 0.0 s is a placeholder): so far while the
     flow run lives, else at least until the run was last seen; — for a row without its start."""
     if row.get("status") != "running":
         return _duration(row.get("seconds"))
     if row.get("started") is None:
         return "—"
-    ran = _duration(max(0.0, _last_seen(run) - row["started"]))
+    ran = _duration(max(0.0, _last_seen(run, runs) - row["started"]))
     return f"{ran} so far" if run.status == "running" else f"≥ {ran}"
 
 
@@ -178,7 +180,7 @@ def list_runs(root: Path) -> str:
     if not runs:
         return f"{root}: no flow runs yet (`bertflow run CONFIG` writes {root}/flow_runs/)."
     rows = [
-        [r.name, r.data.get("started_utc", "?"), r.status, _run_time(r), _cached(r),
+        [r.name, r.data.get("started_utc", "?"), r.status, _run_time(r, runs), _cached(r),
          result_text(r), _report(r)]
         for r in runs
     ]  # fmt: skip
@@ -193,11 +195,12 @@ def list_runs(root: Path) -> str:
 def show_run(root: Path, name: str | None) -> str:
     from common.atomic import progress_state
 
-    run = find_run(flow_runs(root), name)
+    runs = flow_runs(root)
+    run = find_run(runs, name)
     d = run.data
     lines = [
         f"flow run {run.name}: {run.status}, started {d.get('started_utc', '?')} UTC, "
-        f"{_run_time(run)}; W&B group {d.get('wandb_group', '—')}",
+        f"{_run_time(run, runs)}; W&B group {d.get('wandb_group', '—')}",
         f"record: {run.path}",
         f"result: {result_text(run)}",
         "",
@@ -212,7 +215,7 @@ def show_run(root: Path, name: str | None) -> str:
             [
                 r["stage"],
                 "interrupted" if stopped else r["status"],
-                _stage_time(run, r),
+                _stage_time(run, r, runs),
                 now,
                 byte_size(dir_size(out)) if out.exists() else "—",
                 str(out),

@@ -293,6 +293,15 @@ def test_a_killed_runs_stage_shows_how_long_it_ran_not_0_s(
     assert re.search(r"\npretrain +interrupted +≥ 10 min 00 s +unfinished ", shown)
     assert cli(["runs", "--run-dir", str(root)]) == 0
     assert re.search(r"killed-run .* interrupted +≥ 11 min 00 s ", capsys.readouterr().out)
+    # a rerun five minutes in resumed in that output and wrote to it until t0 + 600: the killed run's
+    # time ends where the rerun began (it read '≥ 11 min' up to the end of the rerun)
+    write_record(
+        root, "rerun", "g", [stage_record("pretrain", out, "ran", 300, 300)], t0 + 300, status="completed"
+    )
+    assert cli(["runs", "show", "killed-run", "--run-dir", str(root)]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"UTC, ≥ (5 min 59|6 min 00) s;", shown), shown
+    assert re.search(r"\npretrain +interrupted +≥ (4 min 59|5 min 00) s +unfinished ", shown), shown
     del record["stages"][0]["started"]  # a record written before rows had their start
     path.write_text(json.dumps(record))
     assert cli(["runs", "show", "killed-run", "--run-dir", str(root)]) == 0
