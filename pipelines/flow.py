@@ -31,6 +31,7 @@ from pipelines.flow_tasks import (
     tokenizer_task,
     verify_task,
 )
+from pipelines.prefect_killed_runs import crash_killed_runs
 from pipelines.prefect_logging import drop_user_error_tracebacks
 from pipelines.report_builder import EMBEDDED_NAME
 from pipelines.stage_keys import phase_names, phase_stage
@@ -51,7 +52,9 @@ def bert_pipeline(
     drop_import_chatter()  # a deployment's worker calls this function without the CLI
     drop_user_error_tracebacks()
     cfg = load_config(config, overrides)
-    run = FlowRun(cfg, str(runtime_flow_run.name or "local"), only, from_stage, force)
+    flow_run_id = str(runtime_flow_run.id) if runtime_flow_run.id else None
+    run = FlowRun(cfg, str(runtime_flow_run.name or "local"), only, from_stage, force, flow_run_id)
+    crash_killed_runs(run.root, run.run_name, get_run_logger().info)  # they stayed Running in Prefect
     get_run_logger().info(
         "run dir %s; stages %s; forced %s; W&B group %s",
         run.root, run.selected, sorted(run.forced) or "-", run.group,
@@ -98,7 +101,7 @@ def _summary(run: FlowRun, config_name: str) -> dict[str, Any]:
     summary = {
         "run_dir": str(run.root),
         "flow_run": run.run_name,
-        "flow_run_id": str(runtime_flow_run.id) if runtime_flow_run.id else None,
+        "flow_run_id": run.flow_run_id,
         "task_run_ids": run.task_run_ids(),
         "wandb_group": run.group,
         "stages": run.records,

@@ -52,10 +52,12 @@ def write_record(
     status: str = "running",
     units: list[str] | None = None,
     planned: list[str] | None = None,
+    flow_run_id: str | None = None,
 ) -> Path:
     """`status`: running (written at the start and after each stage), completed or failed;
     `units`: the fine-tuning unit directories this flow run used (for `bertflow runs clean`);
-    `planned`: the stage outputs it will use, which a live run's record protects from cleaning.
+    `planned`: the stage outputs it will use, which a live run's record protects from cleaning;
+    `flow_run_id`: its Prefect flow run (`pipelines.prefect_killed_runs`).
     While running, the record names its writer (pid, host): a killed run reads as interrupted."""
     if path is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
@@ -64,6 +66,7 @@ def write_record(
         path,
         {
             "flow_run": run_name,
+            "flow_run_id": flow_run_id,
             "wandb_group": group,
             "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
             "seconds": round(time.time() - started, 3),

@@ -71,8 +71,9 @@ class FlowRun:
         only: str | None,
         from_stage: str | None,
         force: list[str] | None,
+        flow_run_id: str | None = None,
     ) -> None:
-        self.cfg, self.run_name = cfg, run_name
+        self.cfg, self.run_name, self.flow_run_id = cfg, run_name, flow_run_id
         self.selected, self.forced = plan_stages(only, from_stage, force)
         self.group = f"{cfg.name}-{run_name}"
         self.wandb: WandbTarget = cfg.wandb.target(self.group)  # every W&B run of this flow run
@@ -309,7 +310,7 @@ class FlowRun:
         self.record_path = write_record(
             self.root, self.run_name, self.group, self.records, self.started,
             path=self.record_path, status=self.status, units=self.unit_dirs,
-            planned=[str(d) for d in self.dirs.values()],
+            planned=[str(d) for d in self.dirs.values()], flow_run_id=self.flow_run_id,
         )  # fmt: skip
         return self.record_path
 

@@ -209,3 +209,38 @@ def test_the_flow_log_filter_drops_repeats_of_user_error_subclasses() -> None:
     assert not kept("prefect.flow_runs", said)
     assert kept("prefect.task_runs", said)  # the failed task's line names the stage
     assert kept("prefect.flow_runs", "Finished in state Failed('RuntimeError: rank 1 lost')")
+
+
+def test_a_killed_flow_run_left_running_in_prefect_is_set_crashed_by_the_next_one(tmp_path: Path) -> None:
+    """A flow run killed with kill -9 stayed Running in Prefect forever, its stage's task run too,
+    after a rerun had finished that stage. The next flow run of the run directory sees the killed
+    one's writer gone and sets both Crashed, saying so; a run Prefect holds as final is left."""
+    import socket
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    from pipelines.flow import bert_pipeline
+
+    overrides = [f"run_dir={tmp_path}", "wandb.mode=disabled"]
+    first = bert_pipeline(config=None, overrides=overrides, only="verify")
+    killed_id = UUID(first["flow_run_id"])
+    (task_id,) = first["task_run_ids"]
+    with get_client(sync_client=True) as client:  # as Prefect holds a run whose process was killed
+        client.set_task_run_state(UUID(task_id), Running(), force=True)
+        client.set_flow_run_state(killed_id, Running(), force=True)
+    record = Path(first["record"])
+    data = json.loads(record.read_text())
+    gone = {"pid": 2**22 + 1, "host": socket.gethostname()}  # its process is gone
+    record.write_text(json.dumps({**data, "status": "running", "writer": gone}))
+
+    rerun = bert_pipeline(config=None, overrides=overrides, only="verify")
+    with get_client(sync_client=True) as client:
+        flow_state = client.read_flow_run(killed_id).state
+        task_state = client.read_task_run(UUID(task_id)).state
+    assert flow_state.is_crashed() and task_state.is_crashed()
+    assert f"it was killed. Flow run {rerun['flow_run']} of the same run directory" in flow_state.message
+    assert json.loads(record.read_text())["prefect_crashed"] is True  # not asked again
+    with get_client(sync_client=True) as client:  # the rerun's own run, final, is not touched
+        assert client.read_flow_run(UUID(rerun["flow_run_id"])).state.is_completed()
