@@ -42,13 +42,16 @@ def shards_written(work_dir: Path | str, out_dir: Path | str) -> int:
 def progress_line(
     work_dir: Path | str, out_dir: Path | str, n_files: int, n_shards: int, elapsed: float
 ) -> str:
+    """`n_shards`: the training shards and the one validation shard."""
     read, written = files_read(work_dir), shards_written(work_dir, out_dir)
     line = (
         f"preprocess: {duration_text(elapsed)}: {read}/{n_files} input files tokenized, "
-        f"{written}/{n_shards} shards written"
+        f"{written}/{n_shards} shards written ({n_shards - 1} training + 1 validation)"
     )
+    if read >= n_files:  # the shuffle: no shard is done until its examples are all built
+        return line + "; building the examples and writing the shards"
     # reading the corpus is most of the work: its rate is the estimate until the shards start
-    left = eta_seconds(read, n_files, elapsed) if read < n_files else None
+    left = eta_seconds(read, n_files, elapsed)
     return line + (f", about {duration_text(left)} left to read the corpus" if left else "")
 
 

@@ -34,7 +34,11 @@ def test_counts_from_doc_chunks_and_shard_files(tmp_path: Path) -> None:
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "shard-00000-of-00002.parquet").write_bytes(b"")
     line = progress_line(work, tmp_path, n_files=2, n_shards=3, elapsed=12.0)
-    assert line == "preprocess: 12.0 s: 2/2 input files tokenized, 1/3 shards written"
+    # all read: the line says what the job does now (it looked stalled for minutes on a large corpus)
+    assert line == (
+        "preprocess: 12.0 s: 2/2 input files tokenized, 1/3 shards written (2 training + 1 validation); "
+        "building the examples and writing the shards"
+    )
 
 
 def test_the_command_shows_the_jobs_log_lines(tmp_path: Path, minilm_dir: Path) -> None:
