@@ -5,8 +5,9 @@ Prefect task log, the lines about the run (steps, evaluations, checkpoints, erro
 INFO; what DeepSpeed and torch say about themselves on every run (`[WARNING] ... Setting
 accelerator to CPU`, `FutureWarning: ... is deprecated` and the source line Python prints under
 it, progress bars of internal loading) goes to DEBUG, and so does torchrun's report of a failed
-rank once that rank has printed its own `rank R: error: ...` line (which the command reports), and
-torchrun's own lines once it was told to stop (the ranks' last lines stay at INFO).
+rank once that rank has printed its own `rank R: error: ...` line (which the command reports), the
+same error printed by another rank, and torchrun's own lines once it was told to stop (the ranks'
+last lines stay at INFO).
 """
 
 from __future__ import annotations
@@ -65,13 +66,18 @@ class LauncherLog:
         self.raw = open(raw_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed by close())
         self._in_warning = False
         self._rank_error = False  # a rank printed `rank R: error: ...`
+        self._errors_shown: set[str] = set()  # the text of each such error, shown once
         self._failure_report = False  # torchrun is reporting that failure
         self._stopping = False  # torchrun got a stop signal
         self._traceback: list[str] = []  # a traceback's lines (chained ones too) until its exception line
         self._exception_seen = False  # the held traceback's exception line came (a chained one may follow)
 
     def is_self_talk(self, line: str) -> bool:
-        self._rank_error = self._rank_error or bool(ERROR_LINE.search(line))
+        if error := ERROR_LINE.search(line):
+            self._rank_error = True
+            if error.group(1) in self._errors_shown:
+                return True  # every rank saw the same (a NaN loss is all-reduced): said once
+            self._errors_shown.add(error.group(1))
         self._failure_report = self._failure_report or (
             self._rank_error and bool(TORCHRUN_FAILED.match(line))
         )

@@ -112,6 +112,21 @@ def test_torchruns_report_of_a_rank_that_reported_its_error_is_debug(tmp_path: P
     assert info == [lines[2]]
 
 
+def test_an_error_every_rank_printed_is_shown_once(tmp_path: Path) -> None:
+    """A NaN loss is all-reduced, so every rank stops with the same paragraph: it was shown once per
+    rank, then by Prefect and the CLI. Another rank's own error stays visible."""
+    info: list[str] = []
+    debug: list[str] = []
+    log = LauncherLog(info.append, debug.append, tmp_path / "launcher.log")
+    nan = "loss is nan at step 85; stopping before the update is applied (last good checkpoint: ...)"
+    lines = [f"rank 0: error: {nan}", f"rank 1: error: {nan}", "rank 1: error: shard X is damaged"]
+    for line in lines:
+        log(line)
+    log.close()
+    assert info == [lines[0], lines[2]] and debug == [lines[1]]
+    assert (tmp_path / "launcher.log").read_text().splitlines()[-3:] == lines  # the file keeps each
+
+
 def test_torchruns_talk_after_a_stop_signal_is_debug_the_ranks_last_lines_info(tmp_path: Path) -> None:
     info: list[str] = []
     debug: list[str] = []
