@@ -109,6 +109,14 @@ def _summary(run: FlowRun, config_name: str) -> dict[str, Any]:
         "report_md": str(report_md) if report_md else None,
         "report_html": str(report_md.with_suffix(".html")) if report_md else None,
     }
+    from pipelines.flow_command import end_summary
+
+    # what `bertflow run` prints at its end, for a watcher of the Prefect UI too (any --only run)
+    create_markdown_artifact(
+        markdown=f"```text\n{end_summary(summary)}\n```",
+        key=f"bert-run-{config_name}".lower().replace("_", "-"),
+        description=f"flow run {run.run_name}: its stages (ran or reused), the result and where the outputs are",
+    )
     report = summary["report_html"] or "none (the report stage was not selected)"
     get_run_logger().info("done in %.1f s; report: %s", time.time() - run.started, report)
     return summary

@@ -6,6 +6,7 @@ fails is retried (flow.retries) unless it failed on bad input."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -214,11 +215,13 @@ def test_the_flow_log_filter_drops_repeats_of_user_error_subclasses() -> None:
 def test_a_killed_flow_run_left_running_in_prefect_is_set_crashed_by_the_next_one(tmp_path: Path) -> None:
     """A flow run killed with kill -9 stayed Running in Prefect forever, its stage's task run too,
     after a rerun had finished that stage. The next flow run of the run directory sees the killed
-    one's writer gone and sets both Crashed, saying so; a run Prefect holds as final is left."""
+    one's writer gone and sets both Crashed, saying so; a run Prefect holds as final is left. Each
+    flow run publishes its end summary as an artifact (a watcher of an --only run saw none)."""
     import socket
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.states import Running
 
     from pipelines.flow import bert_pipeline
@@ -244,3 +247,8 @@ def test_a_killed_flow_run_left_running_in_prefect_is_set_crashed_by_the_next_on
     assert json.loads(record.read_text())["prefect_crashed"] is True  # not asked again
     with get_client(sync_client=True) as client:  # the rerun's own run, final, is not touched
         assert client.read_flow_run(UUID(rerun["flow_run_id"])).state.is_completed()
+        # what `bertflow run` prints at its end is the flow run's artifact too (an --only run had none)
+        by_run = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(rerun["flow_run_id"])]))
+        (artifact,) = client.read_artifacts(flow_run_filter=by_run)
+    assert artifact.key == "bert-run-default"
+    assert re.search(r"\n  verify +cached ", artifact.data) and "Latest: " in artifact.data
