@@ -228,6 +228,10 @@ def _run_ranks(
             f"pretrain: removed {freed / 2**20:,.0f} MiB of shared memory that killed runs' ranks left in {launch.SHM_DIR}"
         )
     started = time.time()
+    ranks = "1 rank" if local == 1 else f"{local} ranks"
+    log_line(
+        f"pretrain: starting {ranks}; each imports torch and DeepSpeed and reads the shards, then says 'ready to train'"
+    )
     ranks_log = LauncherLog(log_line, log_debug, out_dir / "launcher.log")
     try:
         launch.run_launcher(cmd, launch.child_env(local, on_gpu, p.stop_grace_s), ranks_log, p.stop_grace_s)

@@ -75,6 +75,7 @@ def test_zero2_two_processes_lowers_the_loss(ref_run):
     assert rows[(2, "lr")] == pytest.approx(0.002)  # end of warmup
     assert by_step(history(out), "_step") == by_step(read_metrics(out), "step")  # W&B got every row
     assert any("launch:" in ln and "torch.distributed.run" in ln for ln in lines)  # launcher auto, one node
+    assert "pretrain: starting 2 ranks; each imports torch" in "\n".join(lines)  # not 40 s of silence
     # checkpoints: every 4 steps, each verified
     tags = [t.name for t in checkpoint.tag_dirs(out / "checkpoints")]
     assert tags == ["global_step12", "global_step8", "global_step4"]
