@@ -120,10 +120,11 @@ class Tracker:
         if self._run is not None:
             self._run.summary.update(values)
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int = 0) -> None:
+        """End the W&B run: finished, or with `exit_code` != 0 failed."""
         if self._run is not None:
             run_dir = self.wandb_run_dir
-            self._run.finish()
+            self._run.finish(exit_code=exit_code)
             self._run = None
             _keep_own_core_log(run_dir)
 

@@ -27,10 +27,11 @@ from model.hf_io import load_pretraining_model, read_state_dict
 from pipelines.stage_pretrain import run_pretrain_stage
 from tests.pretrain_runs import config, kill_tree, losses, settings, start_cli, wait_for
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
-from tests.wandb_records import by_step, history
+from tests.wandb_records import by_step, exit_code, history, summary
 from training import checkpoint
 from training.consolidate import load_model_from_deepspeed_checkpoint
 from training.launch import free_port
+from training.train import NAN_DEBUG_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -444,6 +445,26 @@ def two_node_settings(port: int, *extra: str) -> list[str]:
                     f"pretrain.master_port={port}", "pretrain.dist_timeout_s=60", *extra)  # fmt: skip
 
 
+def test_a_pretraining_that_fails_ends_its_wandb_run_with_every_step_marked_failed_saying_why(
+    data, tmp_path, monkeypatch
+):
+    """A rank leaves at once on an error (os._exit), and the launcher then stops W&B's service: the
+    W&B run lost its end (the steps not yet written, a run that failed early everything) and never
+    said it failed. Rank 0 now ends it first: every step metrics.jsonl has, exit code 3, and why."""
+    monkeypatch.setenv(NAN_DEBUG_ENV, "7")
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match="loss is nan at step 7"):
+        run_pretrain_stage(config(), *data, out, log_line=lambda _: None)
+    logged = by_step(read_metrics(out), "step")
+    assert sorted(logged) == [1, 2, 3, 4, 5, 6]
+    assert by_step(history(out), "_step") == logged
+    assert exit_code(out) == 3  # the rank's own exit code: W&B marks the run failed
+    assert summary(out)["exit_reason"].startswith(
+        f"loss is nan at step 7; stopping before the update is applied (last good checkpoint: "
+        f"{out / 'checkpoints' / 'global_step4'})"
+    )
+
+
 def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_from_it_exactly(
     ref_run, data, tmp_path
 ):
@@ -495,6 +516,13 @@ def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_f
     assert (
         tags == [f"global_step{step}"]
         and (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
+    )
+    # node 0's W&B run: every step up to the stop, ended as stopped (143), saying where
+    assert by_step(history(out), "_step") == by_step(read_metrics(out), "step") and max(losses(out)) == step
+    assert exit_code(out) == 143
+    assert summary(out)["exit_reason"].startswith(
+        f"stopped by a stop request (Ctrl-C or SIGTERM on one of the 2 nodes) after step {step} of 12; "
+        f"its checkpoint is saved (global_step{step})"
     )
 
     sets = two_node_settings(free_port(), "pretrain.checkpoint_every=100")

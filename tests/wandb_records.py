@@ -91,3 +91,23 @@ def logged_table(run_dir: Path, key: str) -> dict[str, Any]:
     holds it: {"columns": [...], "data": [[...], ...]}."""
     [row] = [r for r in history(run_dir) if f"{key}.path" in r]
     return json.loads((run_file(run_dir).parent / "files" / row[f"{key}.path"]).read_text())
+
+
+def summary(run_dir: Path, newest: bool = False) -> dict[str, Any]:
+    """The summary of the W&B run under `run_dir/wandb_files`: its summary records merged, in order."""
+    merged: dict[str, Any] = {}
+    for r in records(run_file(run_dir, newest)):
+        if r.WhichOneof("record_type") == "summary":
+            merged.update(
+                {u.key or ".".join(u.nested_key): json.loads(u.value_json) for u in r.summary.update}
+            )
+    return merged
+
+
+def exit_code(run_dir: Path, newest: bool = False) -> int | None:
+    """The exit code the W&B run under `run_dir/wandb_files` ended with (0: finished, else failed),
+    or None where it has no exit record (it never ended: W&B lost its end)."""
+    codes = [
+        r.exit.exit_code for r in records(run_file(run_dir, newest)) if r.WhichOneof("record_type") == "exit"
+    ]
+    return codes[-1] if codes else None

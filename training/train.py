@@ -22,7 +22,10 @@ import resource
 import shutil
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +70,8 @@ DELAY_DEBUG_ENV = "BERTFLOW_DEBUG_STEP_DELAY_S"  # sleep this long per step (giv
 # a DeepSpeed checkpoint of an Adam run: fp32 weights, two moments and (mixed precision) fp32 master
 # weights: at most 16 bytes per parameter (the estimate the disk-full message gives)
 CHECKPOINT_BYTES_PER_PARAM = 16
+# how long a failing rank 0 waits for W&B to end its run (offline: well under a second) before leaving
+TRACKER_FINISH_TIMEOUT_S = 30.0
 T0 = time.perf_counter()
 
 
@@ -702,13 +707,61 @@ def train(spec: RunSpec, local_rank: int) -> None:
     data = prepare_data(spec, ranks)
     engine = build_engine(spec, ranks, resume, data)
     tracker = open_tracker(spec, ranks, resume)
-    with StopRequest() as stop:  # from here a SIGTERM saves the step reached (training/stop_request.py)
+    # from here a SIGTERM saves the step reached (training/stop_request.py)
+    with StopRequest() as stop, failure_recorded(tracker):
         last_tag = run_steps(spec, engine, data, ranks, resume, tracker, stop)
     if ranks.rank == 0:
-        export_final_model(spec, last_tag, tracker)
+        with failure_recorded(tracker):
+            export_final_model(spec, last_tag, tracker)
     dist.barrier()
     if ranks.local_rank == 0:
         remove_data_cache(spec, data.cache_root)
+
+
+@contextmanager
+def failure_recorded(tracker: Tracker | None) -> Iterator[None]:
+    """An exception leaving the block first ends rank 0's W&B run (`end_failed_run`)."""
+    try:
+        yield
+    except BaseException as exc:
+        end_failed_run(tracker, exc)
+        raise
+
+
+def end_failed_run(tracker: Tracker | None, exc: BaseException) -> None:
+    """Rank 0's W&B run, ended before the rank leaves by `_exit_now` (os._exit skips W&B's own exit
+    hook, and the launcher then stops W&B's service): it keeps every step logged, is marked failed
+    with the code the rank exits with, and says why in its summary (`exit_reason`). Bounded by
+    TRACKER_FINISH_TIMEOUT_S: a W&B that does not finish in time is left as it is."""
+    if tracker is None:
+        return
+
+    def finish() -> None:
+        try:
+            tracker.summary({"exit_reason": exit_reason(exc)})
+            tracker.finish(exit_code=exit_code(exc))
+        except Exception as err:  # the rank's own error is the one to report
+            log0(warning_line(f"the W&B run could not be ended: {err}"))
+
+    worker = threading.Thread(target=finish, name="end-wandb-run", daemon=True)
+    worker.start()
+    worker.join(TRACKER_FINISH_TIMEOUT_S)
+
+
+def exit_reason(exc: BaseException) -> str:
+    """The first line of the error a rank stops with (a library's own error named by its type)."""
+    line = next(iter(str(exc).splitlines()), "")
+    if isinstance(exc, UserError | FloatingPointError):
+        return line
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def exit_code(exc: BaseException) -> int:
+    """The code a rank exits with after `exc`: a UserError's own (PretrainingStopped: 143), 3 for a
+    non-finite loss, else 1."""
+    if isinstance(exc, UserError):
+        return exc.exit_code
+    return 3 if isinstance(exc, FloatingPointError) else 1
 
 
 def _exit_now(code: int) -> None:
@@ -744,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         silent = isinstance(exc, PretrainingStopped) and local_rank != 0
         if not silent:
             print(f"rank {os.environ.get('RANK', local_rank)}: error: {exc}", file=sys.stderr, flush=True)
-        _exit_now(exc.exit_code if isinstance(exc, UserError) else 3)  # PretrainingStopped: 143
+        _exit_now(exit_code(exc))  # PretrainingStopped: 143
     except BaseException as exc:
         if (what := peer_failure(exc)) is not None:  # one paragraph, the same on every rank
             rank = os.environ.get("RANK", local_rank)
