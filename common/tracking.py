@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +95,18 @@ class Tracker:
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if not self.enabled:
             return
-        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        # the wall time (unix seconds) under W&B's own name for it, the same in both
+        row = {"step": step, "_timestamp": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         with open(self.metrics_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
         if self._run is not None:
-            self._run.log(metrics, step=step)
+            self._run.log({"_timestamp": row["_timestamp"], **metrics}, step=step)
 
     def replay(self, rows: list[dict[str, Any]]) -> None:
         """`metrics.jsonl` rows logged before (a resumed run's steps up to its checkpoint) into the
         W&B run only, so the W&B run that ends a pretraining holds its whole curve (a killed run's
-        W&B files may hold fewer steps: what W&B had not written when it was killed is lost)."""
+        W&B files may hold fewer steps: what W&B had not written when it was killed is lost). Each
+        row keeps its own `_timestamp` (W&B honours it; its `_runtime` is this run's own clock)."""
         if self._run is None:
             return
         for row in rows:

@@ -141,12 +141,13 @@ PRETRAIN_METRICS: dict[str, tuple[str, str, float]] = {
     "loader_busy_fraction": ("share of step time the loader thread spent collating", "%", 100.0),
     "step_time_s": ("time per optimizer step", "s", 1.0),
     "consumed_samples": ("sequences trained on so far", "sequences", 1.0),
+    "consumed_tokens": ("tokens trained on so far, padding excluded", "tokens", 1.0),
 }
 
 
 def _value(v: float, unit: str, scale: float) -> str:
     x = v * scale
-    if unit in ("sequences", "") and float(x).is_integer() and abs(x) >= 1:
+    if unit in ("sequences", "tokens", "") and float(x).is_integer() and abs(x) >= 1:
         return f"{int(x):,}"
     if abs(x) >= 1000:
         return f"{x:,.0f}"
@@ -226,7 +227,13 @@ def _last_values(rows: list[dict[str, Any]]) -> dict[str, tuple[Any, float]]:
     last: dict[str, tuple[Any, float]] = {}
     for row in rows:
         for k, v in row.items():
-            if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            if (
+                k != "step"
+                and not k.startswith("_")
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+            ):
                 last[k] = (row.get("step"), v)
     return last
 

@@ -258,7 +258,8 @@ def test_tracker_disabled_logs_metrics_without_importing_wandb(tmp_path, monkeyp
     tracker.log({"loss": 1.5}, step=3)
     tracker.summary({"x": 1})
     tracker.finish()
-    assert read_metrics(tmp_path) == [{"step": 3, "loss": 1.5}]
+    [row] = read_metrics(tmp_path)
+    assert row == {"step": 3, "_timestamp": row["_timestamp"], "loss": 1.5}
     assert not (tmp_path / "wandb_files").exists()
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
-from common.tracking import Tracker, WandbTarget
+from common.tracking import Tracker, WandbTarget, read_metrics
 from training import launch
 from training.config import PretrainConfig
 
@@ -148,6 +148,39 @@ def test_a_finished_w_and_b_run_folder_holds_its_own_files_so_it_copies_alone(tm
     assert logs and all(not p.is_symlink() for p in logs[0].iterdir())
     shutil.rmtree(tmp_path / "first")
     shutil.copytree(tmp_path / "second", tmp_path / "copy")  # nothing points outside it
+
+
+def test_metrics_rows_carry_their_wall_time_and_a_replay_into_w_and_b_keeps_it(tmp_path: Path) -> None:
+    """Each metrics.jsonl row carries its wall time (`_timestamp`, unix seconds, as in W&B). A resumed
+    pretraining replays the rows before its checkpoint into its new W&B run: they were all stamped
+    with the time of the replay, which collapsed W&B's wall-time charts; they keep their own now."""
+    import subprocess
+    import time
+
+    from tests.wandb_records import history
+
+    script = (
+        "import sys, time; from pathlib import Path\n"
+        "from common.tracking import Tracker, WandbTarget, read_metrics\n"
+        "first = Tracker(Path(sys.argv[1]) / 'first', WandbTarget(mode='offline'), name='first')\n"
+        "first.log({'loss': 2.0}, 1)\n"
+        "time.sleep(1.5)\n"
+        "first.log({'loss': 1.0}, 2)\n"
+        "first.finish()\n"
+        "again = Tracker(Path(sys.argv[1]) / 'again', WandbTarget(mode='offline'), name='again')\n"
+        "again.replay(read_metrics(Path(sys.argv[1]) / 'first'))\n"
+        "again.finish()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    env.pop("WANDB_MODE", None)
+    start = time.time()
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, timeout=180)
+    rows = read_metrics(tmp_path / "first")
+    assert [r["step"] for r in rows] == [1, 2] and start < rows[0]["_timestamp"] < rows[1]["_timestamp"] - 1
+    for run in ("first", "again"):
+        assert [(h["_step"], h["_timestamp"]) for h in history(tmp_path / run)] == [
+            (r["step"], r["_timestamp"]) for r in rows
+        ]
 
 
 def test_a_hostfile_line_that_is_not_host_and_slots_is_refused(tmp_path: Path) -> None:

@@ -640,3 +640,29 @@ def test_a_torch_without_the_group_timeout_api_is_said_not_a_crash(monkeypatch, 
     monkeypatch.setattr(c10d, "_rank_not_in_group", lambda group: False)
     time_out_every_group(60)
     assert "could not give DeepSpeed's process groups pretrain.dist_timeout_s" in capsys.readouterr().out
+
+
+def test_consumed_tokens_of_a_resumed_run_start_from_the_real_tokens_of_the_steps_before() -> None:
+    """metrics.jsonl's `consumed_tokens` is exact after a resume: the real tokens of every example
+    of the steps before (all ranks, every micro batch, across an epoch boundary), then each step's."""
+    import numpy as np
+
+    from training.data import BatchPlan, ExampleStore
+    from training.train import tokens_before
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 40, size=50)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    empty = np.zeros(0, dtype=np.int32)
+    store = ExampleStore(
+        empty, empty, offsets, empty, empty, np.zeros(1, dtype=np.int64), np.zeros(50, np.int8)
+    )
+    plans = [BatchPlan(50, 3, 2, 2, rank, seed=7) for rank in (0, 1)]  # 12 a step, 4 steps an epoch
+    for steps in (0, 3, 4, 9):
+        expected = sum(
+            int(lengths[plan.micro_batch_indices(step, micro)].sum())
+            for step in range(steps)
+            for micro in range(2)
+            for plan in plans
+        )
+        assert tokens_before(plans[0], store, steps) == expected

@@ -510,6 +510,18 @@ def metrics_row(
     return row
 
 
+def tokens_before(plan: BatchPlan, store: ExampleStore, steps: int) -> int:
+    """Real tokens (padding excluded) of the examples of the first `steps` steps, all ranks: where
+    a resumed run's `consumed_tokens` starts (each step then adds the tokens it trained on)."""
+    lengths = np.diff(store.offsets)
+    epochs, rest = divmod(steps, plan.steps_per_epoch)
+    total = 0
+    for epoch in range(epochs + 1):
+        n = (plan.steps_per_epoch if epoch < epochs else rest) * plan.global_batch
+        total += int(lengths[plan.permutation(epoch)[:n]].sum())
+    return total
+
+
 def run_steps(
     spec: RunSpec,
     engine: Any,
@@ -553,6 +565,7 @@ def run_steps(
     bar = progress_bar(spec, ranks, start_step)
     last_tag = resume.tag_dir if resume else None
     window = ThroughputWindow(loader)
+    tokens = tokens_before(data.plan, data.store, start_step)
     engine.train()
     try:
         for step in range(start_step + 1, p.max_steps + 1):
@@ -565,6 +578,7 @@ def run_steps(
             if step_delay:
                 time.sleep(step_delay)
             window.add(stats)
+            tokens += int(stats.tokens)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{stats.mean_loss:.3f}")
@@ -572,6 +586,7 @@ def run_steps(
                 now = time.perf_counter()
                 row = metrics_row(engine, stats, lr, window.figures(now), ranks.device)
                 row["consumed_samples"] = step * data.plan.global_batch
+                row["consumed_tokens"] = tokens
                 if peak:
                     row["mfu"] = row["tflops"] / peak
                 log_row(tracker, row, step, p.max_steps, printed=bar is None)
