@@ -147,10 +147,29 @@ def build_scorecard(
     if tracker is not None:
         header, table = table_rows(card, columns)
         tracker.log_table("finetune/scorecard", header, table)
-        for row in rows:
-            if row["glue_average"] is not None:
-                tracker.summary({f"finetune/{row['checkpoint']}/glue_average": row["glue_average"]})
+        tracker.summary(summary_values(card))
     return card
+
+
+def summary_values(card: dict[str, Any]) -> dict[str, Any]:
+    """The W&B run's summary, what a watcher filters and compares runs by (the table holds the
+    rest): the headline's verdict, the difference from random init with its seed-noise margin (the
+    average and each task's), and each checkpoint's GLUE-style average and per-task mean score."""
+    values: dict[str, Any] = {}
+    for row in card["rows"]:
+        if row["glue_average"] is not None:
+            values[f"finetune/{row['checkpoint']}/glue_average"] = row["glue_average"]
+        for task, info in row["tasks"].items():
+            values[f"finetune/{row['checkpoint']}/{task}"] = info["score"]
+    if (h := card["headline"]) is not None:
+        values["finetune/verdict"] = headline_text(h)
+        values["finetune/pretraining_helped"] = h["pretraining_helped"]
+        values["finetune/delta_vs_random/glue_average"] = h["glue_average_delta"]
+        values["finetune/delta_vs_random/glue_average_margin"] = h["glue_average_margin"]
+        for task in h["tasks"]:
+            values[f"finetune/delta_vs_random/{task}"] = h["task_deltas"][task]
+            values[f"finetune/delta_vs_random/{task}_margin"] = h["task_margins"][task]
+    return values
 
 
 def _columns(results: list[dict[str, Any]]) -> list[tuple[str, str]]:

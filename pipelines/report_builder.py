@@ -17,8 +17,8 @@ from typing import Any
 
 from common.atomic import atomic_write_text
 from common.stage_output import has_model
-from common.tracking import WandbTarget, read_metrics
-from model.model_card import CardFacts
+from common.tracking import Tracker, WandbTarget, read_metrics
+from model.model_card import CardFacts, verdict
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import latest_record
 from pipelines.report_plots import plot_curves
@@ -167,8 +167,14 @@ def build_report(
         record = json.loads(Path(record_path).read_text())
     else:
         _, record = latest_record(run_root(cfg), stage_dirs(cfg)["finetune"])
-    _track(cfg, out_dir, record, wandb)
-    inputs = gather(cfg, out_dir, record)
+    tracker = _tracker(cfg, out_dir, record, wandb)  # first: the page lists the report's own run
+    try:
+        inputs = gather(cfg, out_dir, record)
+        if tracker is not None:
+            _track(tracker, inputs)
+    finally:
+        if tracker is not None:
+            tracker.finish()
     root = run_root(cfg)
     md = render_markdown(inputs, Links(out_dir, root))
     atomic_write_text(out_dir / "report.html", render_html(md, cfg.report.title))
@@ -182,25 +188,35 @@ def build_report(
     }
 
 
-def _track(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any], wandb: WandbTarget | None) -> None:
-    """The report stage's own W&B run: the stage table, so the group shows timings and cache hits.
-    Alone (`bertflow report`), it joins the group of the flow run it reports on."""
+def _tracker(
+    cfg: PipelineConfig, out_dir: Path, record: dict[str, Any], wandb: WandbTarget | None
+) -> Tracker | None:
+    """The report stage's own W&B run (None when W&B is disabled). Alone (`bertflow report`), it
+    joins the group of the flow run it reports on."""
     wandb = wandb or cfg.wandb.target(group=record.get("wandb_group"))
     if wandb.resolved_mode() == "disabled":
-        return
-    from common.tracking import Tracker
+        return None
+    return Tracker(out_dir, wandb, name="report", job_type="report")
 
-    tracker = Tracker(out_dir, wandb, name="report", job_type="report")
-    try:
-        stages = finished_stages(record)
-        tracker.log_table(
-            "stages",
-            ["stage", "key", "status", "seconds", "compute_seconds"],
-            [
-                [r["stage"], r["key"], r["status"], r["seconds"], r.get("compute_seconds", 0.0)]
-                for r in stages
-            ],
+
+def _track(tracker: Tracker, inputs: ReportInputs) -> None:
+    """The stage table, so the group shows timings and cache hits, and a summary of what the page
+    says first: the verdict, the held-out MLM figures against the no-context baselines."""
+    from finetuning.scorecard import headline_text
+
+    stages = finished_stages(inputs.record)
+    tracker.log_table(
+        "stages",
+        ["stage", "key", "status", "seconds", "compute_seconds"],
+        [[r["stage"], r["key"], r["status"], r["seconds"], r.get("compute_seconds", 0.0)] for r in stages],
+    )
+    values: dict[str, Any] = {f"seconds/{r['stage']}": r["seconds"] for r in stages}
+    if inputs.scorecard is not None:
+        values["result/verdict"] = headline_text(inputs.scorecard.get("headline"))
+    if inputs.card is not None and (e := inputs.card.evaluation) is not None:
+        values.update(
+            {f"pretrain/{k}": e.metrics[k] for k in ("val_mlm_acc", "val_mlm_loss") if k in e.metrics}
         )
-        tracker.summary({f"seconds/{r['stage']}": r["seconds"] for r in stages})
-    finally:
-        tracker.finish()
+        values.update({f"pretrain/baseline/{k}": v for k, v in e.baselines.items()})
+        values["pretrain/verdict"] = verdict(e)
+    tracker.summary(values)

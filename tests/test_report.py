@@ -367,3 +367,23 @@ def test_a_report_built_in_a_copied_run_dir_links_to_the_copys_outputs(run_dir) 
     key = dirs["pretrain"].name
     assert f"| [pretrain/{key}](../../pretrain/{key}) |" in md, md
     assert "](../../../runs/" not in md
+
+
+def test_the_report_w_and_b_run_summary_says_the_result(run_dir) -> None:
+    """The report's W&B run summarised stage wall times only: the result (the verdict, the held-out
+    MLM accuracy against the no-context baselines) was not there."""
+    from finetuning.scorecard import headline_text
+    from model.model_card import verdict
+    from pipelines.report_builder import gather
+    from tests.wandb_records import summary
+
+    cfg, dirs, paths, _ = run_dir
+    logged = summary(dirs["report"], newest=True)
+    inputs = gather(cfg, dirs["report"], {})
+    e = inputs.card.evaluation
+    assert logged["result/verdict"] == headline_text(inputs.scorecard["headline"])
+    assert logged["pretrain/val_mlm_acc"] == e.metrics["val_mlm_acc"]
+    assert logged["pretrain/baseline/most_frequent_token_acc"] == e.baselines["most_frequent_token_acc"]
+    assert logged["pretrain/baseline/unigram_entropy"] == e.baselines["unigram_entropy"]
+    assert logged["pretrain/verdict"] == verdict(e)
+    assert f"{100 * e.metrics['val_mlm_acc']:.1f}" in paths["report_md"].read_text()  # as the page says

@@ -141,3 +141,37 @@ def test_metric_std_is_per_metric_for_a_task_with_two_metrics(tmp_path):
         line for line in (tmp_path / "scorecard.md").read_text().splitlines() if line.startswith("| ours")
     )
     assert f"| 82.0 ±2.0 | 87.0 ±{_std(f1):.1f} |" in row
+
+
+def test_the_w_and_b_scorecard_run_summary_holds_the_verdict_the_difference_and_each_tasks_mean(
+    tmp_path, monkeypatch
+):
+    """The scorecard's W&B run summarised the two GLUE-style averages only: the difference from
+    random init, its seed-noise margin, the verdict and the per-task means were in the table alone,
+    where W&B's run list cannot show, sort or compare them."""
+    from common.tracking import Tracker, WandbTarget
+    from tests.wandb_records import summary
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    results = []
+    for seed, (ours, rnd, mcc) in enumerate([(90.0, 70.0, 30.0), (92.0, 72.0, 50.0)], start=1):
+        results += [_ours("sst2", seed, {"accuracy": ours}), _random("sst2", seed, {"accuracy": rnd})]
+        results += [_ours("cola", seed, {"mcc": mcc}), _random("cola", seed, {"mcc": 10.0})]
+    tracker = Tracker(tmp_path, WandbTarget(project="bertflow-test"), name="scorecard")
+    card = build_scorecard(results, tmp_path, tracker)
+    tracker.finish()
+    h, logged = card["headline"], summary(tmp_path)
+    assert logged["finetune/verdict"] == headline_text(h)
+    assert logged["finetune/pretraining_helped"] is h["pretraining_helped"]
+    assert logged["finetune/delta_vs_random/glue_average"] == pytest.approx(65.5 - 40.5)
+    assert logged["finetune/delta_vs_random/glue_average_margin"] == h["glue_average_margin"] is not None
+    assert logged["finetune/delta_vs_random/sst2"] == pytest.approx(20.0)
+    assert logged["finetune/delta_vs_random/cola_margin"] == h["task_margins"]["cola"]
+    assert {k: v for k, v in logged.items() if k.count("/") == 2 and "delta" not in k} == {
+        "finetune/ours/glue_average": pytest.approx(65.5),
+        "finetune/ours/sst2": pytest.approx(91.0),
+        "finetune/ours/cola": pytest.approx(40.0),
+        "finetune/random:tiny/glue_average": pytest.approx(40.5),
+        "finetune/random:tiny/sst2": pytest.approx(71.0),
+        "finetune/random:tiny/cola": pytest.approx(10.0),
+    }
