@@ -80,7 +80,7 @@ def bert_pipeline(
             run.stage(pre, pretrain_task, upstream=inputs, after=previous, cfg=phase_cfg, wandb=run.wandb)
             previous = (pre,)
         run.fan_out(finetune_unit_task, upstream=("pretrain", "tokenizer"))
-        run.stage("finetune", scorecard_task, upstream=("units",), wandb=run.wandb)
+        run.stage("finetune", scorecard_task, upstream=("units",), cfg=cfg, wandb=run.wandb)
         record = run.write_record()
         run.stage(
             "report", report_task, upstream=("finetune",), cfg=cfg, record_path=str(record), wandb=run.wandb

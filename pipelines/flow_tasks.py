@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
+from pydantic import BaseModel
 
 from common.atomic import (
     clear_in_progress,
@@ -69,11 +70,12 @@ def run_in_dir(
     out_dir: str,
     body: Callable[[Path], dict[str, Any] | None],
     wandb: WandbTarget | None = None,
+    config: BaseModel | None = None,
 ) -> dict[str, Any]:
     """Reuse a complete `out_dir`, else clear its leftovers, run `body`, and mark it complete.
     While it runs, `_IN_PROGRESS.json` says so. With `wandb`, the stage's figures (what `body`
     returns, flattened) become a W&B run of the flow run's group, for stages that log none
-    themselves."""
+    themselves, with `config` (the stage's section of the config) as the run's config."""
     out = Path(out_dir)
     logger = get_run_logger()
     if read_marker(out) is not None:
@@ -90,7 +92,7 @@ def run_in_dir(
         raise
     seconds = time.time() - started
     if wandb is not None:
-        log_stage_run(out, wandb, stage, {**result, "seconds": seconds})
+        log_stage_run(out, wandb, stage, {**result, "seconds": seconds}, config)
     if read_marker(out) is None:  # stages that do not write their own marker
         write_marker(out, {"stage": stage, "seconds": round(seconds, 3), "code": stage_code(stage)})
     clear_in_progress(out)
@@ -120,8 +122,11 @@ def stage_logs_to(run_logger: Any) -> Iterator[None]:
         stage_logger.propagate = propagate
 
 
-def log_stage_run(out: Path, wandb: WandbTarget, stage: str, figures: dict[str, Any]) -> None:
-    """One W&B run for a stage: its numeric figures as the run summary."""
+def log_stage_run(
+    out: Path, wandb: WandbTarget, stage: str, figures: dict[str, Any], config: BaseModel | None = None
+) -> None:
+    """One W&B run for a stage: its numeric figures as the run summary, its config section (if
+    given) as the run's config, so runs can be filtered by their settings."""
     if wandb.resolved_mode() == "disabled":
         return
     from common.tracking import Tracker
@@ -132,7 +137,8 @@ def log_stage_run(out: Path, wandb: WandbTarget, stage: str, figures: dict[str, 
         for k, v in flatten(_jsonable(figures)).items()
         if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    tracker = Tracker(out, wandb, name=stage, job_type=stage)
+    settings = config.model_dump(mode="json") if config is not None else None
+    tracker = Tracker(out, wandb, name=stage, job_type=stage, config=settings)
     try:
         tracker.summary(numbers)
     finally:
@@ -144,7 +150,7 @@ def log_stage_run(out: Path, wandb: WandbTarget, stage: str, figures: dict[str, 
 def verify_task(stage: str, out_dir: str, cfg: PipelineConfig, wandb: WandbTarget) -> dict[str, Any]:
     from pipelines.verify_data import verify_data
 
-    return run_in_dir(stage, out_dir, lambda out: verify_data(cfg), wandb)
+    return run_in_dir(stage, out_dir, lambda out: verify_data(cfg), wandb, cfg.verify)
 
 
 @task(name="tokenizer", task_run_name="tokenizer", **TASK_OPTIONS)
@@ -156,7 +162,7 @@ def tokenizer_task(stage: str, out_dir: str, cfg: PipelineConfig, wandb: WandbTa
         marker = read_marker(written) or {}
         return {"vocab_size": marker.get("vocab_size"), "corpus": marker.get("corpus", {})}
 
-    return run_in_dir(stage, out_dir, body, wandb)
+    return run_in_dir(stage, out_dir, body, wandb, cfg.tokenizer)
 
 
 @task(name="preprocess", task_run_name="preprocess", **TASK_OPTIONS)
@@ -173,7 +179,7 @@ def preprocess_task(
             )
         return {"stats": _jsonable(stats)}
 
-    return run_in_dir(stage, out_dir, body, wandb)
+    return run_in_dir(stage, out_dir, body, wandb, cfg.preprocess)
 
 
 @task(name="pretrain", task_run_name="pretrain", **TASK_OPTIONS)
@@ -222,13 +228,14 @@ def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any]:
 
 @task(name="finetune", task_run_name="finetune", **TASK_OPTIONS)
 def scorecard_task(
-    stage: str, out_dir: str, units: list[dict[str, Any]], wandb: WandbTarget
+    stage: str, out_dir: str, cfg: PipelineConfig, units: list[dict[str, Any]], wandb: WandbTarget
 ) -> dict[str, Any]:
     def body(out: Path) -> dict[str, Any]:
         from common.tracking import Tracker
         from finetuning.scorecard import build_scorecard
 
-        tracker = Tracker(out, wandb, job_type="scorecard", name="scorecard")
+        settings = cfg.finetune.model_dump(mode="json")
+        tracker = Tracker(out, wandb, job_type="scorecard", name="scorecard", config=settings)
         try:
             card = build_scorecard(units, out, tracker=tracker)
         finally:

@@ -196,7 +196,8 @@ def _tracker(
     wandb = wandb or cfg.wandb.target(group=record.get("wandb_group"))
     if wandb.resolved_mode() == "disabled":
         return None
-    return Tracker(out_dir, wandb, name="report", job_type="report")
+    settings = cfg.report.model_dump(mode="json")
+    return Tracker(out_dir, wandb, name="report", job_type="report", config=settings)
 
 
 def _track(tracker: Tracker, inputs: ReportInputs) -> None:

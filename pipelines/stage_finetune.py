@@ -295,7 +295,11 @@ def main(args: argparse.Namespace) -> int:
     others = [j for j in jobs if j not in selected]  # --unit: the plan's others, finished ones as theirs
     results += [as_job_result(j, r) for j in others if (r := finished_result(j.out_dir)) is not None]
     tracker = Tracker(
-        output / "scorecard_run", wandb, name=f"{group}/scorecard", job_type="finetune-scorecard"
+        output / "scorecard_run",
+        wandb,
+        name=f"{group}/scorecard",
+        job_type="finetune-scorecard",
+        config=cfg.model_dump(mode="json"),
     )
     try:
         build_scorecard(results, output, tracker)

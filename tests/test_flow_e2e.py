@@ -107,6 +107,8 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert all(graph[unit] == {"pretrain", "tokenizer"} for unit in unit_runs), graph
     assert graph["finetune"] == unit_runs and graph["report"] == {"finetune"}
     # every W&B run of the flow run: the config's project and entity, the flow run's group
+    from finetuning.config import FinetuneConfig
+    from pipelines.config import ReportSection
     from tests.wandb_records import run_info
 
     runs = [run_info(Path(p).parent) for p in sorted(run.glob("**/wandb_files"))]
@@ -114,6 +116,11 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
         "verify", "tokenizer", "preprocess", "pretrain", "finetune", "scorecard", "report"
     }  # fmt: skip
     assert len(runs) == 10, runs  # one per stage and per unit
+    # each with its stage's settings as its config (verify ... report had `_wandb` alone)
+    assert all(r["config_keys"] for r in runs), runs
+    config_of = {r["job_type"]: r["config_keys"] for r in runs}
+    assert config_of["scorecard"] == sorted(FinetuneConfig.model_fields), config_of
+    assert config_of["report"] == sorted(ReportSection.model_fields), config_of
     assert all(
         (r["project"], r["entity"], r["group"]) == (wandb["project"], wandb["entity"], first["wandb_group"])
         for r in runs

@@ -62,6 +62,7 @@ def run_info(run_dir: Path) -> dict[str, str]:
         "group": run.run_group,
         "name": run.display_name,
         "job_type": run.job_type,
+        "config_keys": sorted(u.key for u in run.config.update if u.key != "_wandb"),
     }
 
 
