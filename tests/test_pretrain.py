@@ -22,12 +22,12 @@ import torch
 from common.atomic import read_marker
 from common.errors import UserError
 from common.fingerprint import digest
-from common.tracking import read_metrics
+from common.tracking import WandbTarget, read_metrics
 from model.hf_io import load_pretraining_model, read_state_dict
 from pipelines.stage_pretrain import run_pretrain_stage
 from tests.pretrain_runs import config, kill_tree, losses, settings, start_cli, wait_for
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
-from tests.wandb_records import by_step, exit_code, history, summary
+from tests.wandb_records import by_step, exit_code, history, run_info, summary
 from training import checkpoint
 from training.consolidate import load_model_from_deepspeed_checkpoint
 from training.launch import free_port
@@ -454,14 +454,24 @@ def test_a_pretraining_that_fails_ends_its_wandb_run_with_every_step_marked_fail
     monkeypatch.setenv(NAN_DEBUG_ENV, "7")
     out = tmp_path / "run"
     with pytest.raises(UserError, match="loss is nan at step 7"):
-        run_pretrain_stage(config(), *data, out, log_line=lambda _: None)
+        run_pretrain_stage(config(), *data, out, log_line=lambda _: None, wandb=WandbTarget(group="flow-1"))
     logged = by_step(read_metrics(out), "step")
     assert sorted(logged) == [1, 2, 3, 4, 5, 6]
     assert by_step(history(out), "_step") == logged
     assert exit_code(out) == 3  # the rank's own exit code: W&B marks the run failed
+    assert run_info(out)["group"] == "flow-1"
     assert summary(out)["exit_reason"].startswith(
         f"loss is nan at step 7; stopping before the update is applied (last good checkpoint: "
         f"{out / 'checkpoints' / 'global_step4'})"
+    )
+
+    # the rerun (another flow run: another group) resumes at step 4: its W&B run is in the group of
+    # the first attempt, so a watcher sees both together (they were in two groups)
+    monkeypatch.delenv(NAN_DEBUG_ENV)
+    run_pretrain_stage(config(), *data, out, log_line=lambda _: None, wandb=WandbTarget(group="flow-2"))
+    assert run_info(out, newest=True)["group"] == "flow-1"
+    assert exit_code(out, newest=True) == 0 and sorted(by_step(history(out, newest=True), "_step")) == list(
+        range(1, 13)
     )
 
 

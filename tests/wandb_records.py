@@ -53,9 +53,9 @@ def run_file(run_dir: Path, newest: bool = False) -> Path:
     return path
 
 
-def run_info(run_dir: Path) -> dict[str, str]:
+def run_info(run_dir: Path, newest: bool = False) -> dict[str, str]:
     """project, entity, group, name and job_type of the W&B run under `run_dir/wandb_files`."""
-    run = next(r.run for r in records(run_file(run_dir)) if r.WhichOneof("record_type") == "run")
+    run = next(r.run for r in records(run_file(run_dir, newest)) if r.WhichOneof("record_type") == "run")
     return {
         "project": run.project,
         "entity": run.entity,

@@ -39,7 +39,7 @@ from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
 from common.fingerprint import digest
 from common.progress import duration_text
-from common.tracking import Tracker, read_metrics
+from common.tracking import Tracker, WandbTarget, read_metrics
 from model.config import BertConfig
 from model.heads import BertForPreTraining, count_parameters
 from preprocessing import shard_format
@@ -358,7 +358,7 @@ def open_tracker(spec: RunSpec, ranks: Ranks, resume: Resume | None) -> Tracker 
     rewrite_metrics_upto(spec.out_dir, resume.step if resume else 0)
     tracker = Tracker(
         spec.out_dir,
-        spec.wandb,
+        first_attempts_target(spec),
         name=spec.run_name,
         job_type="pretrain",
         config={**spec.pipeline_config, "deepspeed": spec.ds_config, "world_size": ranks.world},
@@ -366,6 +366,18 @@ def open_tracker(spec: RunSpec, ranks: Ranks, resume: Resume | None) -> Tracker 
     if resume:
         tracker.replay(read_metrics(spec.out_dir))  # this W&B run then holds the whole curve
     return tracker
+
+
+def first_attempts_target(spec: RunSpec) -> WandbTarget:
+    """`spec.wandb` in the W&B group of this output's first attempt (recorded in
+    OUT/wandb_files/group): every attempt of one pretraining (a resume after a failure, a stop or a
+    kill -9, from another flow run whose group differs) is one W&B run each, and all in one group."""
+    path = spec.out_dir / "wandb_files" / "group"
+    if path.is_file():
+        return spec.wandb.model_copy(update={"group": path.read_text() or None})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(spec.wandb.group or "")
+    return spec.wandb
 
 
 def rewrite_metrics_upto(run_dir: Path, step: int) -> None:
