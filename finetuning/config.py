@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -16,8 +16,10 @@ UNIT_CODE: tuple[str, ...] = ("finetuning/*.py", "model/*.py")
 
 
 class FinetuneConfig(Section):
-    # scheduling, not a unit's result (a unit's torch threads are `threads`, whatever the concurrency)
-    run_only: ClassVar[tuple[str, ...]] = ("concurrency", "units_per_gpu")
+    # scheduling, not a unit's result (a unit's torch threads are `threads`, whatever the concurrency);
+    # save_models only adds files to a unit (a finished unit without the model it should keep trains
+    # again: finetuning/keep.py)
+    run_only: ClassVar[tuple[str, ...]] = ("concurrency", "units_per_gpu", "save_models")
     # threads was run-only until 2026-11-27, but torch's float sums on CPU depend on it: in the keys
     # once set, so the units made before (one thread each on CPU by default) are found again
     added_later: ClassVar[tuple[str, ...]] = ("threads",)
@@ -67,3 +69,10 @@ class FinetuneConfig(Section):
         "so a set value is in the unit key); on a GPU machine null shares the cores among the workers",
     )
     group_by_length: bool = Field(True, description="batch examples of similar length together")
+    save_models: Literal["none", "best", "all"] = Field(
+        "none",
+        description="keep fine-tuned models as Hugging Face directories (UNIT_DIR/model/, with the dev "
+        "predictions in UNIT_DIR/predictions.jsonl): all = every unit's, best = the units of each "
+        "checkpoint's and task's best lr (one per seed; the others' are removed once all are done); a "
+        "finished unit without its model trains again",
+    )

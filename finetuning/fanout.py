@@ -120,7 +120,8 @@ def reuse_random_init_units(jobs: list[Job]) -> int:
     copied from it, not retrained. Returns how many were."""
     reused = 0
     for job in jobs:
-        if job.random_init_key is None or read_marker(job.out_dir) is not None:
+        # (a unit that keeps its model trains: a copied result comes without one)
+        if job.random_init_key is None or job.keep_model or read_marker(job.out_dir) is not None:
             continue
         for candidate in sorted(job.out_dir.parent.glob(_slug(f"{job.unit.name}__random:") + "*")):
             marker = read_marker(candidate)  # written last: its result is complete

@@ -19,12 +19,27 @@ from typing import Any
 
 import torch
 
-from common.atomic import atomic_write_json, read_marker, remove_temp_files, write_marker
+from common.atomic import (
+    MARKER_NAME,
+    TMP_PREFIX,
+    atomic_write_json,
+    read_marker,
+    remove_temp_files,
+    write_marker,
+)
 from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.tracking import METRICS_FILE, Tracker, WandbTarget
 from common.version import source_digests
 from finetuning.config import UNIT_CODE, FinetuneConfig
+from finetuning.keep import (
+    MODEL_DIR,
+    PREDICTIONS_FILE,
+    missing_model,
+    prediction_rows,
+    save_unit_model,
+    write_predictions,
+)
 from finetuning.tasks import TaskSpec, get_task, load_task_specs
 from finetuning.trainer import predict, train
 from model.config import BertConfig
@@ -57,6 +72,9 @@ class Job:
     # random:DIR only: the key without DIR's path and weights (a random model takes DIR's
     # architecture alone), shared by the units of every DIR of that architecture
     random_init_key: str | None = None
+    # keep the fine-tuned model in out_dir/model/ (finetuning/keep.py); a finished unit without
+    # one trains again
+    keep_model: bool = False
 
     @property
     def name(self) -> str:
@@ -154,8 +172,9 @@ def run_finetune_unit(
     cfg: FinetuneConfig, job: Job, data_root: str | None = None, wandb: WandbTarget | None = None
 ) -> dict[str, Any]:
     """Fine-tune `job.checkpoint` on one unit, evaluate on the dev split and write
-    `job.out_dir/result.json` plus a completion marker. A finished unit returns its stored result
-    (`as_job_result`)."""
+    `job.out_dir/result.json` plus a completion marker; with `job.keep_model` also its model and
+    dev predictions (`finetuning.keep`). A finished unit returns its stored result (`as_job_result`),
+    unless it should keep a model it does not have: then it trains again."""
     out_dir = job.out_dir
     marker = read_marker(out_dir)
     if marker is not None and (out_dir / RESULT_FILE).is_file():
@@ -164,7 +183,8 @@ def run_finetune_unit(
                 f"{out_dir} holds a finished result of unit {job.unit.name} made with different settings.",
                 fix="use another --output directory, or delete that unit directory to recompute it.",
             )
-        return as_job_result(job, json.loads((out_dir / RESULT_FILE).read_text()))
+        if not missing_model(out_dir, job.keep_model):
+            return as_job_result(job, json.loads((out_dir / RESULT_FILE).read_text()))
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_dir(out_dir, f"unit {job.unit.name}", inside=True):
         return _run_locked(cfg, job, data_root, wandb or WandbTarget())
@@ -198,8 +218,10 @@ def as_job_result(job: Job, result: dict[str, Any]) -> dict[str, Any]:
 
 def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:
     out_dir, unit, checkpoint, label = job.out_dir, job.unit, job.checkpoint, job.label
-    if (done := finished_result(out_dir)) is not None:  # finished meanwhile
-        return as_job_result(job, done)
+    if (done := finished_result(out_dir)) is not None and not missing_model(out_dir, job.keep_model):
+        return as_job_result(job, done)  # finished meanwhile
+    # a finished unit trained again for its model stops being finished until it has one
+    (out_dir / MARKER_NAME).unlink(missing_ok=True)
     _clear_attempt(out_dir)
 
     wall_start = time.perf_counter()
@@ -279,6 +301,9 @@ def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: Wan
         )
     finally:
         tracker.finish()
+    if job.keep_model:  # before the marker: a finished unit that keeps its model has it
+        write_predictions(out_dir, prediction_rows(spec, task, per_feature))
+        save_unit_model(model, spec, out_dir, job.tokenizer_dir, cfg.max_seq_length, result)
     atomic_write_json(out_dir / RESULT_FILE, result)
     marker = {"unit": unit.name, "key": job.key, "code": source_digests(UNIT_CODE)}
     if job.random_init_key is not None:
@@ -291,6 +316,9 @@ def _clear_attempt(out_dir: Path) -> None:
     """An interrupted earlier attempt: its partial curve and W&B files are stale."""
     if out_dir.is_dir():
         remove_temp_files(out_dir)
+        for stale in (f"{TMP_PREFIX}{MODEL_DIR}", MODEL_DIR):  # a model of another training
+            shutil.rmtree(out_dir / stale, ignore_errors=True)
+        (out_dir / PREDICTIONS_FILE).unlink(missing_ok=True)
         (out_dir / METRICS_FILE).unlink(missing_ok=True)
         shutil.rmtree(out_dir / "wandb_files", ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)

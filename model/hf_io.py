@@ -16,6 +16,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -255,17 +256,20 @@ def load_pretraining_model(directory: str | os.PathLike) -> tuple[BertForPreTrai
 
 
 def write_hf_dir(
-    model: BertForPreTraining,
+    model: torch.nn.Module,
     out_dir: str | os.PathLike,
     tokenizer_dir: str | os.PathLike | None = None,
     encoder_only: bool = False,
     model_max_length: int | None = None,
+    hf_config: dict[str, Any] | None = None,
 ) -> Path:
     """Write `config.json`, `model.safetensors` and tokenizer files that transformers loads
     (BertForPreTraining, AutoModel, AutoTokenizer) with no missing keys. With the heads, BertModel
     (AutoModel) reports the `cls.*` head weights as unexpected, as it does for bert-base-uncased;
     `encoder_only=True` writes only `bert.*` (architectures BertModel) for a clean AutoModel load.
-    `model_max_length`: the sequence length the model was trained at (tokenizer_config.json)."""
+    `model_max_length`: the sequence length the model was trained at (tokenizer_config.json).
+    `hf_config`: config.json entries to add or replace, for a fine-tuned task model
+    (`model.heads`, whose module names are transformers'): its `architectures`, labels and so on."""
     from safetensors.torch import save_file
 
     from common.atomic import atomic_path, atomic_write_json
@@ -281,6 +285,7 @@ def write_hf_dir(
         save_file(state, str(tmp), metadata={"format": "pt"})
     config = model.config.to_hf_dict()
     config["architectures"] = ["BertModel" if encoder_only else "BertForPreTraining"]
+    config.update(hf_config or {})
     atomic_write_json(out / "config.json", config)
     if tokenizer_dir is not None:
         copy_tokenizer_files(Path(tokenizer_dir), out, model.config.vocab_size, model_max_length)

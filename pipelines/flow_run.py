@@ -221,7 +221,11 @@ class FlowRun:
 
         pretrain, tokenizer = (self.upstream(s) for s in upstream)
         model_dir = Path(value_of(pretrain)["out_dir"]) / "model"
-        jobs = flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
+        from finetuning import keep
+
+        jobs = keep.first_pass(
+            self.cfg.finetune, flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
+        )
         self.unit_dirs = [str(job.out_dir) for job in jobs]
         self.write_record()  # the units it is about to use
         # before --force clears any finished unit
@@ -233,10 +237,15 @@ class FlowRun:
                 clear(job.out_dir)
         copied = 0 if "finetune" in self.forced else reuse_random_init_units(jobs)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
-        complete_before = [read_marker(job.out_dir) is not None for job in jobs]
+        complete_before = [keep.unit_complete(job) for job in jobs]
         t0 = time.time()
         with UnitPool(self.cfg.finetune, len(jobs), data_root=self.cfg.data_root, wandb=self.wandb) as pool:
-            futures = self._submit_bounded(task_fn, jobs, complete_before, pool, wait_for)
+            first = self._submit_bounded(task_fn, jobs, complete_before, pool, wait_for)
+            futures = self._keep_models(task_fn, jobs, first, pool, wait_for)
+        # a unit trained again for its model ran here
+        complete_before = [
+            done and f is f0 for done, f, f0 in zip(complete_before, futures, first, strict=True)
+        ]
         failed = [f for f in futures if not f.state.is_completed()]
         if failed:  # finished units stay complete on disk; the next run retries only the failed ones
             raise RuntimeError(
@@ -262,6 +271,34 @@ class FlowRun:
         )
         self.write_record()
         self.outputs["units"] = futures
+
+    def _keep_models(
+        self, task_fn: Any, jobs: list[Any], futures: list[Any], pool: Any, wait_for: list[Any]
+    ) -> list[Any]:
+        """`finetune.save_models: best`, once every unit is done: the best lr's units without a
+        model train again keeping it, the others' models are removed (`finetuning.keep`); returns
+        the units' futures, those trained again replaced."""
+        from finetuning import keep
+
+        if self.cfg.finetune.save_models != "best" or any(not f.state.is_completed() for f in futures):
+            return futures
+        again = keep.to_retrain(self.cfg.finetune, jobs, [f.result() for f in futures])
+        if again:
+            get_run_logger().info(
+                "finetune: %d unit(s) of the best lr have no kept model; training them again to keep it",
+                len(again),
+            )
+            redone = dict(
+                zip(
+                    (j.out_dir for j in again),
+                    self._submit_bounded(task_fn, again, [False] * len(again), pool, wait_for),
+                    strict=True,
+                )
+            )
+            futures = [redone.get(j.out_dir, f) for j, f in zip(jobs, futures, strict=True)]
+        if not any(not f.state.is_completed() for f in futures):
+            keep.prune(self.cfg.finetune, jobs, [f.result() for f in futures])
+        return futures
 
     def _submit_bounded(
         self, task_fn: Any, jobs: list[Any], complete: list[bool], pool: Any, wait_for: list[Any]

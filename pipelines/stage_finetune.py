@@ -25,6 +25,7 @@ from common.console import warning_line
 from common.errors import UserError
 from common.paths import check_output_dir
 from finetuning.config import FinetuneConfig
+from finetuning.keep import MODEL_DIR
 from pipelines.config import PipelineConfig, bad_flag_value, load_config, validation_message
 from pipelines.stage_keys import (
     code_change_note,
@@ -249,7 +250,31 @@ def result_line(job: Job, result: dict) -> str:
         return f"FAILED {job.name}: {result['error']}"
     shown = ", ".join(f"{k} {'undefined' if v is None else f'{v:.1f}'}" for k, v in result["metrics"].items())
     shown += " (DIVERGED: the training loss is NaN)" if result.get("diverged") else ""
-    return f"done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s)"
+    line = f"done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s)"
+    return line + (f"; model kept: {job.out_dir / MODEL_DIR}" if job.keep_model else "")
+
+
+def _keep_models(cfg: FinetuneConfig, jobs: list[Job], results: list[dict], **run_options: Any) -> list[dict]:
+    """`finetune.save_models: best`, once every unit is done: the best lr's units without a model
+    train again keeping it, and the others' models are removed (`finetuning.keep`)."""
+    from finetuning import fanout, keep
+
+    again = keep.to_retrain(cfg, jobs, results)
+    if again:
+        print(
+            f"bertflow finetune: {len(again)} unit(s) of the best lr have no kept model (made without "
+            "finetune.save_models, or not the best lr when they trained); training them again to keep it",
+            flush=True,
+        )
+        report = run_options.pop("report")
+        redone = dict(zip(again, fanout.run(cfg, again, **run_options, on_result=report), strict=True))
+        by_dir = {j.out_dir: r for j, r in redone.items()}
+        results = [by_dir.get(j.out_dir, r) for j, r in zip(jobs, results, strict=True)]
+    if removed := keep.prune(cfg, jobs, results):
+        print(
+            f"bertflow finetune: removed the models of {removed} unit(s) that are not the best lr", flush=True
+        )
+    return results
 
 
 def main(args: argparse.Namespace) -> int:
@@ -257,12 +282,13 @@ def main(args: argparse.Namespace) -> int:
     cfg = apply_flags(cfg_all.finetune, args)
 
     from common.tracking import Tracker
-    from finetuning import fanout
+    from finetuning import fanout, keep
     from finetuning.scorecard import build_scorecard
     from finetuning.units import as_job_result, find_unit, finished_result
     from training.ranks import visible_gpus
 
     jobs, output = _plan_from_args(cfg_all, cfg, args)
+    jobs = keep.first_pass(cfg, jobs)
     selected = [j for j in jobs if j.unit == find_unit(cfg, args.unit)] if args.unit else jobs
     group = args.group or output.resolve().name
     wandb = cfg_all.wandb.target(group)
@@ -272,7 +298,7 @@ def main(args: argparse.Namespace) -> int:
     fanout.refuse_nonfinite_encoders(cfg, selected)
     for note in fanout.untrained_positions_notes(cfg, selected):
         print(f"bertflow finetune: {warning_line(note)}", flush=True)
-    complete = {j.out_dir for j in selected if read_marker(j.out_dir) is not None}
+    complete = {j.out_dir for j in selected if keep.unit_complete(j)}
     gpus = visible_gpus()
     workers = fanout.worker_count(cfg, len(selected), gpus)
     print(
@@ -292,6 +318,7 @@ def main(args: argparse.Namespace) -> int:
         )
 
     results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)
+    results = _keep_models(cfg, selected, results, data_root=cfg_all.data_root, wandb=wandb, report=report)
     others = [j for j in jobs if j not in selected]  # --unit: the plan's others, finished ones as theirs
     results += [as_job_result(j, r) for j in others if (r := finished_result(j.out_dir)) is not None]
     tracker = Tracker(
