@@ -24,13 +24,14 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from common.atomic import TMP_PREFIX, atomic_write_text, read_marker
 from finetuning.config import FinetuneConfig
 from finetuning.tasks import TaskSpec
+
+if TYPE_CHECKING:  # torch is not imported before a command's arguments are read
+    import torch
 
 MODEL_DIR = "model"
 PREDICTIONS_FILE = "predictions.jsonl"
