@@ -1,8 +1,9 @@
 """SQuAD v1.1 span extraction: start/end logits over T_i, doc-stride windows, n-best decoding.
 
-Only `dev-v1.1.json` is available offline, so it is split by article: the first
-`squad_train_articles` articles (default 38) train, the remaining ones (10) evaluate. The split
-is deterministic and recorded in every result.
+A task whose `dev` file is another file trains on `train` and evaluates on `dev`. The built-in
+task has only `dev-v1.1.json` offline (its `train` and `dev` are that one file), so it is split by
+article: the first `squad_train_articles` articles (default 38) train, the remaining ones (10)
+evaluate. The split is deterministic and recorded in every result.
 """
 
 from __future__ import annotations
@@ -82,10 +83,15 @@ def _example(path: Path, article: int, context: str, qa: dict[str, Any]) -> QAEx
     )
 
 
-def split_articles(articles: list[list[QAExample]], n_train: int) -> tuple[list[QAExample], list[QAExample]]:
+def split_articles(
+    articles: list[list[QAExample]], n_train: int, path: Path | None = None
+) -> tuple[list[QAExample], list[QAExample]]:
     if n_train >= len(articles):
         raise UserError(
-            f"squad_train_articles={n_train} leaves no article for evaluation (the file has {len(articles)})."
+            f"{path or 'the SQuAD file'}: squad_train_articles={n_train} leaves no article for "
+            f"evaluation (the file has {len(articles)}).",
+            fix=f"set squad_train_articles below {len(articles)} in the task definition, or give the "
+            "task a separate `dev` file.",
         )
     return [e for a in articles[:n_train] for e in a], [e for a in articles[n_train:] for e in a]
 
@@ -180,22 +186,36 @@ class SquadTask:
         data_root: str | None,
     ) -> None:
         self.spec = spec
-        path = spec.path("train", data_root)
-        train, dev = split_articles(read_squad(path, spec), spec.squad_train_articles)
+        path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
+        split = spec.splits_train_file()
+        if split:
+            train, dev = split_articles(read_squad(path, spec), spec.squad_train_articles, path)
+        else:
+            train = [e for a in read_squad(path, spec) for e in a]
+            dev = [e for a in read_squad(dev_path, spec) for e in a]
         train, dev = train[:max_train], dev[:max_eval]
         self.dev = dev
         if not train or not dev:
+            if split:
+                raise UserError(
+                    f"{path}: the first {spec.squad_train_articles} articles hold {len(train)} questions to "
+                    f"train on and the rest {len(dev)} to evaluate; both are needed.",
+                    fix="change squad_train_articles in the task definition, or use a file with questions in both parts.",
+                )
             raise UserError(
-                f"{path}: the first {spec.squad_train_articles} articles hold {len(train)} questions to "
-                f"train on and the rest {len(dev)} to evaluate; both are needed.",
-                fix="change squad_train_articles in the task definition, or use a file with questions in both parts.",
+                f"task {spec.name!r}: {path} holds {len(train)} questions to train on and {dev_path} "
+                f"{len(dev)} to evaluate; both are needed.",
+                fix="point the task's `train` and `dev` at SQuAD files with questions.",
             )
         self.train_features = encode_windows(tok, train, max_seq_length, train=True)
         self.eval_features = encode_windows(tok, dev, max_seq_length, train=False)
         self.n_train, self.n_eval = len(train), len(dev)
+        used = f"{len(train)} train / {len(dev)} eval questions used"
         self.notes: dict[str, Any] = {
-            "squad_split": f"dev-v1.1.json split by article: first {spec.squad_train_articles} articles "
-            f"train, the rest evaluate ({len(train)} train / {len(dev)} eval questions used)",
+            "squad_split": f"{path.name} split by article: first {spec.squad_train_articles} articles "
+            f"train, the rest evaluate ({used})"
+            if split
+            else f"train on {path.name}, evaluate on {dev_path.name} ({used})",
             "train_windows": len(self.train_features),
             "eval_windows": len(self.eval_features),
         }

@@ -56,6 +56,15 @@ class TaskSpec(BaseModel):
             raise ValueError(
                 f"metrics {bad or '[]'} do not fit kind {self.kind}; use some of {sorted(allowed)}"
             )
+        if (
+            self.format == "squad"
+            and "squad_train_articles" in self.model_fields_set
+            and not self.splits_train_file()
+        ):
+            raise ValueError(
+                "squad_train_articles splits the train file when `dev` is that same file; this task "
+                "has its own dev file, so remove squad_train_articles (or set `dev` to the train file)"
+            )
         if self.kind in ("classification", "token_classification") and not self.labels:
             raise ValueError(f"kind {self.kind} needs a `labels` list")
         if self.kind == "regression" and self.labels:
@@ -89,6 +98,12 @@ class TaskSpec(BaseModel):
     @property
     def num_labels(self) -> int:
         return 1 if self.kind == "regression" else len(self.labels or [])
+
+    def splits_train_file(self) -> bool:
+        """A SQuAD task whose `dev` is its `train` file (the built-in one: only dev-v1.1.json is
+        available offline) is split by article (`squad_train_articles`); one with its own dev file
+        trains on `train` and evaluates on `dev`."""
+        return self.format == "squad" and self.train == self.dev
 
     def path(self, split: str, data_root: str | None = None) -> Path:
         return resolve_data_path(self.train if split == "train" else self.dev, data_root)

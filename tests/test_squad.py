@@ -232,3 +232,43 @@ def test_a_squad_unit_counts_questions_not_windows(minilm_dir, data_dir, tmp_pat
     result = run_finetune_unit(cfg, job, data_root=str(data_dir), wandb=WandbTarget(mode="disabled"))
     assert result["n_train"] == 4 and result["n_eval"] == 4
     assert set(result["metrics"]) == {"exact_match", "f1"}
+
+
+def _squad_file(path, prefix: str, n_articles: int) -> None:
+    import json
+
+    qas = [{"id": f"{prefix}{i}", "question": "which?", "answers": [{"text": "gamma", "answer_start": 11}]}
+           for i in range(n_articles)]  # fmt: skip
+    articles = [{"paragraphs": [{"context": "alpha beta gamma", "qas": [qa]}]} for qa in qas]
+    path.write_text(json.dumps({"data": articles}))
+
+
+def test_an_own_squad_task_evaluates_on_its_dev_file(minilm_dir, tmp_path):
+    """A task with its own `dev` file was split by article like the built-in one: it failed with
+    `squad_train_articles=38 leaves no article for evaluation` (no fix), or with
+    squad_train_articles: 2 evaluated on the train file's third article, never reading dev."""
+    from common.errors import UserError
+    from finetuning.tasks import load_task_specs
+
+    _squad_file(tmp_path / "qa_train.json", "t", 3)
+    _squad_file(tmp_path / "qa_dev.json", "d", 2)
+    cfg = tmp_path / "tasks.yaml"
+    cfg.write_text("myqa: {format: squad, kind: span_extraction, train: qa_train.json, dev: qa_dev.json, "
+                   "metrics: [exact_match, f1]}\n")  # fmt: skip
+    tok = load_tokenizer(minilm_dir)[0]
+    task = SquadTask(load_task_specs(str(cfg))["myqa"], tok, 64, None, None, None)
+    assert [e.qid for e in task.dev] == ["d0", "d1"] and task.n_train == 3
+    assert (
+        task.notes["squad_split"]
+        == "train on qa_train.json, evaluate on qa_dev.json (3 train / 2 eval questions used)"
+    )
+    cfg.write_text(cfg.read_text().replace("metrics:", "squad_train_articles: 2, metrics:"))
+    with pytest.raises(UserError, match=r"task 'myqa' is invalid: .*remove squad_train_articles"):
+        load_task_specs(str(cfg))
+    # the train file split by article (dev: the same file) still needs an article left to evaluate
+    cfg.write_text(cfg.read_text().replace("qa_dev.json", "qa_train.json").replace(": 2", ": 3"))
+    with pytest.raises(
+        UserError,
+        match=r"qa_train.json: squad_train_articles=3 leaves no article.*Fix: set squad_train_articles below 3",
+    ):
+        SquadTask(load_task_specs(str(cfg))["myqa"], tok, 64, None, None, None)
