@@ -21,7 +21,9 @@ def accuracy(preds: Sequence[int], labels: Sequence[int]) -> float | None:
 
 
 def binary_f1(preds: Sequence[int], labels: Sequence[int], positive: int = 1) -> float | None:
-    """None (undefined) when the labels hold no positive example: recall has no denominator."""
+    """F1 of the positive class, label id 1: the last of a two-label task's `labels` (tasks.py refuses
+    f1 for other tasks). None (undefined) when the labels hold no positive example: recall has no
+    denominator."""
     p, y = np.asarray(preds) == positive, np.asarray(labels) == positive
     if not y.any():
         return None

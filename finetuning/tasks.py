@@ -71,6 +71,11 @@ class TaskSpec(BaseModel):
             raise ValueError("kind regression takes no `labels`")
         if self.labels is not None and len(set(self.labels)) != len(self.labels):
             raise ValueError("`labels` has duplicates")
+        if self.kind == "classification" and "f1" in self.metrics and len(self.labels or []) != 2:
+            raise ValueError(
+                f"metric f1 is the F1 of the positive class, the last of two labels, but the task has "
+                f"{len(self.labels or [])} labels {self.labels}; use mcc or accuracy"
+            )
         if self.format == "tsv":
             if self.kind not in ("classification", "regression"):
                 raise ValueError("format tsv is for classification or regression")

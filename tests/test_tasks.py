@@ -240,3 +240,17 @@ def test_tokenization_matches_transformers_fast(minilm_dir, data_dir, tmp_path):
             "input_ids"
         ]
     )
+
+
+def test_f1_is_refused_for_a_task_with_more_than_two_labels(tmp_path, data_dir):
+    """`f1` is the F1 of the positive class, the last of two labels: on a 3-class task it was
+    silently the F1 of the middle label."""
+    cfg, _ = _user_task(tmp_path, data_dir, USER_TASK.replace("[neg, pos]", "[neg, neu, pos]"))
+    with pytest.raises(UserError) as err:
+        load_task_specs(str(cfg))
+    assert re.search(
+        r"tasks.yaml: task 'movies' is invalid: .*metric f1 is the F1 of the positive class, the last of "
+        r"two labels, but the task has 3 labels .*; use mcc or accuracy",
+        str(err.value),
+    )
+    assert load_task_specs()["mrpc"].metrics == ["accuracy", "f1"]  # two labels: f1 of "1"
