@@ -31,16 +31,22 @@ SPAN_MARGIN = 1.0  # entity F1, exact match, span F1: chance is ~0, anything rea
 
 def majority_metrics(
     names: Sequence[str], train_labels: Sequence[int], eval_labels: Sequence[int]
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """The task's metrics (0-100) of the constant prediction, among the labels of either split,
-    whose task score (the mean of the metrics) on the evaluation examples is highest."""
+    whose task score (the mean of the metrics the evaluation examples define) is highest. A metric
+    they cannot define (MCC or F1 on a single-class dev set) is None there too, "undefined"."""
     if not eval_labels:
         return {n: 0.0 for n in names}
     scored = [
         classification_metrics(names, [label] * len(eval_labels), eval_labels)
         for label in sorted({*train_labels, *eval_labels})
     ]
-    return max(scored, key=lambda metrics: sum(metrics.values()) / len(metrics))
+
+    def task_score(metrics: dict[str, float | None]) -> float:
+        defined = [v for v in metrics.values() if v is not None]
+        return sum(defined) / len(defined) if defined else -math.inf
+
+    return max(scored, key=task_score)
 
 
 def chance_margin(metric: str, n_eval: int, majority_accuracy: float | None) -> float:

@@ -61,7 +61,7 @@ class SequenceTask:
             return regression_metrics(self.spec.metrics, np.asarray(per_feature), labels)
         return classification_metrics(self.spec.metrics, per_feature, labels)
 
-    def chance_metrics(self) -> dict[str, float]:
+    def chance_metrics(self) -> dict[str, float | None]:
         """Majority class (the best constant prediction, `chance.majority_metrics`) for
         classification; 0 for correlations."""
         if self.spec.kind == "regression":

@@ -309,8 +309,9 @@ def _margin(noise: SeedNoise | None) -> float | None:
 
 
 def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """task/metric -> chance value (majority class), from the first row that recorded it."""
-    values: dict[str, float] = {}
+    """task/metric -> chance value (majority class; None where the dev set cannot define the
+    metric), from the first row that recorded it."""
+    values: dict[str, float | None] = {}
     for row in rows:
         for t, info in row["tasks"].items():
             for m, v in (info.get("chance_metrics") or {}).items():
@@ -536,7 +537,12 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
         table.append([f"Δ {d.get('name', d['checkpoint'])} − {versus}", *cells, average])
     chance = card.get("chance", {}).get("values", {})
     if chance:
-        cells = [_fmt(chance.get(f"{t}/{m}")) for t, m in columns]
+        cells = [
+            "undefined"
+            if f"{t}/{m}" in chance and chance[f"{t}/{m}"] is None
+            else _fmt(chance.get(f"{t}/{m}"))
+            for t, m in columns
+        ]
         table.append([card["chance"]["name"], *cells, "—"])
     ref = card["reference"]
     cells = []

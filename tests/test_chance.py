@@ -236,3 +236,17 @@ def test_with_two_checkpoints_the_headline_is_about_the_one_random_init_was_made
     ]
     card = build_scorecard(results, tmp_path)
     assert card["headline"]["checkpoint"] == "ours" and card["headline"]["versus"] == "random:ours"
+
+
+def test_a_single_class_dev_set_has_an_undefined_chance_score_not_a_crash(tmp_path):
+    """A dev set with one class leaves MCC and F1 undefined (None) for every constant prediction
+    too: summing them raised `TypeError: unsupported operand type(s) for +: 'float' and 'NoneType'`
+    after training. The chance row says "undefined", as the score rows do."""
+    assert majority_metrics(["accuracy", "f1"], [0, 1], [0, 0, 0]) == {"accuracy": 100.0, "f1": None}
+    assert majority_metrics(["mcc"], [0, 1], [1, 1]) == {"mcc": None}
+    chance = majority_metrics(["mcc"], [0, 1], [0, 0, 0])
+    results = [{**_unit(label, kind, "cola", 1, {"mcc": 0.0}, chance), "metrics": {"mcc": None}, "score": None}
+               for label, kind in (("ours", "pretrained"), ("random:tiny", "random"))]  # fmt: skip
+    build_scorecard(results, tmp_path)
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "| best constant prediction (chance) | undefined | — |" in md
