@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from common.console import warning_line
 from finetuning.chance import majority_metrics
 from finetuning.metrics import classification_metrics, regression_metrics
-from finetuning.tasks import TaskSpec, TextExample, read_tsv_examples
+from finetuning.tasks import TaskSpec, TextExample, label_warnings, read_tsv_examples
 from model.config import BertConfig
 from model.heads import BertForSequenceClassification
 
@@ -38,13 +40,17 @@ class SequenceTask:
         data_root: str | None,
     ) -> None:
         self.spec = spec
-        train = read_tsv_examples(spec, spec.path("train", data_root), max_train)
-        dev = read_tsv_examples(spec, spec.path("dev", data_root), max_eval)
+        train_path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
+        train = read_tsv_examples(spec, train_path, max_train)
+        dev = read_tsv_examples(spec, dev_path, max_eval)
+        warnings = label_warnings(spec, train, dev, train_path, dev_path)
+        for note in warnings:
+            print(warning_line(note), file=sys.stderr, flush=True)
         self.train_features = encode_pairs(tok, train, max_seq_length)
         self.eval_features = encode_pairs(tok, dev, max_seq_length)
         self.n_train, self.n_eval = len(train), len(dev)
         self.dev_examples = dev
-        self.notes: dict[str, Any] = {}
+        self.notes: dict[str, Any] = {"labels": " ".join(warnings)} if warnings else {}
 
     def make_model(self, config: BertConfig) -> torch.nn.Module:
         return BertForSequenceClassification(config, self.spec.num_labels)

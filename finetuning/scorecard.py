@@ -247,6 +247,7 @@ def _delta_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> l
 # a unit's notes, as the scorecard's Notes list says them
 _NOTE_PREFIX = {
     "squad_split": "SQuAD:",
+    "labels": "Labels:",
     "pooler": "{name}: pooler",
     "eval_words_truncated": "{name}: CoNLL dev words past max_seq_length, scored as O:",
 }

@@ -278,6 +278,33 @@ def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> l
     return out
 
 
+def label_warnings(
+    spec: TaskSpec, train: list[TextExample], dev: list[TextExample], train_path: Path, dev_path: Path
+) -> list[str]:
+    """What a classification task's labels leave unmeasured: a declared label absent from the
+    training examples (never predicted), a dev set of one class (MCC and F1 undefined, accuracy
+    that of one class). Said when the data is read; the scores alone looked normal."""
+    if spec.kind != "classification":
+        return []
+    names = spec.labels or []
+    seen = {e.label for e in train}
+    unseen = [name for i, name in enumerate(names) if i not in seen]
+    notes = []
+    if unseen:
+        notes.append(
+            f"task {spec.name!r}: label {', '.join(map(repr, unseen))} never occurs in the {len(train)} "
+            f"training examples read from {train_path}; the model cannot learn to predict it."
+        )
+    dev_labels = {e.label for e in dev}
+    if len(dev_labels) == 1:
+        only = names[next(iter(dev_labels))]
+        notes.append(
+            f"task {spec.name!r}: every example of {dev_path} has label {only!r}; MCC and F1 are "
+            "undefined there and accuracy measures that one class only."
+        )
+    return notes
+
+
 def task_data(spec: TaskSpec, data_root: str | None) -> list[dict[str, Any]]:
     """A task's train and dev files by size and sha256, under their configured path (an edited TSV
     is new data; a moved data root is not): what the units' keys and the scorecard's key hold."""

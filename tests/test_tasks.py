@@ -254,3 +254,23 @@ def test_f1_is_refused_for_a_task_with_more_than_two_labels(tmp_path, data_dir):
         str(err.value),
     )
     assert load_task_specs()["mrpc"].metrics == ["accuracy", "f1"]  # two labels: f1 of "1"
+
+
+def test_a_label_never_trained_on_or_a_one_class_dev_set_is_warned_about(
+    tmp_path, data_dir, minilm_dir, capsys
+):
+    """Such a task ran silently (MCC 0.0, or accuracy with chance 100.0): now a warning line names
+    the task, the file and the label when its data is read, and the scorecard's Notes keep it."""
+    rows = "text\tsentiment\ngood film\tneg\nbad film\tneg\nfine film\tneg\n"
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK, rows)
+    spec = load_task_specs(str(cfg))["movies"]
+    task = SequenceTask(spec, load_tokenizer(minilm_dir)[0], 32, None, None, None)
+    err = capsys.readouterr().err
+    assert (
+        f"warning: task 'movies': label 'pos' never occurs in the 3 training examples read from {tsv}" in err
+    )
+    assert f"warning: task 'movies': every example of {tsv} has label 'neg'; MCC and F1 are undefined" in err
+    assert "'pos' never occurs" in task.notes["labels"]
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)  # both labels on both sides: no warning
+    SequenceTask(load_task_specs(str(cfg))["movies"], load_tokenizer(minilm_dir)[0], 32, None, None, None)
+    assert "warning" not in capsys.readouterr().err
