@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common.errors import UserError
 from common.fingerprint import content_stamp
@@ -47,6 +47,14 @@ class TaskSpec(BaseModel):
     glue: bool = False
     squad_train_articles: int = Field(38, ge=1)
     source: str = Field("builtin", description="file the definition came from")
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _integer_labels_as_text(cls, value: Any) -> Any:
+        """`labels: [0, 1]` is `["0", "1"]`: a TSV's labels are read as text."""
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> TaskSpec:
@@ -149,7 +157,9 @@ def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
                 for e in exc.errors()
             )
             raise UserError(
-                f"task config {path}: task {name!r} is invalid: {msgs}.", fix="see finetuning/tasks.yaml."
+                f"task config {path}: task {name!r} is invalid: {msgs}.",
+                fix=f"fix or remove the entry {name!r} (see finetuning/tasks.yaml); the file's other "
+                "tasks are refused until it parses.",
             ) from None
     return specs
 

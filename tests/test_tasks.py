@@ -165,7 +165,8 @@ def test_bad_task_configs(tmp_path, data_dir):
     bad = tmp_path / "bad.yaml"
     bad.write_text(USER_TASK.format(tsv="m.tsv").replace("metrics:", "metricz:"))
     with pytest.raises(
-        UserError, match=r"bad.yaml: task 'movies' is invalid: .*metricz: unknown key\. Fix: see"
+        UserError,
+        match=r"bad.yaml: task 'movies' is invalid: .*metricz: unknown key\. Fix: fix or remove the entry 'movies'",
     ):
         load_task_specs(str(bad))
     bad.write_text(USER_TASK.format(tsv="m.tsv").replace("[accuracy, f1]", "[pearson]"))
@@ -274,3 +275,13 @@ def test_a_label_never_trained_on_or_a_one_class_dev_set_is_warned_about(
     cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)  # both labels on both sides: no warning
     SequenceTask(load_task_specs(str(cfg))["movies"], load_tokenizer(minilm_dir)[0], 32, None, None, None)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_integer_labels_are_read_as_their_text(tmp_path, data_dir):
+    """`labels: [0, 1]` failed with `labels.0: Input should be a valid string` and a fix that did not
+    say to quote them, blocking every other task of the file; TSV labels are read as text."""
+    rows = "text\tsentiment\ngood film\t1\nbad film\t0\n"
+    cfg, _ = _user_task(tmp_path, data_dir, USER_TASK.replace("[neg, pos]", "[0, 1]"), rows)
+    spec = load_task_specs(str(cfg))["movies"]
+    assert spec.labels == ["0", "1"]
+    assert [e.label for e in read_tsv_examples(spec, spec.path("train"))] == [1, 0]
