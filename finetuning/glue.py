@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from common.console import warning_line
 from finetuning.chance import majority_metrics
 from finetuning.metrics import classification_metrics, regression_metrics
-from finetuning.tasks import TaskSpec, TextExample, label_warnings, read_tsv_examples
+from finetuning.tasks import TaskSpec, TextExample, label_warnings, read_tsv_examples, redefined_builtin_note
 from model.config import BertConfig
 from model.heads import BertForSequenceClassification
 
@@ -50,7 +50,9 @@ class SequenceTask:
         self.eval_features = encode_pairs(tok, dev, max_seq_length)
         self.n_train, self.n_eval = len(train), len(dev)
         self.dev_examples = dev
-        self.notes: dict[str, Any] = {"labels": " ".join(warnings)} if warnings else {}
+        self.notes: dict[str, Any] = redefined_builtin_note(spec)
+        if warnings:
+            self.notes["labels"] = " ".join(warnings)
 
     def make_model(self, config: BertConfig) -> torch.nn.Module:
         return BertForSequenceClassification(config, self.spec.num_labels)

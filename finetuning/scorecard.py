@@ -124,6 +124,8 @@ def build_scorecard(
     columns = _columns(ok)
     rows = _checkpoint_rows(ok, list(dict.fromkeys(t for t, _ in columns)))
     deltas = _delta_rows(rows, columns)
+    # a built-in task name pointed at other data (--task-config): the paper's figure is not its own
+    redefined = {t for row in rows for t, info in row["tasks"].items() if info["notes"].get("redefined")}
     card = {
         "columns": [f"{t}/{m}" for t, m in columns],
         "rows": rows,
@@ -132,7 +134,12 @@ def build_scorecard(
         "headline": _headline(rows, deltas),
         "reference": {
             "name": "BERT-base (Devlin et al. 2019)",
-            "values": {f"{t}/{m}": v for t, ms in BERT_BASE_REFERENCE.items() for m, v in ms.items()},
+            "values": {
+                f"{t}/{m}": v
+                for t, ms in BERT_BASE_REFERENCE.items()
+                if t not in redefined
+                for m, v in ms.items()
+            },
             "test_set_figures": [f"{t}/{m}" for t, m in BERT_BASE_SOURCE],
         },
         "failed": [
@@ -248,6 +255,7 @@ def _delta_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> l
 _NOTE_PREFIX = {
     "squad_split": "SQuAD:",
     "labels": "Labels:",
+    "redefined": "Task definition:",
     "pooler": "{name}: pooler",
     "eval_words_truncated": "{name}: CoNLL dev words past max_seq_length, scored as O:",
 }

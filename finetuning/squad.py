@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from common.errors import UserError
 from common.textfile import read_user_text
 from finetuning.metrics import squad_metrics
-from finetuning.tasks import TaskSpec, check_file
+from finetuning.tasks import TaskSpec, check_file, redefined_builtin_note
 from model.config import BertConfig
 from model.heads import BertForQuestionAnswering
 
@@ -212,6 +212,7 @@ class SquadTask:
         self.n_train, self.n_eval = len(train), len(dev)
         used = f"{len(train)} train / {len(dev)} eval questions used"
         self.notes: dict[str, Any] = {
+            **redefined_builtin_note(spec),
             "squad_split": f"{path.name} split by article: first {spec.squad_train_articles} articles "
             f"train, the rest evaluate ({used})"
             if split

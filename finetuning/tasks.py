@@ -196,6 +196,23 @@ def get_task(name: str, task_config: str | None = None) -> TaskSpec:
     return specs[name]
 
 
+def redefined_builtin_note(spec: TaskSpec) -> dict[str, str]:
+    """{"redefined": why} when `spec` takes a built-in task's name but not its data files and
+    labels: its scores are not comparable with the paper's figures for that name."""
+    builtin = _task_file(BUILTIN_TASKS_FILE, "builtin").get(spec.name)
+    if builtin is None or spec.source == "builtin":
+        return {}
+    same = (builtin.format, builtin.train, builtin.dev, builtin.labels) == (
+        spec.format, spec.train, spec.dev, spec.labels
+    )  # fmt: skip
+    if same:
+        return {}
+    return {
+        "redefined": f"{spec.name} is redefined in {spec.source} (other data files or labels than the "
+        "built-in task of that name), so it has no BERT-base reference figure."
+    }
+
+
 @dataclass(frozen=True)
 class TextExample:
     text_a: str

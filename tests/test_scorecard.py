@@ -175,3 +175,30 @@ def test_the_w_and_b_scorecard_run_summary_holds_the_verdict_the_difference_and_
         "finetune/random:tiny/sst2": pytest.approx(71.0),
         "finetune/random:tiny/cola": pytest.approx(10.0),
     }
+
+
+def test_a_built_in_task_name_redefined_in_a_task_file_has_no_paper_reference(tmp_path):
+    """`sst2` pointed at another (3-class) file in --task-config kept "BERT-base (Devlin et al.
+    2019) 92.7" on its scorecard; now the reference is only the built-in definition's, and a note
+    says the name was redefined."""
+    from finetuning.tasks import load_task_specs, redefined_builtin_note
+
+    own = tmp_path / "own.yaml"
+    own.write_text("sst2: {format: tsv, kind: classification, train: three_train.tsv, dev: three_dev.tsv, "
+                   "text_a: text, label: cls, labels: [neg, neu, pos], metrics: [accuracy]}\n")  # fmt: skip
+    note = redefined_builtin_note(load_task_specs(str(own))["sst2"])
+    assert note == {"redefined": f"sst2 is redefined in {own} (other data files or labels than the built-in "
+                                 "task of that name), so it has no BERT-base reference figure."}  # fmt: skip
+    assert redefined_builtin_note(load_task_specs()["sst2"]) == {}
+    same = tmp_path / "same.yaml"  # the built-in definition copied into a task file: the same task
+    same.write_text("sst2: {format: tsv, kind: classification, train: 'data:glue/SST-2/train.tsv', dev: "
+                    "'data:glue/SST-2/dev.tsv', text_a: sentence, label: label, labels: [0, 1], metrics: [accuracy]}\n")  # fmt: skip
+    assert redefined_builtin_note(load_task_specs(str(same))["sst2"]) == {}
+    results = [{**_ours("sst2", 1, {"accuracy": 60.0}), "notes": note}, _ours("cola", 1, {"mcc": 20.0})]
+    card = build_scorecard(results, tmp_path)
+    assert (
+        "sst2/accuracy" not in card["reference"]["values"] and card["reference"]["values"]["cola/mcc"] == 52.1
+    )
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "| reference: BERT-base (Devlin et al. 2019) | — | 52.1† | — |" in md
+    assert f"- Task definition: sst2 is redefined in {own}" in md
