@@ -5,16 +5,20 @@ prediction reaches on the evaluation examples with the task's metrics, which for
 evaluation set's most frequent label (MRPC: 68.4 accuracy / 81.2 F1 on its dev set; CoLA: MCC 0).
 Not the training set's most frequent label: where the two differ (RTE's 2,000-example subset
 leans `not_entailment`, its dev set `entailment`), a model that always answers the other label
-scored 52.7 against a "chance" of 47.3 and was not marked. Correlations (STS-B) and span or entity
-scores have chance level 0.
+scored 52.7 against a "chance" of 47.3 and was not marked. Correlations (STS-B) and entity scores
+have chance level 0. SQuAD's is a no-learning baseline scored on the same evaluation questions with
+the official EM/F1: the context sentence sharing the most words with the question
+(`finetuning.squad.overlap_sentence_answers`; F1 ~21 on the built-in split, where an uninformed
+span guess scores ~0 and a model that learned nothing F1 2.6).
 
 A result is "at chance" when its task score (the mean of its metrics, as in the scorecard) is not
 above the chance score by more than what evaluation noise alone produces on `n` examples, one-sided
 at 95% (z = 1.645):
 - accuracy and F1: the binomial standard error of the majority rate p0, sqrt(p0 (1 - p0) / n);
 - MCC, Pearson, Spearman: the standard error of a correlation under independence, 1 / sqrt(n - 1);
-- entity F1, exact match, span F1 (the `f1` beside `exact_match`): one point (chance is ~0 there;
-  anything real is far above).
+- entity F1, exact match, span F1 (the `f1` beside `exact_match`): one point, or where the chance
+  score p is well above 0 (SQuAD's baseline) the binomial bound sqrt(p (1 - p) / n) if larger (a
+  per-question score in [0, 1] of mean p has at most that variance).
 """
 
 from __future__ import annotations
@@ -61,12 +65,20 @@ def chance_margin(metric: str, n_eval: int, majority_accuracy: float | None) -> 
     return SPAN_MARGIN
 
 
+def span_margin(chance: float, n_eval: int) -> float:
+    """A span score's margin: one point, or the binomial bound of its chance score if larger."""
+    if n_eval < 2:
+        return math.inf
+    p = chance / 100
+    return max(SPAN_MARGIN, Z_95_ONE_SIDED * 100 * math.sqrt(p * (1 - p) / n_eval))
+
+
 def chance_threshold(chance: dict[str, float], n_eval: int) -> float:
     """The task score (mean of its metrics) at or below which a result is at chance. A span task's
     `f1` (beside `exact_match`, SQuAD's pair) is span F1, not a classification F1: one point."""
     p0 = chance.get("accuracy")
     span = "exact_match" in chance
-    margins = [SPAN_MARGIN if span else chance_margin(m, n_eval, p0) for m in chance]
+    margins = [span_margin(v, n_eval) if span else chance_margin(m, n_eval, p0) for m, v in chance.items()]
     return sum(chance.values()) / len(chance) + sum(margins) / len(margins)
 
 

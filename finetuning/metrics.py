@@ -140,10 +140,13 @@ def entity_f1(pred_seqs: Sequence[Sequence[str]], gold_seqs: Sequence[Sequence[s
 # ---- SQuAD v1.1 (official evaluate-v1.1.py) ---------------------------------------------------
 
 
+_PUNCTUATION = frozenset(string.punctuation)
+
+
 def normalize_answer(s: str) -> str:
     """Lower text and remove punctuation, articles and extra whitespace."""
     s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = "".join(ch for ch in s if ch not in _PUNCTUATION)
     s = re.sub(r"\b(a|an|the)\b", " ", s)
     return " ".join(s.split())
 

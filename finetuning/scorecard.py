@@ -325,7 +325,10 @@ def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for t, info in row["tasks"].items():
             for m, v in (info.get("chance_metrics") or {}).items():
                 values.setdefault(f"{t}/{m}", v)
-    return {"name": "best constant prediction (chance)", "values": values}
+    name = "best constant prediction (chance)"
+    if any(k.endswith("/exact_match") for k in values):
+        name = "chance: best constant prediction; SQuAD: the context sentence sharing most words with the question"
+    return {"name": name, "values": values}
 
 
 def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -612,7 +615,8 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
     lines = [
         "Dev-set scores (0-100); the best lr by dev score when several were run, mean ± standard deviation "
         "over seeds. (chance): not above the best constant prediction's score (the majority class, or "
-        "for a metric like F1 the class it favours) by more than evaluation noise on this many examples "
+        "for a metric like F1 the class it favours; for SQuAD the no-learning answer: the context sentence "
+        "sharing most words with the question) by more than evaluation noise on this many examples "
         "(one-sided 95%; `finetuning/chance.py`). Δ rows: the difference of the seed means "
         "± its seed-noise margin (standard error × Student's t at 95%, Welch; `finetuning/seed_noise.py`); "
         "a task counts as ahead or behind only beyond that margin.",

@@ -9,6 +9,7 @@ evaluate. The split is deterministic and recorded in every result.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from tokenizers import Tokenizer
 
 from common.errors import UserError
 from common.textfile import read_user_text
-from finetuning.metrics import squad_metrics
+from finetuning.metrics import normalize_answer, squad_metrics
 from finetuning.tasks import TaskSpec, check_file, redefined_builtin_note
 from model.config import BertConfig
 from model.heads import BertForQuestionAnswering
@@ -246,5 +247,23 @@ class SquadTask:
         return squad_metrics(preds, {ex.qid: list(ex.answers) for ex in self.dev})
 
     def chance_metrics(self) -> dict[str, float]:
-        """An uninformed span guess matches (almost) no answer."""
-        return {m: 0.0 for m in self.spec.metrics}
+        """What no learning scores on these evaluation questions: `overlap_sentence_answers`
+        (an uninformed span guess scores ~0, far below it: F1 ~21 on the built-in split)."""
+        scores = squad_metrics(
+            overlap_sentence_answers(self.dev), {ex.qid: list(ex.answers) for ex in self.dev}
+        )
+        return {m: scores[m] for m in self.spec.metrics}
+
+
+def overlap_sentence_answers(examples: list[QAExample]) -> dict[str, str]:
+    """A no-learning baseline, after the SQuAD paper's sliding window: each question answered with
+    the sentence of its context that shares the most (normalized) words with it, the first of a tie."""
+    answers = {}
+    sentences: dict[str, list[tuple[str, set[str]]]] = {}  # per context: its questions share it
+    for ex in examples:
+        if ex.context not in sentences:
+            split = re.split(r"(?<=[.!?])\s+", ex.context)
+            sentences[ex.context] = [(s, set(normalize_answer(s).split())) for s in split]
+        words = set(normalize_answer(ex.question).split())
+        answers[ex.qid] = max(sentences[ex.context], key=lambda s: len(words & s[1]))[0]
+    return answers

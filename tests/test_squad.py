@@ -272,3 +272,37 @@ def test_an_own_squad_task_evaluates_on_its_dev_file(minilm_dir, tmp_path):
         match=r"qa_train.json: squad_train_articles=3 leaves no article.*Fix: set squad_train_articles below 3",
     ):
         SquadTask(load_task_specs(str(cfg))["myqa"], tok, 64, None, None, None)
+
+
+def test_squad_chance_is_a_no_learning_baseline_on_the_evaluation_questions(
+    squad, minilm_dir, data_dir, tmp_path
+):
+    """SQuAD's chance was 0 with a 1-point margin, so random init (EM 0.5 / F1 2.6) was not marked
+    "(chance)" while the context sentence sharing most words with the question scores F1 ~21 on
+    the same questions (official EM/F1). That baseline is now the reference point."""
+    from finetuning.scorecard import build_scorecard
+
+    spec, _ = squad
+    task = SquadTask(
+        spec, load_tokenizer(minilm_dir)[0], 64, max_train=2, max_eval=200, data_root=str(data_dir)
+    )
+    chance = task.chance_metrics()
+    assert chance["f1"] > 15.0 and set(chance) == {"exact_match", "f1"}
+
+    def result(label, kind, metrics):
+        return {"unit": "squad-lr5e-05-s1", "task": "squad", "metric_names": list(metrics), "metrics": metrics,
+                "score": sum(metrics.values()) / 2, "lr": 5e-5, "seed": 1, "checkpoint": "/x/" + label,
+                "checkpoint_label": label, "checkpoint_kind": kind, "glue": False, "n_train": 2, "n_eval": 200,
+                "epochs": 1.0, "max_seq_length": 64, "train_examples_per_s": 1.0, "notes": {},
+                "chance_metrics": chance}  # fmt: skip
+
+    results = [result("ours", "pretrained", {"exact_match": 40.0, "f1": 50.0}),
+               result("random:tiny", "random", {"exact_match": 0.5, "f1": 2.6})]  # fmt: skip
+    card = build_scorecard(results, tmp_path)
+    assert [row["tasks"]["squad"]["at_chance"] for row in card["rows"]] == [False, True]
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "| random init (tiny) | 0.5 (chance) | 2.6 (chance) |" in md
+    assert (
+        "| chance: best constant prediction; SQuAD: the context sentence sharing most words with the question |"
+        in md
+    )
