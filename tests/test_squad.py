@@ -306,3 +306,15 @@ def test_squad_chance_is_a_no_learning_baseline_on_the_evaluation_questions(
         "| chance: best constant prediction; SQuAD: the context sentence sharing most words with the question |"
         in md
     )
+
+
+def test_readme_states_the_squad_windowing_settings():
+    """The doc stride, question and answer lengths and n-best were in the code only."""
+    from pathlib import Path
+
+    from finetuning.squad import DOC_STRIDE, MAX_ANSWER_LENGTH, MAX_QUERY_LENGTH, N_BEST
+
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert f"overlap by min({DOC_STRIDE}, max_seq_length / 4) tokens (transformers' `stride`" in readme
+    assert f"cut to at most {MAX_QUERY_LENGTH} tokens" in readme
+    assert f"at most {MAX_ANSWER_LENGTH} tokens among each window's {N_BEST} best starts" in readme
