@@ -97,6 +97,34 @@ def split_articles(
     return [e for a in articles[:n_train] for e in a], [e for a in articles[n_train:] for e in a]
 
 
+def read_squad_split(
+    spec: TaskSpec, data_root: str | None, max_train: int | None, max_eval: int | None
+) -> tuple[list[QAExample], list[QAExample]]:
+    """The questions a unit trains and evaluates on (each part capped): `train` and `dev`, or the
+    train file split by article where `dev` is that same file. A UserError when a part is empty."""
+    path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
+    split = spec.splits_train_file()
+    if split:
+        train, dev = split_articles(read_squad(path, spec), spec.squad_train_articles, path)
+    else:
+        train = [e for a in read_squad(path, spec) for e in a]
+        dev = [e for a in read_squad(dev_path, spec) for e in a]
+    train, dev = train[:max_train], dev[:max_eval]
+    if not train or not dev:
+        if split:
+            raise UserError(
+                f"{path}: the first {spec.squad_train_articles} articles hold {len(train)} questions to "
+                f"train on and the rest {len(dev)} to evaluate; both are needed.",
+                fix="change squad_train_articles in the task definition, or use a file with questions in both parts.",
+            )
+        raise UserError(
+            f"task {spec.name!r}: {path} holds {len(train)} questions to train on and {dev_path} "
+            f"{len(dev)} to evaluate; both are needed.",
+            fix="point the task's `train` and `dev` at SQuAD files with questions.",
+        )
+    return train, dev
+
+
 def _truncate_question(tok: Tokenizer, question: str, max_tokens: int) -> str:
     enc = tok.encode(question, add_special_tokens=False)
     if len(enc.ids) <= max_tokens:
@@ -187,37 +215,18 @@ class SquadTask:
         data_root: str | None,
     ) -> None:
         self.spec = spec
-        path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
-        split = spec.splits_train_file()
-        if split:
-            train, dev = split_articles(read_squad(path, spec), spec.squad_train_articles, path)
-        else:
-            train = [e for a in read_squad(path, spec) for e in a]
-            dev = [e for a in read_squad(dev_path, spec) for e in a]
-        train, dev = train[:max_train], dev[:max_eval]
+        train, dev = read_squad_split(spec, data_root, max_train, max_eval)
         self.dev = dev
-        if not train or not dev:
-            if split:
-                raise UserError(
-                    f"{path}: the first {spec.squad_train_articles} articles hold {len(train)} questions to "
-                    f"train on and the rest {len(dev)} to evaluate; both are needed.",
-                    fix="change squad_train_articles in the task definition, or use a file with questions in both parts.",
-                )
-            raise UserError(
-                f"task {spec.name!r}: {path} holds {len(train)} questions to train on and {dev_path} "
-                f"{len(dev)} to evaluate; both are needed.",
-                fix="point the task's `train` and `dev` at SQuAD files with questions.",
-            )
         self.train_features = encode_windows(tok, train, max_seq_length, train=True)
         self.eval_features = encode_windows(tok, dev, max_seq_length, train=False)
         self.n_train, self.n_eval = len(train), len(dev)
         used = f"{len(train)} train / {len(dev)} eval questions used"
         self.notes: dict[str, Any] = {
             **redefined_builtin_note(spec),
-            "squad_split": f"{path.name} split by article: first {spec.squad_train_articles} articles "
-            f"train, the rest evaluate ({used})"
-            if split
-            else f"train on {path.name}, evaluate on {dev_path.name} ({used})",
+            "squad_split": f"{spec.path('train', data_root).name} split by article: first "
+            f"{spec.squad_train_articles} articles train, the rest evaluate ({used})"
+            if spec.splits_train_file()
+            else f"train on {spec.path('train', data_root).name}, evaluate on {spec.path('dev', data_root).name} ({used})",
             "train_windows": len(self.train_features),
             "eval_windows": len(self.eval_features),
         }

@@ -332,6 +332,46 @@ def label_warnings(
     return notes
 
 
+def check_task_data(
+    spec: TaskSpec, data_root: str | None, max_train: int | None, max_eval: int | None
+) -> list[str]:
+    """Read a task's train and dev data as its units will (the same caps), so that a wrong column,
+    an empty file, an unknown label or a SQuAD file too small for its split is refused before
+    compute starts, with the units' own messages; returns the label warnings (`label_warnings`)."""
+    train_path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
+    if spec.format == "tsv":
+        train = read_tsv_examples(spec, train_path, max_train)
+        dev = read_tsv_examples(spec, dev_path, max_eval)
+        return label_warnings(spec, train, dev, train_path, dev_path)
+    if spec.format == "conll":
+        from finetuning.ner import read_conll
+
+        read_conll(spec, train_path, max_train)
+        read_conll(spec, dev_path, max_eval)
+        return []
+    from finetuning.squad import read_squad_split
+
+    read_squad_split(spec, data_root, max_train, max_eval)
+    return []
+
+
+def check_requested_tasks(
+    names: list[str],
+    task_config: str | None,
+    data_root: str | None,
+    max_train: int | None,
+    max_eval: int | None,
+) -> list[str]:
+    """`check_task_data` for each requested task the definitions know (unknown names are refused
+    where units are planned); the label warnings of all."""
+    specs = load_task_specs(task_config)
+    notes: list[str] = []
+    for name in dict.fromkeys(names):
+        if name in specs:
+            notes += check_task_data(specs[name], data_root, max_train, max_eval)
+    return notes
+
+
 def task_data(spec: TaskSpec, data_root: str | None) -> list[dict[str, Any]]:
     """A task's train and dev files by size and sha256, under their configured path (an edited TSV
     is new data; a moved data root is not): what the units' keys and the scorecard's key hold."""

@@ -296,6 +296,13 @@ def main(args: argparse.Namespace) -> int:
 
     reused = fanout.reuse_random_init_units(selected)
     fanout.refuse_nonfinite_encoders(cfg, selected)
+    from finetuning.tasks import check_requested_tasks  # a task file's data mistake, before any unit
+
+    tasks = [j.unit.task for j in selected]
+    for note in check_requested_tasks(
+        tasks, cfg.task_config, cfg_all.data_root, cfg.max_train_examples, cfg.max_eval_examples
+    ):
+        print(f"bertflow finetune: {warning_line(note)}", flush=True)
     for note in fanout.untrained_positions_notes(cfg, selected):
         print(f"bertflow finetune: {warning_line(note)}", flush=True)
     complete = {j.out_dir for j in selected if keep.unit_complete(j)}

@@ -1,7 +1,8 @@
 """The flow's first step: are the configured data files there (and, optionally, intact)?
 
 Checks every corpus entry of `tokenizer.input` / `preprocess.input`, a given `tokenizer.vocab`,
-and the data folder of each built-in fine-tuning task, before hours of compute start. With
+and the data of each requested fine-tuning task (read as its units will: columns, labels, SQuAD
+split), before hours of compute start. With
 `verify.checksums: true` it also compares each file's sha256 with the checksum file
 (`../shared/data/SHA256SUMS`, `sha256sum` format). Problems are one UserError naming the key,
 the path and the fix.
@@ -129,9 +130,27 @@ def read_checksums(path: Path) -> dict[Path, str]:
     return sums
 
 
+def check_finetune_task_data(cfg: PipelineConfig) -> None:
+    """Read each requested fine-tuning task's data as its units will: a wrong column, an empty
+    file, an unknown label or a SQuAD file too small for its split is refused now, with the units'
+    own message, not after pretraining; label warnings (a label never trained on, a one-class dev
+    set) are logged."""
+    try:
+        from finetuning.tasks import check_requested_tasks
+    except ImportError:  # no fine-tuning package: nothing to read the tasks with
+        return
+    ft = cfg.finetune
+    for note in check_requested_tasks(
+        ft.tasks, ft.task_config, cfg.data_root, ft.max_train_examples, ft.max_eval_examples
+    ):
+        log.warning("verify: %s", note)
+
+
 def verify_data(cfg: PipelineConfig) -> dict[str, Any]:
-    """Check existence (always) and checksums (if `verify.checksums`); returns a small summary."""
+    """Check existence (always), the fine-tuning tasks' data (`check_finetune_task_data`) and
+    checksums (if `verify.checksums`); returns a small summary."""
     files = sorted(set(check_data_paths(cfg)))
+    check_finetune_task_data(cfg)
     summary: dict[str, Any] = {
         "data_root": str(cfg.resolved_data_root()),
         "files": len(files),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -506,3 +508,38 @@ def test_the_flow_preflight_compares_init_from_with_the_tokenizer_the_flow_train
     (trained / "vocab.txt").write_text("\n".join(tokens) + "\n")
     with pytest.raises(UserError, match="another vocabulary .*token id 2000"):
         check_flow_init_vocabulary(cfg)
+
+
+def test_a_task_files_data_mistakes_are_refused_by_verify_before_compute(
+    tmp_path: Path, data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong column name, an empty dev file or a SQuAD file too small for its split was found
+    only when its unit ran, after pretraining; verify reads each requested task's data as the
+    units will, with their messages, and warns of a one-class dev set."""
+    (tmp_path / "train.tsv").write_text("text\tsentiment\ngood\tpos\nbad\tneg\n")
+    (tmp_path / "dev.tsv").write_text("text\tsentiment\nfine\tneg\n")
+    (tmp_path / "empty.tsv").write_text("")
+    (tmp_path / "qa.json").write_text('{"data": []}')
+    tasks = tmp_path / "tasks.yaml"
+    body = ("{name}: {{format: tsv, kind: classification, train: train.tsv, dev: {dev}, text_a: {col}, "
+            "label: sentiment, labels: [neg, pos], metrics: [accuracy]}}\n")  # fmt: skip
+    tasks.write_text(
+        body.format(name="ok", dev="dev.tsv", col="text")
+        + body.format(name="wrongcol", dev="dev.tsv", col="sentence")
+        + body.format(name="emptydev", dev="empty.tsv", col="text")
+        + "qa: {format: squad, kind: span_extraction, train: qa.json, dev: qa.json, metrics: [exact_match, f1]}\n"
+    )
+
+    def verify(task: str) -> None:
+        verify_data(load_config(None, [f"finetune.task_config={tasks}", f"finetune.tasks=[{task}]"]))
+
+    for task, message in (
+        ("wrongcol", "train.tsv line 1: header has no column 'sentence' (task 'wrongcol')"),
+        ("emptydev", "task 'emptydev': " + str(tmp_path / "empty.tsv") + " is empty"),
+        ("qa", "qa.json: squad_train_articles=38 leaves no article for evaluation (the file has 0)"),
+    ):
+        with pytest.raises(UserError, match=re.escape(message)):
+            verify(task)
+    with caplog.at_level(logging.WARNING, logger="bertflow.verify"):
+        verify("ok")
+    assert f"verify: task 'ok': every example of {tmp_path / 'dev.tsv'} has label 'neg'" in caplog.text
