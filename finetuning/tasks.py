@@ -363,12 +363,23 @@ def check_requested_tasks(
     max_eval: int | None,
 ) -> list[str]:
     """`check_task_data` for each requested task the definitions know (unknown names are refused
-    where units are planned); the label warnings of all."""
+    where units are planned): the problems of all of them in one UserError, else the label warnings
+    of all."""
     specs = load_task_specs(task_config)
     notes: list[str] = []
+    problems: list[UserError] = []
     for name in dict.fromkeys(names):
         if name in specs:
-            notes += check_task_data(specs[name], data_root, max_train, max_eval)
+            try:
+                notes += check_task_data(specs[name], data_root, max_train, max_eval)
+            except UserError as exc:
+                problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise UserError(
+            f"{len(problems)} fine-tuning tasks cannot be read:\n" + "\n".join(f"- {p}" for p in problems)
+        )
     return notes
 
 

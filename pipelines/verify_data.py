@@ -135,10 +135,8 @@ def check_finetune_task_data(cfg: PipelineConfig) -> None:
     file, an unknown label or a SQuAD file too small for its split is refused now, with the units'
     own message, not after pretraining; label warnings (a label never trained on, a one-class dev
     set) are logged."""
-    try:
-        from finetuning.tasks import check_requested_tasks
-    except ImportError:  # no fine-tuning package: nothing to read the tasks with
-        return
+    from finetuning.tasks import check_requested_tasks
+
     ft = cfg.finetune
     for note in check_requested_tasks(
         ft.tasks, ft.task_config, cfg.data_root, ft.max_train_examples, ft.max_eval_examples

@@ -542,8 +542,9 @@ BAD_TSVS = {
 }
 
 
-def test_bad_task_files_fail_their_unit_and_name_the_file(inputs, capsys, tmp_path):
-    """One finetune run over four broken tasks: every unit fails naming its file, exit 1."""
+def test_bad_task_files_are_refused_before_any_unit_each_named(inputs, capsys, tmp_path):
+    """One finetune run over four broken tasks: one error naming each file and its problem, exit 2,
+    before any unit trains (each unit used to fail in turn, exit 1)."""
     lines = []
     for name, (rows, _) in BAD_TSVS.items():
         tsv = tmp_path / f"{name}.tsv"
@@ -559,10 +560,11 @@ def test_bad_task_files_fail_their_unit_and_name_the_file(inputs, capsys, tmp_pa
     argv = argv(inputs)
     argv[argv.index("--output") + 1] = str(tmp_path / "ft")
     rc, out, err = run_cli(argv, capsys)
-    assert rc == 1, f"stdout: {out[-3000:]}\nstderr: {err[-3000:]}"
-    assert "Traceback" not in out + err
-    failed = [line for line in out.splitlines() if "FAILED" in line]
-    assert len(failed) == len(BAD_TSVS), out
+    assert rc == 2, f"stdout: {out[-3000:]}\nstderr: {err[-3000:]}"
+    assert "Traceback" not in out + err and f"{len(BAD_TSVS)} fine-tuning tasks cannot be read" in err
+    problems = [line for line in err.splitlines() if line.startswith("- ")]
+    assert len(problems) == len(BAD_TSVS), err
     for name, (_, words) in BAD_TSVS.items():
-        line = next(x for x in failed if f"FAILED {name}" in x)
-        assert str(tmp_path / f"{name}.tsv") in line and words in line, line
+        line = next(x for x in problems if str(tmp_path / f"{name}.tsv") in x)
+        assert words in line, line
+    assert not (tmp_path / "ft" / "units").exists()  # no unit started
