@@ -80,7 +80,7 @@ RUN_ONLY_CHANGES = {
         "peak_tflops=100", "dist_timeout_s=1200", "master_port=29555", "master_addr=node-001",
         "data_cache_dir=/tmp/cache", "launcher=deepspeed", "stop_grace_s=30",
     ],
-    "finetune": ["concurrency=5", "units_per_gpu=4"],
+    "finetune": ["concurrency=5", "units_per_gpu=4", "save_models=all"],
 }  # fmt: skip
 
 

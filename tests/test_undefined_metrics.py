@@ -66,7 +66,7 @@ def test_the_finetune_command_prints_undefined_diverged_and_failed_units_as_such
 
     from pipelines.stage_finetune import result_line
 
-    job = SimpleNamespace(name="stsb-lr5e-05-s1__ours")
+    job = SimpleNamespace(name="stsb-lr5e-05-s1__ours", keep_model=False)
     undefined = _result("ours", "pretrained", "stsb", {"pearson": None, "spearman": 12.34})
     assert (
         result_line(job, undefined)
