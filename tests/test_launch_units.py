@@ -127,12 +127,21 @@ def test_a_disabled_tracker_writes_metrics_only(tmp_path: Path, monkeypatch: pyt
     assert (tmp_path / "metrics.jsonl").is_file() and not (tmp_path / "wandb_files").exists()
 
 
+def _run_tracker_script(script: str, folder: Path) -> None:
+    """`script` in a fresh process (W&B's service is per process) with `folder` as sys.argv[1],
+    W&B in the offline mode the Trackers ask for (not the suite's WANDB_MODE)."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    env.pop("WANDB_MODE", None)
+    subprocess.run([sys.executable, "-c", script, str(folder)], check=True, env=env, timeout=180)
+
+
 def test_a_finished_w_and_b_run_folder_holds_its_own_files_so_it_copies_alone(tmp_path: Path) -> None:
     """W&B links each run's logs/debug-core.log to its process's service log, which sits in the W&B
     cache of the first run that process made: a second output's run folder pointed into the first
     output's, and once that was moved or deleted, copying the second output failed on the link."""
     import shutil
-    import subprocess
 
     script = (
         "import sys; from pathlib import Path; from common.tracking import Tracker, WandbTarget\n"
@@ -141,9 +150,7 @@ def test_a_finished_w_and_b_run_folder_holds_its_own_files_so_it_copies_alone(tm
         "    t.log({'loss': 1.0}, 1)\n"
         "    t.finish()\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    env.pop("WANDB_MODE", None)
-    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, timeout=180)
+    _run_tracker_script(script, tmp_path)
     logs = list((tmp_path / "second").glob("wandb_files/wandb/offline-run-*/logs"))
     assert logs and all(not p.is_symlink() for p in logs[0].iterdir())
     shutil.rmtree(tmp_path / "first")
@@ -154,7 +161,6 @@ def test_metrics_rows_carry_their_wall_time_and_a_replay_into_w_and_b_keeps_it(t
     """Each metrics.jsonl row carries its wall time (`_timestamp`, unix seconds, as in W&B). A resumed
     pretraining replays the rows before its checkpoint into its new W&B run: they were all stamped
     with the time of the replay, which collapsed W&B's wall-time charts; they keep their own now."""
-    import subprocess
     import time
 
     from tests.wandb_records import history
@@ -171,10 +177,8 @@ def test_metrics_rows_carry_their_wall_time_and_a_replay_into_w_and_b_keeps_it(t
         "again.replay(read_metrics(Path(sys.argv[1]) / 'first'))\n"
         "again.finish()\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    env.pop("WANDB_MODE", None)
     start = time.time()
-    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, timeout=180)
+    _run_tracker_script(script, tmp_path)
     rows = read_metrics(tmp_path / "first")
     assert [r["step"] for r in rows] == [1, 2] and start < rows[0]["_timestamp"] < rows[1]["_timestamp"] - 1
     for run in ("first", "again"):
