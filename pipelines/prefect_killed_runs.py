@@ -6,6 +6,7 @@ naming what happened; the record notes it, so later flow runs do not ask again."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,10 +41,18 @@ def crash_killed_runs(root: Path, rerun: str, log: Callable[[str], None]) -> lis
                     crashed.append(run.name)
             except (ObjectNotFound, httpx.HTTPError):  # another Prefect API's run (PREFECT_API_URL changed)
                 continue
-            atomic_write_json(run.path, {**run.data, DONE_KEY: True})
+            _note_done(run)
     if crashed:
         log(f"Prefect: flow run(s) {', '.join(crashed)} were killed and had stayed Running; set to Crashed")
     return crashed
+
+
+def _note_done(run: FlowRunRecord) -> None:
+    """The record says its Prefect state was set, keeping its modification time: `bertflow runs`
+    reads a killed run's time from it (a rewrite now made it end at this rerun's start)."""
+    stat = run.path.stat()
+    atomic_write_json(run.path, {**run.data, DONE_KEY: True})
+    os.utime(run.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def _unreported(run: FlowRunRecord) -> bool:

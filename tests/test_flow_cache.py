@@ -237,6 +237,7 @@ def test_a_killed_flow_run_left_running_in_prefect_is_set_crashed_by_the_next_on
     data = json.loads(record.read_text())
     gone = {"pid": 2**22 + 1, "host": socket.gethostname()}  # its process is gone
     record.write_text(json.dumps({**data, "status": "running", "writer": gone}))
+    killed_at = record.stat().st_mtime_ns  # `bertflow runs` reads a killed run's time from it
 
     rerun = bert_pipeline(config=None, overrides=overrides, only="verify")
     with get_client(sync_client=True) as client:
@@ -245,6 +246,7 @@ def test_a_killed_flow_run_left_running_in_prefect_is_set_crashed_by_the_next_on
     assert flow_state.is_crashed() and task_state.is_crashed()
     assert f"it was killed. Flow run {rerun['flow_run']} of the same run directory" in flow_state.message
     assert json.loads(record.read_text())["prefect_crashed"] is True  # not asked again
+    assert record.stat().st_mtime_ns == killed_at
     with get_client(sync_client=True) as client:  # the rerun's own run, final, is not touched
         assert client.read_flow_run(UUID(rerun["flow_run_id"])).state.is_completed()
         # what `bertflow run` prints at its end is the flow run's artifact too (an --only run had none)
