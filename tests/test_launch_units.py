@@ -42,6 +42,9 @@ def test_cpu_ranks_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     assert launch.child_env(4, on_gpu=False, stop_grace_s=30)["OMP_NUM_THREADS"] == "4"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting wins
     assert launch.child_env(4, on_gpu=False, stop_grace_s=30)["OMP_NUM_THREADS"] == "3"
+    # the ranks do not log through the launching process's W&B service (it dies with a kill -9 of it)
+    monkeypatch.setenv("WANDB_SERVICE", "3-1234-unix-/tmp/wandb-1234.sock")
+    assert "WANDB_SERVICE" not in launch.child_env(4, on_gpu=False, stop_grace_s=30)
 
 
 def test_a_launcher_killed_by_a_signal_is_a_failed_run() -> None:

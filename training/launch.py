@@ -144,6 +144,10 @@ def child_env(num_processes: int, on_gpu: bool, stop_grace_s: float) -> dict[str
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
+    # rank 0 starts a W&B service of its own: through the one of the process that launched it (the
+    # flow's, whose token W&B leaves here), a kill -9 of bertflow took the pretraining's W&B run with
+    # it (a 7-byte file), while the ranks went on to save their step
+    env.pop("WANDB_SERVICE", None)
     if not on_gpu:
         env.setdefault("OMP_NUM_THREADS", str(cpu_threads_per_rank(num_processes)))
     return env
