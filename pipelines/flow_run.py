@@ -271,6 +271,12 @@ class FlowRun:
         )
         self.write_record()
         self.outputs["units"] = futures
+        if kept := [job.out_dir / keep.MODEL_DIR for job in jobs if keep.kept_model(job.out_dir)]:
+            shown = "\n  ".join(map(str, kept))
+            get_run_logger().info(
+                "finetune: %d fine-tuned model(s) kept (finetune.save_models: %s):\n  %s",
+                len(kept), self.cfg.finetune.save_models, shown,
+            )  # fmt: skip
 
     def _keep_models(
         self, task_fn: Any, jobs: list[Any], futures: list[Any], pool: Any, wait_for: list[Any]
@@ -297,7 +303,10 @@ class FlowRun:
             )
             futures = [redone.get(j.out_dir, f) for j, f in zip(jobs, futures, strict=True)]
         if not any(not f.state.is_completed() for f in futures):
-            keep.prune(self.cfg.finetune, jobs, [f.result() for f in futures])
+            if removed := keep.prune(self.cfg.finetune, jobs, [f.result() for f in futures]):
+                get_run_logger().info(
+                    "finetune: removed the models of %d unit(s) that are not the best lr", removed
+                )
         return futures
 
     def _submit_bounded(

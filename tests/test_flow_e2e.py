@@ -310,6 +310,14 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     retrained = [p for p, t in before.items() if p.stat().st_mtime_ns != t]
     assert len(retrained) == 4, retrained
 
+    # --- finetune.save_models: all (run-only): the four finished units train again to keep their
+    # models (same keys), and the flow says where they are (it said nothing of kept models)
+    with flow_log_lines() as said:
+        eighth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6", "finetune.save_models=all"])
+    assert _status(eighth)["finetune-units"] == "4 ran, 0 cached", _status(eighth)
+    kept = sorted(fourth_finetune.parent.glob(f"units/*{new_pretrain.name}_model-*/model/model.safetensors"))
+    assert len(kept) == 4 and any("4 fine-tuned model(s) kept" in line for line in said), said[-5:]
+
     # --- `--only finetune` on a pretraining whose model is gone: said before any unit, not later
     shutil.rmtree(new_pretrain / "model")
     with pytest.raises(UserError, match="stage 'pretrain' has no complete output for this config"):

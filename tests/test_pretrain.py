@@ -459,6 +459,7 @@ def test_a_pretraining_that_fails_ends_its_wandb_run_with_every_step_marked_fail
     assert sorted(logged) == [1, 2, 3, 4, 5, 6]
     assert by_step(history(out), "_step") == logged
     assert exit_code(out) == 3  # the rank's own exit code: W&B marks the run failed
+    assert summary(out)["exit_code"] == 3  # and a watcher filters runs by it
     assert run_info(out)["group"] == "flow-1"
     assert summary(out)["exit_reason"].startswith(
         f"loss is nan at step 7; stopping before the update is applied (last good checkpoint: "

@@ -765,7 +765,7 @@ def end_failed_run(tracker: Tracker | None, exc: BaseException) -> None:
 
     def finish() -> None:
         try:
-            tracker.summary({"exit_reason": exit_reason(exc)})
+            tracker.summary({"exit_reason": exit_reason(exc), "exit_code": exit_code(exc)})
             tracker.finish(exit_code=exit_code(exc))
         except Exception as err:  # the rank's own error is the one to report
             log0(warning_line(f"the W&B run could not be ended: {err}"))
