@@ -202,11 +202,9 @@ def redefined_builtin_note(spec: TaskSpec) -> dict[str, str]:
     builtin = _task_file(BUILTIN_TASKS_FILE, "builtin").get(spec.name)
     if builtin is None or spec.source == "builtin":
         return {}
-    same = (builtin.format, builtin.train, builtin.dev, builtin.labels) == (
-        spec.format, spec.train, spec.dev, spec.labels
-    )  # fmt: skip
-    if same:
-        return {}
+    files = [(t.path("train").resolve(), t.path("dev").resolve()) for t in (builtin, spec)]
+    if (builtin.format, builtin.labels, files[0]) == (spec.format, spec.labels, files[1]):
+        return {}  # the same files, however spelled (`data:glue/...` or an absolute path)
     return {
         "redefined": f"{spec.name} is redefined in {spec.source} (other data files or labels than the "
         "built-in task of that name), so it has no BERT-base reference figure."

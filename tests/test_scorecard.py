@@ -194,6 +194,10 @@ def test_a_built_in_task_name_redefined_in_a_task_file_has_no_paper_reference(tm
     same.write_text("sst2: {format: tsv, kind: classification, train: 'data:glue/SST-2/train.tsv', dev: "
                     "'data:glue/SST-2/dev.tsv', text_a: sentence, label: label, labels: [0, 1], metrics: [accuracy]}\n")  # fmt: skip
     assert redefined_builtin_note(load_task_specs(str(same))["sst2"]) == {}
+    spelled = tmp_path / "spelled.yaml"  # the same files by their absolute paths: still the same task
+    data = load_task_specs()["sst2"].path("train").parent
+    spelled.write_text(same.read_text().replace("'data:glue/SST-2/", f"'{data}/"))
+    assert redefined_builtin_note(load_task_specs(str(spelled))["sst2"]) == {}
     results = [{**_ours("sst2", 1, {"accuracy": 60.0}), "notes": note}, _ours("cola", 1, {"mcc": 20.0})]
     card = build_scorecard(results, tmp_path)
     assert (
