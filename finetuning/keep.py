@@ -63,6 +63,17 @@ def unit_complete(job: Any) -> bool:
     return read_marker(job.out_dir) is not None and not missing_model(job.out_dir, job.keep_model)
 
 
+def retrain_note(jobs: Iterable[Any], setting: str) -> str | None:
+    """What to say before the units run when finished ones train again only to keep their model."""
+    again = sum(read_marker(j.out_dir) is not None and missing_model(j.out_dir, j.keep_model) for j in jobs)
+    if not again:
+        return None
+    return (
+        f"{again} finished unit(s) have no kept model (finetune.save_models: {setting}; they were made "
+        "without it) and train again to keep it; their results are rewritten by that training"
+    )
+
+
 def task_config(spec: TaskSpec) -> dict[str, Any]:
     """The config.json entries of a fine-tuned model of `spec` beyond the encoder's."""
     entries: dict[str, Any] = {"architectures": [ARCHITECTURES[spec.kind]], "finetuning_task": spec.name}

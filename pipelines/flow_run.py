@@ -232,6 +232,8 @@ class FlowRun:
         refuse_nonfinite_encoders(self.cfg.finetune, jobs, retrain="finetune" in self.forced)
         for note in untrained_positions_notes(self.cfg.finetune, jobs):
             get_run_logger().warning(note)
+        if "finetune" not in self.forced and (note := keep.retrain_note(jobs, self.cfg.finetune.save_models)):
+            get_run_logger().info("finetune: %s", note)
         if "finetune" in self.forced:
             for job in jobs:
                 clear(job.out_dir)

@@ -316,6 +316,8 @@ def main(args: argparse.Namespace) -> int:
     )
     if note := code_change_note("finetune", sorted(complete)):
         print(f"bertflow finetune: {note}", flush=True)
+    if note := keep.retrain_note(selected, cfg.save_models):
+        print(f"bertflow finetune: {note}", flush=True)
     progress = Progress(len(selected) - len(complete), "units to run")
 
     def report(job: Job, result: dict) -> None:

@@ -111,7 +111,10 @@ def test_a_finished_unit_without_its_model_trains_again_to_keep_it(tmp_path, min
     wanting = cfg.model_copy(update={"save_models": "all"})
     [again] = keep.first_pass(wanting, plan(wanting, ["random:tiny"], tmp_path, tokenizer_dir=minilm_dir))
     assert again.out_dir == job.out_dir and not keep.unit_complete(again)
+    # said before it runs (the command said '1 unit(s), 0 already complete' and no more)
+    assert keep.retrain_note([again], "all").startswith("1 finished unit(s) have no kept model")
     after = run_finetune_unit(wanting, again)
+    assert keep.retrain_note([again], "all") is None
     assert (job.out_dir / "result.json").stat().st_mtime_ns != mtime  # trained again, not pretended
     assert after["metrics"] == before["metrics"]  # one thread on CPU: the same training
     assert keep.kept_model(job.out_dir) is not None and read_marker(job.out_dir)["key"] == job.key

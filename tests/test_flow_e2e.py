@@ -317,6 +317,7 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert _status(eighth)["finetune-units"] == "4 ran, 0 cached", _status(eighth)
     kept = sorted(fourth_finetune.parent.glob(f"units/*{new_pretrain.name}_model-*/model/model.safetensors"))
     assert len(kept) == 4 and any("4 fine-tuned model(s) kept" in line for line in said), said[-5:]
+    assert any("4 finished unit(s) have no kept model" in line for line in said)  # said before they ran
 
     # --- `--only finetune` on a pretraining whose model is gone: said before any unit, not later
     shutil.rmtree(new_pretrain / "model")
