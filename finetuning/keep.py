@@ -164,15 +164,23 @@ def prediction_rows(spec: TaskSpec, task: Any, per_feature: list[Any]) -> list[d
     if spec.kind == "span_extraction":
         predicted = task.predictions(per_feature)
         return [{"id": ex.qid, "gold": list(ex.answers), "prediction": predicted[ex.qid]} for ex in task.dev]
-    names = spec.labels or []
-    rows = []
-    for i, ((words, tags), feat, preds) in enumerate(
-        zip(task.dev, task.eval_features, per_feature, strict=True)
-    ):
-        first = feat["first_token"]
-        predicted = [names[preds[first[w]]] if w in first else "O" for w in range(len(words))]
-        rows.append({"id": i, "words": list(words), "gold": list(tags), "prediction": predicted})
-    return rows
+    return [
+        {"id": i, "words": list(words), "gold": list(tags), "prediction": predicted}
+        for i, ((words, tags), predicted) in enumerate(
+            zip(task.dev, task.word_tags(per_feature), strict=True)
+        )
+    ]
+
+
+def retrain_best_note(count: int) -> str:
+    return (
+        f"{count} unit(s) of the best lr have no kept model (made without finetune.save_models, or not "
+        "the best lr when they trained); training them again to keep it"
+    )
+
+
+def removed_note(count: int) -> str:
+    return f"removed the models of {count} unit(s) that are not the best lr"
 
 
 def best_units(results: list[dict[str, Any]]) -> set[tuple[str, str, float]]:

@@ -128,14 +128,19 @@ class TokenTask:
         lengths = batch["attention_mask"].sum(-1).tolist()
         return [preds[i, :n].tolist() for i, n in enumerate(lengths)]
 
-    def metrics(self, per_feature: list[Any]) -> dict[str, float]:
+    def word_tags(self, per_feature: list[Any]) -> list[list[str]]:
+        """The predicted tag of each dev word: its first token's ("O" for a word cut off)."""
         names = self.spec.labels or []
-        pred_seqs, gold_seqs = [], []
-        for (words, tags), feat, preds in zip(self.dev, self.eval_features, per_feature, strict=True):
-            first = feat["first_token"]
-            pred_seqs.append([names[preds[first[w]]] if w in first else "O" for w in range(len(words))])
-            gold_seqs.append(tags)
-        return {"entity_f1": entity_f1(pred_seqs, gold_seqs)}
+        return [
+            [
+                names[preds[feat["first_token"][w]]] if w in feat["first_token"] else "O"
+                for w in range(len(words))
+            ]
+            for (words, _), feat, preds in zip(self.dev, self.eval_features, per_feature, strict=True)
+        ]
+
+    def metrics(self, per_feature: list[Any]) -> dict[str, float]:
+        return {"entity_f1": entity_f1(self.word_tags(per_feature), [tags for _, tags in self.dev])}
 
     def chance_metrics(self) -> dict[str, float]:
         """Tagging every word with the majority tag "O" finds no entity: F1 0."""

@@ -292,10 +292,7 @@ class FlowRun:
             return futures
         again = keep.to_retrain(self.cfg.finetune, jobs, [f.result() for f in futures])
         if again:
-            get_run_logger().info(
-                "finetune: %d unit(s) of the best lr have no kept model; training them again to keep it",
-                len(again),
-            )
+            get_run_logger().info("finetune: %s", keep.retrain_best_note(len(again)))
             redone = dict(
                 zip(
                     (j.out_dir for j in again),
@@ -306,9 +303,7 @@ class FlowRun:
             futures = [redone.get(j.out_dir, f) for j, f in zip(jobs, futures, strict=True)]
         if not any(not f.state.is_completed() for f in futures):
             if removed := keep.prune(self.cfg.finetune, jobs, [f.result() for f in futures]):
-                get_run_logger().info(
-                    "finetune: removed the models of %d unit(s) that are not the best lr", removed
-                )
+                get_run_logger().info("finetune: %s", keep.removed_note(removed))
         return futures
 
     def _submit_bounded(

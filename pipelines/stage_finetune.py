@@ -261,19 +261,13 @@ def _keep_models(cfg: FinetuneConfig, jobs: list[Job], results: list[dict], **ru
 
     again = keep.to_retrain(cfg, jobs, results)
     if again:
-        print(
-            f"bertflow finetune: {len(again)} unit(s) of the best lr have no kept model (made without "
-            "finetune.save_models, or not the best lr when they trained); training them again to keep it",
-            flush=True,
-        )
+        print(f"bertflow finetune: {keep.retrain_best_note(len(again))}", flush=True)
         report = run_options.pop("report")
         redone = dict(zip(again, fanout.run(cfg, again, **run_options, on_result=report), strict=True))
         by_dir = {j.out_dir: r for j, r in redone.items()}
         results = [by_dir.get(j.out_dir, r) for j, r in zip(jobs, results, strict=True)]
     if removed := keep.prune(cfg, jobs, results):
-        print(
-            f"bertflow finetune: removed the models of {removed} unit(s) that are not the best lr", flush=True
-        )
+        print(f"bertflow finetune: {keep.removed_note(removed)}", flush=True)
     return results
 
 

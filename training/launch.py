@@ -208,7 +208,7 @@ def run_launcher(
 
 
 def launch_failure(
-    rc: int, errors: list[str], no_ssh: list[str], missing_nodes: list[str], raised: list[str] = ()
+    rc: int, errors: list[str], no_ssh: list[str], missing_nodes: list[str], raised: list[str]
 ) -> Exception:
     """What a failed launch raises: the ranks' own errors (UserError), else their lost contact with
     each other (TransientError), a hostfile host without ssh, nodes that did not all join, or (a
@@ -324,8 +324,6 @@ def _forward_lines(proc: subprocess.Popen, log_line: Callable[[str], None]) -> N
     except (OSError, ValueError):  # the pipe closed under us
         pass
 
-
-# appended to training/launch.py
 
 # DeepSpeed's CPU all-reduce (its shm op): one buffer per rank in shared memory, named
 # deepspeed_allreduce_buffer_<uid>_<master addr>_<port>_<rank>

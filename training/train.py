@@ -525,6 +525,8 @@ def metrics_row(
 def tokens_before(plan: BatchPlan, store: ExampleStore, steps: int) -> int:
     """Real tokens (padding excluded) of the examples of the first `steps` steps, all ranks: where
     a resumed run's `consumed_tokens` starts (each step then adds the tokens it trained on)."""
+    if steps == 0:  # a fresh run: no permutation of the whole split to count nothing
+        return 0
     lengths = np.diff(store.offsets)
     epochs, rest = divmod(steps, plan.steps_per_epoch)
     total = 0
