@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from common.console import warning_line
 from finetuning.chance import majority_metrics
 from finetuning.metrics import classification_metrics, regression_metrics
 from finetuning.tasks import TaskSpec, TextExample, label_warnings, read_tsv_examples, redefined_builtin_note
@@ -43,9 +41,7 @@ class SequenceTask:
         train_path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
         train = read_tsv_examples(spec, train_path, max_train)
         dev = read_tsv_examples(spec, dev_path, max_eval)
-        warnings = label_warnings(spec, train, dev, train_path, dev_path)
-        for note in warnings:
-            print(warning_line(note), file=sys.stderr, flush=True)
+        warnings = label_warnings(spec, train, dev, train_path, dev_path)  # said once, by the data check
         self.train_features = encode_pairs(tok, train, max_seq_length)
         self.eval_features = encode_pairs(tok, dev, max_seq_length)
         self.n_train, self.n_eval = len(train), len(dev)

@@ -12,7 +12,13 @@ import pytest
 from common.errors import UserError
 from finetuning.glue import SequenceTask, encode_pairs
 from finetuning.ner import read_conll
-from finetuning.tasks import TextExample, get_task, load_task_specs, read_tsv_examples
+from finetuning.tasks import (
+    TextExample,
+    check_requested_tasks,
+    get_task,
+    load_task_specs,
+    read_tsv_examples,
+)
 from preprocessing.wordpiece import load_tokenizer
 
 GLUE_DEV_ROWS = {"sst2": 872, "cola": 1043, "mrpc": 408, "rte": 277, "stsb": 1500}
@@ -257,24 +263,29 @@ def test_f1_is_refused_for_a_task_with_more_than_two_labels(tmp_path, data_dir):
     assert load_task_specs()["mrpc"].metrics == ["accuracy", "f1"]  # two labels: f1 of "1"
 
 
-def test_a_label_never_trained_on_or_a_one_class_dev_set_is_warned_about(
+def test_a_label_never_trained_on_or_a_one_class_dev_set_is_warned_about_once(
     tmp_path, data_dir, minilm_dir, capsys
 ):
-    """Such a task ran silently (MCC 0.0, or accuracy with chance 100.0): now a warning line names
-    the task, the file and the label when its data is read, and the scorecard's Notes keep it."""
+    """Such a task ran silently (MCC 0.0, or accuracy with chance 100.0): now the data check before
+    the units (`check_requested_tasks`, run by the flow's verify stage and by `bertflow finetune`)
+    returns a warning naming the task, the file and the label, and each unit's result keeps it for
+    the scorecard's Notes. A unit does not print it again: `bertflow finetune` printed it once per unit."""
     rows = "text\tsentiment\ngood film\tneg\nbad film\tneg\nfine film\tneg\n"
     cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK, rows)
-    spec = load_task_specs(str(cfg))["movies"]
-    task = SequenceTask(spec, load_tokenizer(minilm_dir)[0], 32, None, None, None)
-    err = capsys.readouterr().err
-    assert (
-        f"warning: task 'movies': label 'pos' never occurs in the 3 training examples read from {tsv}" in err
+    notes = check_requested_tasks(["movies"], str(cfg), None, None, None)
+    assert notes == [
+        f"task 'movies': label 'pos' never occurs in the 3 training examples read from {tsv}; "
+        "the model cannot learn to predict it.",
+        f"task 'movies': every example of {tsv} has label 'neg'; MCC and F1 are undefined there and "
+        "accuracy measures that one class only.",
+    ]
+    task = SequenceTask(
+        load_task_specs(str(cfg))["movies"], load_tokenizer(minilm_dir)[0], 32, None, None, None
     )
-    assert f"warning: task 'movies': every example of {tsv} has label 'neg'; MCC and F1 are undefined" in err
-    assert "'pos' never occurs" in task.notes["labels"]
+    assert task.notes["labels"] == " ".join(notes)
+    assert capsys.readouterr().err == ""  # the unit keeps it, the check said it
     cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)  # both labels on both sides: no warning
-    SequenceTask(load_task_specs(str(cfg))["movies"], load_tokenizer(minilm_dir)[0], 32, None, None, None)
-    assert "warning" not in capsys.readouterr().err
+    assert check_requested_tasks(["movies"], str(cfg), None, None, None) == []
 
 
 def test_integer_labels_are_read_as_their_text(tmp_path, data_dir):
