@@ -23,6 +23,12 @@ from pydantic import BaseModel, ConfigDict
 METRICS_FILE = "metrics.jsonl"
 
 
+def first_attempt_group_file(out_dir: Path) -> Path:
+    """Where a pretraining output records the W&B group of its first attempt, which every later
+    attempt (a resume) logs into (`training.train.first_attempts_target`)."""
+    return out_dir / "wandb_files" / "group"
+
+
 class WandbTarget(BaseModel):
     """Where W&B runs go."""
 

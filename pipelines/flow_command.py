@@ -126,8 +126,26 @@ def end_summary(summary: dict[str, Any]) -> str:
         lines.append(
             f"W&B:    group {summary['wandb_group']} (offline runs: see the report for `wandb sync`)"
         )
+        lines += [f"        {note}" for note in resumed_pretraining_groups(stages, summary["wandb_group"])]
     else:
         lines.append(
             "W&B:    nothing new logged (every stage was reused; its runs are in the earlier flow runs' groups)"
         )
     return "\n".join(lines)
+
+
+def resumed_pretraining_groups(stages: list[dict[str, Any]], group: str) -> list[str]:
+    """A pretraining that ran here but resumed an earlier flow run's attempt logs into the W&B group
+    of its first attempt (`training.train.first_attempts_target`), not into this flow run's: said,
+    so that a reader looks for its curve there."""
+    from common.tracking import first_attempt_group_file
+
+    notes = []
+    for r in stages:
+        recorded = first_attempt_group_file(Path(r["out_dir"]))
+        if r["stage"].startswith("pretrain") and r["status"] == "ran" and recorded.is_file():
+            if (first := recorded.read_text()) and first != group:
+                notes.append(
+                    f"{r['stage']}: its run is in group {first}, that of its first attempt, which it resumed"
+                )
+    return notes

@@ -111,6 +111,7 @@ def test_stage_flag_help_in_a_real_shell() -> None:
 def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path, monkeypatch) -> None:
     import json
 
+    from common.tracking import first_attempt_group_file
     from pipelines.flow_command import end_summary
 
     pre, fin = tmp_path / "pretrain" / "k1", tmp_path / "finetune" / "k2"
@@ -135,6 +136,16 @@ def test_end_of_run_summary_names_the_result_the_model_and_the_report(tmp_path, 
         "Result: pretrained (tiny, 300 steps) vs random init (tiny): GLUE-style average +1.5 points" in text
     )
     assert f"Model:  {pre / 'model'}" in text and "Report: r.html" in text and "group default-x" in text
+    assert "first attempt" not in text
+    group_file = first_attempt_group_file(pre)  # written by the pretraining's first attempt
+    group_file.parent.mkdir()
+    group_file.write_text("default-x")  # this flow run's own first attempt
+    assert "first attempt" not in end_summary(summary)
+    group_file.write_text("default-earlier")  # resumed an earlier flow run's attempt
+    assert (
+        "        pretrain: its run is in group default-earlier, that of its first attempt, which it resumed"
+        in end_summary(summary).splitlines()
+    )
     cached = [{**r, "status": "cached"} for r in stages]
     cached.append(
         {"stage": "finetune-units", "status": "0 ran, 4 cached", "seconds": 0.2, "out_dir": str(fin)}

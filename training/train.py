@@ -39,7 +39,7 @@ from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
 from common.fingerprint import digest
 from common.progress import duration_text
-from common.tracking import Tracker, WandbTarget, read_metrics
+from common.tracking import Tracker, WandbTarget, first_attempt_group_file, read_metrics
 from model.config import BertConfig
 from model.heads import BertForPreTraining, count_parameters
 from preprocessing import shard_format
@@ -372,7 +372,7 @@ def first_attempts_target(spec: RunSpec) -> WandbTarget:
     """`spec.wandb` in the W&B group of this output's first attempt (recorded in
     OUT/wandb_files/group): every attempt of one pretraining (a resume after a failure, a stop or a
     kill -9, from another flow run whose group differs) is one W&B run each, and all in one group."""
-    path = spec.out_dir / "wandb_files" / "group"
+    path = first_attempt_group_file(spec.out_dir)
     if path.is_file():
         return spec.wandb.model_copy(update={"group": path.read_text() or None})
     path.parent.mkdir(parents=True, exist_ok=True)
