@@ -44,7 +44,7 @@ FLOW_NAME = "bert-pipeline"
 def bert_pipeline(
     config: str | None = "configs/default.yaml",
     overrides: list[str] | None = None,
-    only: str | None = None,
+    only: str | list[str] | None = None,
     from_stage: str | None = None,
     force: list[str] | None = None,
 ) -> dict[str, Any]:

@@ -45,8 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--only",
+        action="append",
         choices=STAGES,
-        help="run just this stage (its inputs must be complete); preprocess and pretrain include their phases",
+        help="run just this stage (repeatable: these stages; the inputs of each must be complete or "
+        "among them); preprocess and pretrain include their phases",
     )
     parser.add_argument(
         "--from", dest="from_stage", choices=STAGES, help="recompute this stage and every later one"

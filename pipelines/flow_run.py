@@ -68,7 +68,7 @@ class FlowRun:
         self,
         cfg: PipelineConfig,
         run_name: str,
-        only: str | None,
+        only: str | list[str] | None,
         from_stage: str | None,
         force: list[str] | None,
         flow_run_id: str | None = None,

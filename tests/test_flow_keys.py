@@ -256,6 +256,13 @@ def test_stage_selection() -> None:
         UserError, match="--force pretrain with --only finetune: a forced stage that does not run"
     ):
         plan_stages("finetune", None, ["pretrain"])  # was accepted, and nothing recomputed
+    # --only is repeatable (a second one replaced the first): the stages run in the flow's order
+    assert plan_stages(["preprocess", "tokenizer"], None, ["tokenizer"]) == (
+        ["tokenizer", "preprocess"],
+        {"tokenizer"},
+    )
+    with pytest.raises(UserError, match="--force report with --only tokenizer --only preprocess"):
+        plan_stages(["tokenizer", "preprocess"], None, ["report"])
 
 
 @pytest.mark.parametrize("earlier", [False, True], ids=["explicit", "explicit-before-run-only"])
