@@ -1,8 +1,12 @@
-"""Child processes that do not outlive the process that started them."""
+"""Child processes that do not outlive the process that started them, and whose output outlives
+its reader."""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
+from typing import Any, TextIO
 
 
 def die_with_parent() -> None:
@@ -15,3 +19,40 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+class _ReaderSurvivingStream:
+    """A text stream whose writes outlive the process that reads them: the first BrokenPipeError
+    points its file descriptor at /dev/null and the write counts as done."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # C-level writers and logging handlers too
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def survive_a_lost_reader() -> None:
+    """For a child whose stdout/stderr is a pipe to its parent: once the parent is gone (kill -9 of
+    `bertflow`), a print raises BrokenPipeError, which in a pretraining rank stopped it before it
+    saved the step reached; after this call such output goes to /dev/null instead."""
+    sys.stdout = _ReaderSurvivingStream(sys.stdout)  # type: ignore[assignment]
+    sys.stderr = _ReaderSurvivingStream(sys.stderr)  # type: ignore[assignment]

@@ -62,9 +62,11 @@ def start_cli(
     sets: list[str],
     args: tuple[str, ...] = (),
     log: Path | None = None,
+    pipe: bool = False,
     **env: str,
 ) -> subprocess.Popen:
-    """`bertflow pretrain` as its own process tree (output to `log`, else discarded)."""
+    """`bertflow pretrain` as its own process tree (output to `log`, or to a pipe that the caller
+    reads as `proc.stdout`, else discarded)."""
     cmd = [
         sys.executable,
         "-m",
@@ -76,14 +78,14 @@ def start_cli(
         str(tok),
     ]
     cmd += ["--output", str(out), *args] + [x for s in sets for x in ("--set", s)]
-    sink = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115  (the child holds it)
+    sink = open(log, "wb") if log else subprocess.PIPE if pipe else subprocess.DEVNULL  # noqa: SIM115
     try:
         return subprocess.Popen(
             cmd,
             cwd=PROJECT_ROOT,
             env=cli_env(**env),
             stdout=sink,
-            stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT if log or pipe else subprocess.DEVNULL,
             start_new_session=True,
         )
     finally:

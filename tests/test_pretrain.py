@@ -548,6 +548,35 @@ def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_f
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_kill_9_of_bertflow_still_saves_the_step_the_ranks_reached(data, tmp_path):
+    """`kill -9` of `bertflow pretrain` alone (the flow's process killed, an OOM killer): the launcher
+    gets SIGTERM (PR_SET_PDEATHSIG) and the ranks save the step they reached, though the pipe their
+    output went to has lost its reader. Before, the rank's next line raised BrokenPipeError and it
+    died without saving: with a line every step, every step since the last checkpoint was lost."""
+    shards, tok = data
+    out = tmp_path / "run"
+    sets = settings("pretrain.num_processes=1", "pretrain.checkpoint_every=100")  # log_every 1
+    proc = start_cli(shards, tok, out, sets, pipe=True, BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
+    deadline = time.time() + 240
+    while max(losses(out), default=0) < 3:
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.kill()  # bertflow only; its launcher and rank live on, writing into the pipe
+    proc.wait(timeout=30)
+    proc.stdout.close()  # the reader is gone
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive
+    tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
+    step = max(losses(out))
+    assert tags == [f"global_step{step}"] and 3 <= step < 12
+    assert (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
+    assert exit_code(out) == 143  # W&B: stopped, not failed with BrokenPipeError
+    assert summary(out)["exit_reason"].startswith(
+        f"stopped by a stop request (Ctrl-C or SIGTERM) after step {step}"
+    )
+
+
 def test_a_hung_node_stops_the_others_within_dist_timeout_s_naming_it(data, tmp_path):
     """A node that hangs (its rank stopped, as by SIGSTOP or a stuck filesystem) held the other one
     in the gradient all-reduce for 30 minutes whatever pretrain.dist_timeout_s said: DeepSpeed's ZeRO

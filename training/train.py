@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.child_process import survive_a_lost_reader
 from common.console import warning_line
 from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
@@ -814,6 +815,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="run_spec.json written by `bertflow pretrain`")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     args = parser.parse_args(argv)
+    survive_a_lost_reader()  # kill -9 of bertflow: the ranks still save the step they reached
     local_rank = args.local_rank if args.local_rank is not None else int(os.environ.get("LOCAL_RANK", 0))
     spec = RunSpec.read(Path(args.spec))
     try:
