@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prefect.exceptions import TerminationSignal
 
 from common.errors import Terminated
 from training import launch
@@ -81,10 +82,19 @@ def stop_with_a_second_interrupt(proc: subprocess.Popen) -> None:
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.mark.parametrize("stop,reason", [(KeyboardInterrupt, "Ctrl-C"), (Terminated, "SIGTERM to bertflow")])
-def test_the_stop_line_names_what_the_user_did(tmp_path: Path, stop: type, reason: str) -> None:
+@pytest.mark.parametrize(
+    "stop,reason",
+    [
+        (KeyboardInterrupt(), "Ctrl-C"),
+        (Terminated(), "SIGTERM to bertflow"),
+        (TerminationSignal(signal.SIGTERM), "SIGTERM to bertflow"),  # in a flow: Prefect's own
+    ],
+    ids=["ctrl-c", "sigterm", "sigterm-in-a-flow"],
+)
+def test_the_stop_line_names_what_the_user_did(tmp_path: Path, stop: BaseException, reason: str) -> None:
     """The ranks only see the SIGTERM bertflow passes on; after a Ctrl-C the log read as if someone
-    had sent one. The launcher knows which it got and says so before the ranks' last lines."""
+    had sent one. The launcher knows which it got and says so before the ranks' last lines (a
+    SIGTERM to `bertflow run` read 'stopping (TerminationSignal in bertflow)')."""
 
     def interrupt(*_: object) -> None:
         raise stop
@@ -93,7 +103,7 @@ def test_the_stop_line_names_what_the_user_did(tmp_path: Path, stop: type, reaso
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, 1.0)  # Ctrl-C (or SIGTERM) while the rank runs
     try:
-        with pytest.raises(stop):
+        with pytest.raises(type(stop)):
             launch.run_launcher(rank(tmp_path / "saved", save_s=0), dict(os.environ), lines.append, 30)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -241,7 +241,8 @@ def launch_failure(
 
 def stop_reason(exc: BaseException) -> str:
     """What stopped the run, as the user did it: the ranks see only the SIGTERM passed on to them."""
-    if isinstance(exc, Terminated):
+    # Prefect's flow engine turns a SIGTERM into its own TerminationSignal (it has the signal)
+    if isinstance(exc, Terminated) or getattr(exc, "signal", None) == signal.SIGTERM:
         return "SIGTERM to bertflow"
     if isinstance(exc, KeyboardInterrupt):
         return "Ctrl-C"
