@@ -21,6 +21,14 @@ def die_with_parent() -> None:
         pass
 
 
+def to_devnull(stream: TextIO) -> None:
+    """Point `stream`'s file descriptor at /dev/null (C-level writers and logging handlers that
+    hold the stream too): what is written after its reader left goes nowhere, without an error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
 class _ReaderSurvivingStream:
     """A text stream whose writes outlive the process that reads them: the first BrokenPipeError
     points its file descriptor at /dev/null and the write counts as done."""
@@ -42,9 +50,7 @@ class _ReaderSurvivingStream:
             self._to_devnull()
 
     def _to_devnull(self) -> None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, self._stream.fileno())  # C-level writers and logging handlers too
-        os.close(devnull)
+        to_devnull(self._stream)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

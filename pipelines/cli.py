@@ -141,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, TransientError) as exc:
         print(f"bertflow {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `bertflow runs | head`: the reader left; the rest goes nowhere
+        from common.child_process import to_devnull
+
+        to_devnull(sys.stdout)
+        return 141  # what a shell reports for a command ended by SIGPIPE
     except OSError as exc:
         if exc.errno not in _PATH_ERRNOS:
             raise

@@ -205,3 +205,23 @@ def test_set_of_a_key_below_a_value_is_a_user_error() -> None:
     """`--set pretrain.lr=1 pretrain.lr.x=2` makes a value a section: one clear error, no traceback."""
     with pytest.raises(UserError, match=r"--set pretrain\.lr\.x: 'lr' is not a section"):
         load_config(None, ["pretrain.lr=1", "pretrain.lr.x=2"])
+
+
+def test_output_into_a_pipe_whose_reader_left_ends_quietly() -> None:
+    """`bertflow model-info | head -1`: once `head` exits, the next print raises BrokenPipeError,
+    which ended in a traceback; now the command stops quietly with a shell's SIGPIPE status."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has left before the first line
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "model-info", "--preset", "base"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        timeout=120,
+    )
+    os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
