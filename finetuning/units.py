@@ -41,7 +41,7 @@ from finetuning.keep import (
     write_predictions,
 )
 from finetuning.tasks import TaskSpec, get_task, load_task_specs
-from finetuning.trainer import predict, train
+from finetuning.trainer import TrainStats, predict, train
 from model.config import BertConfig
 from preprocessing.wordpiece import load_tokenizer, pad_id
 
@@ -217,7 +217,7 @@ def as_job_result(job: Job, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbTarget) -> dict[str, Any]:
-    out_dir, unit, checkpoint, label = job.out_dir, job.unit, job.checkpoint, job.label
+    out_dir, unit = job.out_dir, job.unit
     if (done := finished_result(out_dir)) is not None and not missing_model(out_dir, job.keep_model):
         return as_job_result(job, done)  # finished meanwhile
     # a finished unit trained again for its model stops being finished until it has one
@@ -231,20 +231,8 @@ def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: Wan
     task = _task_class(spec)(
         spec, tok, cfg.max_seq_length, cfg.max_train_examples, cfg.max_eval_examples, data_root
     )
-    model = build_model(task, checkpoint, tok.get_vocab_size(), cfg.dropout, unit.seed).to(device)
-    tracker = Tracker(
-        out_dir,
-        wandb,
-        name=f"{label}/{unit.name}",
-        job_type="finetune",
-        config={
-            **cfg.model_dump(),
-            "task": unit.task,
-            "lr": unit.lr,
-            "seed": unit.seed,
-            "checkpoint": checkpoint,
-        },
-    )
+    model = build_model(task, job.checkpoint, tok.get_vocab_size(), cfg.dropout, unit.seed).to(device)
+    tracker = _unit_tracker(cfg, job, wandb)
     try:
         stats = train(
             model,
@@ -265,31 +253,7 @@ def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: Wan
         metrics = task.metrics(per_feature)
         eval_seconds = time.perf_counter() - eval_start
         tracker.log({f"eval/{k}": v for k, v in metrics.items()}, stats.steps)
-        result = {
-            "unit": unit.name,
-            "task": unit.task,
-            "kind": spec.kind,
-            "glue": spec.glue,
-            "metric_names": list(spec.metrics),
-            "metrics": metrics,
-            "score": unit_score(metrics),
-            "diverged": not math.isfinite(stats.final_loss),
-            "chance_metrics": task.chance_metrics(),
-            "lr": unit.lr,
-            "seed": unit.seed,
-            "checkpoint": checkpoint,
-            "checkpoint_label": label,
-            "checkpoint_kind": "random" if checkpoint.startswith("random:") else "pretrained",
-            "epochs": cfg.epochs,
-            "batch_size": cfg.batch_size,
-            "max_seq_length": cfg.max_seq_length,
-            "n_train": task.n_train,
-            "n_eval": task.n_eval,
-            "n_train_features": len(task.train_features),
-            "train_steps": stats.steps,
-            "final_train_loss": stats.final_loss,
-            "train_examples_per_s": stats.examples_per_s,
-            "train_time_s": stats.seconds,
+        result = _unit_result(cfg, job, spec, task, metrics, stats) | {
             "eval_time_s": eval_seconds,
             "wall_time_s": time.perf_counter() - wall_start,
             "device": str(device),
@@ -305,11 +269,67 @@ def _run_locked(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: Wan
         write_predictions(out_dir, prediction_rows(spec, task, per_feature))
         save_unit_model(model, spec, out_dir, job.tokenizer_dir, cfg.max_seq_length, result)
     atomic_write_json(out_dir / RESULT_FILE, result)
-    marker = {"unit": unit.name, "key": job.key, "code": source_digests(UNIT_CODE)}
+    _write_unit_marker(job)
+    return result
+
+
+def _unit_tracker(cfg: FinetuneConfig, job: Job, wandb: WandbTarget) -> Tracker:
+    """The unit's curve (out_dir/metrics) and W&B run, named `<label>/<unit>`."""
+    unit = job.unit
+    return Tracker(
+        job.out_dir,
+        wandb,
+        name=f"{job.label}/{unit.name}",
+        job_type="finetune",
+        config={
+            **cfg.model_dump(),
+            "task": unit.task,
+            "lr": unit.lr,
+            "seed": unit.seed,
+            "checkpoint": job.checkpoint,
+        },
+    )
+
+
+def _unit_result(
+    cfg: FinetuneConfig, job: Job, spec: TaskSpec, task: Any, metrics: dict[str, Any], stats: TrainStats
+) -> dict[str, Any]:
+    """What result.json says of a trained and evaluated unit, up to its timings (the caller's)."""
+    unit, checkpoint = job.unit, job.checkpoint
+    return {
+        "unit": unit.name,
+        "task": unit.task,
+        "kind": spec.kind,
+        "glue": spec.glue,
+        "metric_names": list(spec.metrics),
+        "metrics": metrics,
+        "score": unit_score(metrics),
+        "diverged": not math.isfinite(stats.final_loss),
+        "chance_metrics": task.chance_metrics(),
+        "lr": unit.lr,
+        "seed": unit.seed,
+        "checkpoint": checkpoint,
+        "checkpoint_label": job.label,
+        "checkpoint_kind": "random" if checkpoint.startswith("random:") else "pretrained",
+        "epochs": cfg.epochs,
+        "batch_size": cfg.batch_size,
+        "max_seq_length": cfg.max_seq_length,
+        "n_train": task.n_train,
+        "n_eval": task.n_eval,
+        "n_train_features": len(task.train_features),
+        "train_steps": stats.steps,
+        "final_train_loss": stats.final_loss,
+        "train_examples_per_s": stats.examples_per_s,
+        "train_time_s": stats.seconds,
+    }
+
+
+def _write_unit_marker(job: Job) -> None:
+    """The completion marker, written last: the unit's key and the digests of its code."""
+    marker = {"unit": job.unit.name, "key": job.key, "code": source_digests(UNIT_CODE)}
     if job.random_init_key is not None:
         marker["random_init_key"] = job.random_init_key
-    write_marker(out_dir, marker)
-    return result
+    write_marker(job.out_dir, marker)
 
 
 def _clear_attempt(out_dir: Path) -> None:
