@@ -237,29 +237,11 @@ def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> l
         raise UserError(
             f"task {spec.name!r}: {path} is empty.", fix="point the task at a file with examples."
         )
-    first_row = 1
-    if spec.header:
-        header = lines[0].split("\t")
-        first_row = 2
-        index: dict[str | int, int] = {}
-        for col in spec.columns():
-            if isinstance(col, int):
-                index[col] = col
-            elif col in header:
-                index[col] = header.index(col)
-            else:
-                raise UserError(
-                    f"{path} line 1: header has no column {col!r} (task {spec.name!r}); it has {header}.",
-                    fix="name an existing column in the task definition.",
-                )
-        width = spec.num_columns or len(header)
-        lines = lines[1:]
-    else:
-        index = {c: int(c) for c in spec.columns()}
-        width = spec.num_columns or (max(index.values()) + 1)
+    index, width = _tsv_columns(spec, path, lines[0])
+    first_row = 2 if spec.header else 1
     label_ids = {lab: i for i, lab in enumerate(spec.labels or [])}
     out: list[TextExample] = []
-    for offset, line in enumerate(lines):
+    for offset, line in enumerate(lines[first_row - 1 :]):
         lineno = first_row + offset
         if not line.strip():
             continue
@@ -269,29 +251,7 @@ def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> l
                 f"{path} line {lineno}: {len(cells)} tab-separated columns, expected {width} (task {spec.name!r}).",
                 fix="fix or remove that line (fields must not contain tabs).",
             )
-        raw_label = cells[index[spec.label]].strip()
-        if raw_label == "":
-            raise UserError(
-                f"{path} line {lineno}: the label is missing (task {spec.name!r}).",
-                fix="fix or remove that line.",
-            )
-        if spec.kind == "regression":
-            try:
-                label: int | float = float(raw_label)
-            except ValueError:
-                label = math.nan
-            if not math.isfinite(label):
-                raise UserError(
-                    f"{path} line {lineno}: label {raw_label!r} is not a number (task {spec.name!r} is a regression).",
-                    fix="fix or remove that line.",
-                )
-        else:
-            if raw_label not in label_ids:
-                raise UserError(
-                    f"{path} line {lineno}: unknown label {raw_label!r} (task {spec.name!r} has labels {spec.labels}).",
-                    fix="fix the line or add the label to the task's `labels`.",
-                )
-            label = label_ids[raw_label]
+        label = _tsv_label(spec, cells[index[spec.label]].strip(), label_ids, f"{path} line {lineno}")
         text_b = cells[index[spec.text_b]] if spec.text_b is not None else None
         out.append(TextExample(cells[index[spec.text_a]], text_b, label, lineno))
         if limit is not None and len(out) >= limit:
@@ -301,6 +261,53 @@ def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> l
             f"task {spec.name!r}: {path} has a header but no examples.", fix="add examples to the file."
         )
     return out
+
+
+def _tsv_columns(spec: TaskSpec, path: Path, first_line: str) -> tuple[dict[str | int, int], int]:
+    """Where each of the task's columns is in a row (by name in the header, or by number), and how
+    many columns a row has."""
+    if not spec.header:
+        index: dict[str | int, int] = {c: int(c) for c in spec.columns()}
+        return index, spec.num_columns or (max(index.values()) + 1)
+    header = first_line.split("\t")
+    index = {}
+    for col in spec.columns():
+        if isinstance(col, int):
+            index[col] = col
+        elif col in header:
+            index[col] = header.index(col)
+        else:
+            raise UserError(
+                f"{path} line 1: header has no column {col!r} (task {spec.name!r}); it has {header}.",
+                fix="name an existing column in the task definition.",
+            )
+    return index, spec.num_columns or len(header)
+
+
+def _tsv_label(spec: TaskSpec, raw_label: str, label_ids: dict[str, int], where: str) -> int | float:
+    """A row's label: a number for a regression, else the index of one of the task's labels.
+    `where`: 'PATH line N', for the messages."""
+    if raw_label == "":
+        raise UserError(
+            f"{where}: the label is missing (task {spec.name!r}).", fix="fix or remove that line."
+        )
+    if spec.kind == "regression":
+        try:
+            label = float(raw_label)
+        except ValueError:
+            label = math.nan
+        if not math.isfinite(label):
+            raise UserError(
+                f"{where}: label {raw_label!r} is not a number (task {spec.name!r} is a regression).",
+                fix="fix or remove that line.",
+            )
+        return label
+    if raw_label not in label_ids:
+        raise UserError(
+            f"{where}: unknown label {raw_label!r} (task {spec.name!r} has labels {spec.labels}).",
+            fix="fix the line or add the label to the task's `labels`.",
+        )
+    return label_ids[raw_label]
 
 
 def label_warnings(
