@@ -110,7 +110,7 @@ class LauncherLog:
 
     def _flush_traceback(self) -> None:
         block, self._traceback, self._exception_seen = self._traceback, [], False
-        quiet = any(explained_failure(held) for held in block)  # bertflow's own error says it
+        quiet = any(explained_failure(held) is not None for held in block)  # bertflow's own error says it
         for held in block:
             self._show(held, quiet=quiet)
 

@@ -44,10 +44,16 @@ NODES_JOINED = re.compile(r"Timed out after (\d+) seconds waiting for clients\. 
 SSH_UNREACHABLE = re.compile(r"Using hostfile at \S+ but host=(\S+) was not reachable via ssh")
 
 
-def explained_failure(line: str) -> bool:
-    """Whether `line` ends a launcher's (not a rank's) traceback that `run_launcher` turns into its
-    own message: the traceback then stays in launcher.log."""
-    return bool(NODES_JOINED.search(line) or SSH_UNREACHABLE.search(line))
+def explained_failure(line: str) -> tuple[str, str] | None:
+    """The launcher's (not a rank's) failure that `line` says and `launch_failure` turns into its own
+    message: ("no_ssh", the host) or ("missing_nodes", how many came); None for any other line. Such
+    a line ends a traceback, which then stays in launcher.log (`pipelines.launcher_log`)."""
+    if unreachable := SSH_UNREACHABLE.search(line):
+        return "no_ssh", unreachable.group(1)
+    if joined := NODES_JOINED.search(line):
+        seconds, came, nodes = joined.groups()
+        return "missing_nodes", f"only {came} of {nodes} nodes joined in {seconds} s"
+    return None
 
 
 def free_port() -> int:
@@ -181,8 +187,9 @@ def run_launcher(
         preexec_fn=die_with_parent,  # the launcher passes SIGTERM on to the ranks
     )
     errors: list[str] = []
-    missing_nodes: list[str] = []  # torchrun's static rendezvous timed out
-    no_ssh: list[str] = []  # hosts DeepSpeed's launcher could not reach
+    # no_ssh: hosts DeepSpeed's launcher could not reach; missing_nodes: torchrun's static
+    # rendezvous timed out (`explained_failure`)
+    explained: dict[str, list[str]] = {"no_ssh": [], "missing_nodes": []}
     raised: list[str] = []  # the launcher's or a rank's last exception line, for a failure not explained
     try:
         assert proc.stdout is not None
@@ -191,11 +198,8 @@ def run_launcher(
             m = ERROR_LINE.search(line)
             if m and m.group(1) not in errors:
                 errors.append(m.group(1))
-            if unreachable := SSH_UNREACHABLE.search(line):
-                no_ssh.append(unreachable.group(1))
-            if joined := NODES_JOINED.search(line):
-                seconds, came, nodes = joined.groups()
-                missing_nodes.append(f"only {came} of {nodes} nodes joined in {seconds} s")
+            if failure := explained_failure(line):
+                explained[failure[0]].append(failure[1])
             if EXCEPTION_LINE.match(line):
                 raised.append(line)
             log_line(line)
@@ -204,7 +208,7 @@ def run_launcher(
         _stop_group(proc, log_line, stop_grace_s, stop_reason(exc))
         raise
     if rc != 0:
-        raise launch_failure(rc, errors, no_ssh, missing_nodes, raised)
+        raise launch_failure(rc, errors, explained["no_ssh"], explained["missing_nodes"], raised)
 
 
 def launch_failure(
