@@ -20,7 +20,7 @@ import numpy as np
 from common.atomic import MARKER_NAME, atomic_write_json
 from common.errors import UserError
 from common.paths import check_output_file
-from pipelines.model_commands_export import fresh_weights, resolve_model
+from pipelines.model_commands_export import ResolvedModel, fresh_weights, resolve_model
 
 if TYPE_CHECKING:
     from model.config import BertConfig
@@ -49,34 +49,15 @@ def evaluate_checkpoint(
     import torch
 
     from finetuning.chance import nsp_at_chance
-    from model.model_dir import check_finite
     from training.data import collate, load_split
     from training.evaluate import beats_unigram, evaluate_pretraining, mlm_baselines, train_target_counts
-    from training.preflight import check_shards
 
     if batch_size < 1 or (max_examples is not None and max_examples < 1):
         raise UserError("--batch-size and --max-examples must be positive integers.")
     _check_split_has_examples(shards, split)
-    resolved = resolve_model(checkpoint)
-    check_finite(
-        resolved.model,
-        str(checkpoint),
-        refusal="its figures would be meaningless",
-        fix="evaluate an earlier checkpoint of that run (its training diverged after it), or another model.",
-    )
-    has_nsp_head = _check_pretraining_heads(
-        resolved.fresh, fresh_weights(checkpoint, resolved.fresh), checkpoint
-    )
+    resolved, has_nsp_head = _checked_model(checkpoint, shards)
     model = resolved.model
     vocab_size = model.config.vocab_size
-    if resolved.tokenizer_dir is not None:
-        check_shards(
-            shards,
-            resolved.tokenizer_dir,
-            vocab_size,
-            fix=f"evaluate on shards preprocessed with the checkpoint's tokenizer (bertflow preprocess "
-            f"--vocab {resolved.tokenizer_dir}), or evaluate the model those shards were made for.",
-        )
     store = load_split(shards, split)
     _check_examples_fit(store, model.config, checkpoint, shards, split)
     n = len(store) if max_examples is None else min(max_examples, len(store))
@@ -103,6 +84,33 @@ def evaluate_checkpoint(
         # False: the checkpoint has no tokenizer files, so only the ids' range could be checked
         "vocabulary_checked": resolved.tokenizer_dir is not None,
     }
+
+
+def _checked_model(checkpoint: Path, shards: Path) -> tuple[ResolvedModel, bool]:
+    """The checkpoint's model, refused when its weights are not finite, when it has no trained MLM
+    head, or when its tokenizer (if it has one) is not the shards'; and whether it has its NSP head."""
+    from model.model_dir import check_finite
+    from training.preflight import check_shards
+
+    resolved = resolve_model(checkpoint)
+    check_finite(
+        resolved.model,
+        str(checkpoint),
+        refusal="its figures would be meaningless",
+        fix="evaluate an earlier checkpoint of that run (its training diverged after it), or another model.",
+    )
+    has_nsp_head = _check_pretraining_heads(
+        resolved.fresh, fresh_weights(checkpoint, resolved.fresh), checkpoint
+    )
+    if resolved.tokenizer_dir is not None:
+        check_shards(
+            shards,
+            resolved.tokenizer_dir,
+            resolved.model.config.vocab_size,
+            fix=f"evaluate on shards preprocessed with the checkpoint's tokenizer (bertflow preprocess "
+            f"--vocab {resolved.tokenizer_dir}), or evaluate the model those shards were made for.",
+        )
+    return resolved, has_nsp_head
 
 
 def _check_pretraining_heads(missing: list[str], fresh: list[str], checkpoint: Path) -> bool:
