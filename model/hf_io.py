@@ -311,15 +311,7 @@ def copy_tokenizer_files(
             f"{src} has no vocab.txt or tokenizer.json to put next to the model.",
             fix="pass --tokenizer DIR with the tokenizer the model was trained with.",
         )
-    source_meta: dict = {}
-    meta = src / "tokenizer_config.json"
-    if meta.is_file():
-        try:
-            source_meta = json.loads(read_user_text(meta, "tokenizer config"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UserError(f"{meta} is not valid JSON.") from None
-        if not isinstance(source_meta, dict):
-            raise UserError(f"{meta} is not valid JSON: it must hold an object.")
+    source_meta = _source_tokenizer_config(src)
     # a tokenizer.json's normalizer is how the pipeline tokenized: the config must say the same
     norm = (
         normalizer_settings(read_user_text(src / "tokenizer.json", "tokenizer"))
@@ -345,20 +337,36 @@ def copy_tokenizer_files(
 
         tok = BertWordPieceTokenizer(str(out / "vocab.txt"), lowercase=lowercase)
         tok.save(str(out / "tokenizer.json"))
-    atomic_write_json(
-        out / "tokenizer_config.json",
-        {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": lowercase,
-            **{k: v for k, v in norm.items() if k != "do_lower_case"},
-            "model_max_length": model_max_length,
-            "unk_token": "[UNK]",
-            "sep_token": "[SEP]",
-            "pad_token": "[PAD]",
-            "cls_token": "[CLS]",
-            "mask_token": "[MASK]",
-        },
-    )
+    atomic_write_json(out / "tokenizer_config.json", _tokenizer_config(lowercase, norm, model_max_length))
+
+
+def _source_tokenizer_config(src: Path) -> dict[str, Any]:
+    """The source's tokenizer_config.json ({} when it has none)."""
+    meta = src / "tokenizer_config.json"
+    if not meta.is_file():
+        return {}
+    try:
+        source_meta = json.loads(read_user_text(meta, "tokenizer config"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{meta} is not valid JSON.") from None
+    if not isinstance(source_meta, dict):
+        raise UserError(f"{meta} is not valid JSON: it must hold an object.")
+    return source_meta
+
+
+def _tokenizer_config(lowercase: bool, norm: dict[str, Any], model_max_length: int) -> dict[str, Any]:
+    """The tokenizer_config.json of an exported BERT: its normalizer settings (`norm`), its length."""
+    return {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": lowercase,
+        **{k: v for k, v in norm.items() if k != "do_lower_case"},
+        "model_max_length": model_max_length,
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
 
 
 def set_model_max_length(model_dir: Path, length: int) -> None:
