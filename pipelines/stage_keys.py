@@ -167,8 +167,43 @@ def stage_key_inputs(
         "vocab": content_stamp(cfg.data_path(cfg.tokenizer.vocab)) if cfg.tokenizer.vocab else None,
     }
     tok_key = digest(tok, KEY_LENGTH)
-    phases: dict[str, dict[str, Any]] = {}  # the earlier pretraining phases' preprocess@NAME, pretrain@NAME
-    # the first phase starts from init_from's model (by content), each later one from the one before
+    phases = _phase_key_inputs(cfg, settings, tok_key, earlier=earlier, hostfile_by_file=hostfile_by_file)
+    pre_key = digest(phases["pretrain"], KEY_LENGTH)  # the main phase's
+    fin = {
+        "stage": "finetune",
+        "config": settings(cfg.finetune),
+        "task_config": _config_file_digest(cfg.finetune.task_config),
+        "model": settings(cfg.model),
+        "data_root": str(cfg.resolved_data_root()),
+        "pretrain": pre_key,
+        "tokenizer": tok_key,
+        # the tasks' definitions and data, as the units' keys hold them (since 2026-11-27: an edited
+        # task file retrained the units but reused the scorecard that came before)
+        **({} if earlier else {"tasks": _task_stamps(cfg)}),
+    }
+    fin_key = digest(fin, KEY_LENGTH)
+    rep = {
+        "stage": "report",
+        "config": settings(cfg.report),
+        "pretrain": pre_key,
+        "finetune": fin_key,
+    }
+    verify = _verify_key_inputs(cfg, settings, tok, phases, fin, earlier=earlier)
+    return {"verify": verify, "tokenizer": tok, **phases, "finetune": fin, "report": rep}
+
+
+def _phase_key_inputs(
+    cfg: PipelineConfig,
+    settings: Callable[[Section], dict[str, Any]],
+    tok_key: str,
+    *,
+    earlier: bool,
+    hostfile_by_file: bool,
+) -> dict[str, dict[str, Any]]:
+    """The key inputs of each pretraining phase's preprocess@NAME and pretrain@NAME, in order, the
+    main phase's last (as preprocess and pretrain). The first phase starts from init_from's model
+    (by content), each later one from the one before."""
+    phases: dict[str, dict[str, Any]] = {}
     init_from = model_dir_stamp(cfg.pretrain.init_from) if cfg.pretrain.init_from else None
     for index, name in enumerate(phase_names(cfg)):
         phase = cfg.phase_config(index)
@@ -198,30 +233,25 @@ def stage_key_inputs(
         pre_key = digest(pre, KEY_LENGTH)
         phases[phase_stage("preprocess", name)], phases[phase_stage("pretrain", name)] = prep, pre
         init_from = {"phase": name, "pretrain": pre_key}
-    fin = {
-        "stage": "finetune",
-        "config": settings(cfg.finetune),
-        "task_config": _config_file_digest(cfg.finetune.task_config),
-        "model": settings(cfg.model),
-        "data_root": str(cfg.resolved_data_root()),
-        "pretrain": pre_key,
-        "tokenizer": tok_key,
-        # the tasks' definitions and data, as the units' keys hold them (since 2026-11-27: an edited
-        # task file retrained the units but reused the scorecard that came before)
-        **({} if earlier else {"tasks": _task_stamps(cfg)}),
-    }
-    fin_key = digest(fin, KEY_LENGTH)
-    rep = {
-        "stage": "report",
-        "config": settings(cfg.report),
-        "pretrain": pre_key,
-        "finetune": fin_key,
-    }
-    verify = {
+    return phases
+
+
+def _verify_key_inputs(
+    cfg: PipelineConfig,
+    settings: Callable[[Section], dict[str, Any]],
+    tok: dict[str, Any],
+    phases: dict[str, dict[str, Any]],
+    fin: dict[str, Any],
+    *,
+    earlier: bool,
+) -> dict[str, Any]:
+    """The verify stage's key inputs: the files every other stage reads (corpus, tasks' data) by
+    content, and the checksums they are verified against."""
+    return {
         "stage": "verify",
         "config": settings(cfg.verify),
         "tokenizer": tok["inputs"],
-        "preprocess": prep["inputs"],
+        "preprocess": phases["preprocess"]["inputs"],
         **(
             {"phases": [phases[phase_stage("preprocess", n)]["inputs"] for n in phase_names(cfg)[:-1]]}
             if cfg.phases
@@ -234,7 +264,6 @@ def stage_key_inputs(
         "task_config": fin["task_config"],
         "data_root": str(cfg.resolved_data_root()),
     }
-    return {"verify": verify, "tokenizer": tok, **phases, "finetune": fin, "report": rep}
 
 
 PHASE_MARK = "@"  # pretrain@seq32: the pretrain stage of the phase named seq32
