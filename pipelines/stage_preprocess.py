@@ -265,26 +265,14 @@ def run_preprocess_stage(
 ) -> dict:
     """Write the shard directory `out_dir` (a local path or a URL); returns the stats (also in
     stats.json)."""
-    from preprocessing.beam_job import check_dask_scheduler, check_s3_endpoint, worker_credentials_note
     from preprocessing.wordpiece import load_tokenizer, vocab_list
 
     out_dir = str(out_dir)
     local = not storage.is_remote(out_dir)  # an object store has no locks: one writer is up to the user
     if local:
         check_own_output(out_dir, "preprocess", {"tokenizer": Path(tokenizer_path)})
-    options = check_preprocess_settings(cfg, beam_args)
-    paths = [*cfg.input, out_dir, options.get_all_options()["temp_location"]]
-    if note := worker_credentials_note(options, paths):
-        log.warning(note)
-    check_dask_scheduler(options)
-    check_s3_endpoint(options, paths)
-    storage.use_options(options)  # the driver's own reads and writes (S3 endpoint, credentials)
-    files = [str(p) for p in expand_inputs(cfg.input, data_root, remote_ok=True)]
-    if all(storage.size(p) == 0 for p in files):
-        raise UserError(
-            f"the corpus is empty: every input file is 0 bytes ({', '.join(map(str, files))}).",
-            fix="check --input / preprocess.input.",
-        )
+    options = _job_options(cfg, beam_args, out_dir)
+    files = _corpus_files(cfg, data_root)
     tok, _ = load_tokenizer(tokenizer_path)
     tokenizer_json, vocab = tok.to_str(), vocab_list(tok)
     identity = shard_identity(cfg, files, tokenizer_json, vocab)
@@ -323,6 +311,32 @@ def run_preprocess_stage(
             stats["examples"], stats["examples_per_split"], out_dir, seconds, stats["mb_per_second"] or 0,
         )  # fmt: skip
         return stats
+
+
+def _job_options(cfg: PreprocessConfig, beam_args: list[str] | None, out_dir: str) -> PipelineOptions:
+    """The Beam job's options, checked (settings, Dask scheduler, S3 endpoint) and used for the
+    driver's own reads and writes; warns when the workers may lack the credentials to read the paths."""
+    from preprocessing.beam_job import check_dask_scheduler, check_s3_endpoint, worker_credentials_note
+
+    options = check_preprocess_settings(cfg, beam_args)
+    paths = [*cfg.input, out_dir, options.get_all_options()["temp_location"]]
+    if note := worker_credentials_note(options, paths):
+        log.warning(note)
+    check_dask_scheduler(options)
+    check_s3_endpoint(options, paths)
+    storage.use_options(options)  # the driver's own reads and writes (S3 endpoint, credentials)
+    return options
+
+
+def _corpus_files(cfg: PreprocessConfig, data_root: str | None) -> list[str]:
+    """The input files `preprocess.input` names; a UserError when every one of them is empty."""
+    files = [str(p) for p in expand_inputs(cfg.input, data_root, remote_ok=True)]
+    if all(storage.size(p) == 0 for p in files):
+        raise UserError(
+            f"the corpus is empty: every input file is 0 bytes ({', '.join(map(str, files))}).",
+            fix="check --input / preprocess.input.",
+        )
+    return files
 
 
 def _run_job(
