@@ -110,7 +110,7 @@ def run_pretrain_stage(
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
     with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():
         if node_rank == 0:  # the output's writer; other nodes' ranks only add their checkpoint shards
-            mark_in_progress(out_dir)  # until write_marker below
+            mark_in_progress(out_dir)  # until _complete_output writes the marker
         spec_path = out_dir / "run_spec.json"
         spec.write(spec_path)
         started = _run_ranks(p, spec_path, world, node_rank, on_gpu, out_dir, log_line, log_debug)
@@ -119,26 +119,40 @@ def run_pretrain_stage(
         if node_rank > 0:
             log_line(f"pretrain: node {node_rank} done (node 0 writes {model_dir})")
             return model_dir
-        if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
-            raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
-        card, facts = finish_model_dir(out_dir, seconds=time.time() - started)
-        log_line(f"pretrain: model card {card}")
-        if facts.evaluation is not None and (note := context_free_note(facts.evaluation)):
-            log_line(warning_line(note))
-        write_marker(
-            out_dir,
-            {
-                "stage": "pretrain",
-                "code": stage_code("pretrain"),
-                "fingerprint": fingerprint,
-                "settings": spec.settings(),
-                "max_steps": p.max_steps,
-                "steps_before": steps_before(p.init_from),
-                "model": str(model_dir),
-            },
-        )
-        log_line(f"pretrain: done, model at {model_dir}")
-        return model_dir
+        return _complete_output(out_dir, spec, p, fingerprint, started, log_line)
+
+
+def _complete_output(
+    out_dir: Path,
+    spec: RunSpec,
+    p: PretrainConfig,
+    fingerprint: str,
+    started: float,
+    log_line: Callable[[str], None],
+) -> Path:
+    """Node 0, once the ranks are done: check that they wrote the model, add its model card and
+    write the completion marker (last). Returns the model directory."""
+    model_dir = out_dir / "model"
+    if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
+        raise RuntimeError(f"pretraining ended without writing {model_dir}; see the log above.")
+    card, facts = finish_model_dir(out_dir, seconds=time.time() - started)
+    log_line(f"pretrain: model card {card}")
+    if facts.evaluation is not None and (note := context_free_note(facts.evaluation)):
+        log_line(warning_line(note))
+    write_marker(
+        out_dir,
+        {
+            "stage": "pretrain",
+            "code": stage_code("pretrain"),
+            "fingerprint": fingerprint,
+            "settings": spec.settings(),
+            "max_steps": p.max_steps,
+            "steps_before": steps_before(p.init_from),
+            "model": str(model_dir),
+        },
+    )
+    log_line(f"pretrain: done, model at {model_dir}")
+    return model_dir
 
 
 def _finished_model(
