@@ -553,18 +553,7 @@ def run_steps(
     loader = PretrainLoader(
         data.store, data.plan, start_step, data.masking, p.prefetch_batches, pin_memory=spec.on_gpu
     )
-    val_batches = (
-        eval_batches(
-            data.val_store,
-            p.micro_batch_size,
-            ranks.world,
-            ranks.rank,
-            p.eval_batches,
-            p.gradient_accumulation_steps,
-        )
-        if data.val_store
-        else []
-    )
+    val_batches = validation_batches(spec, data, ranks)
     precision = precision_of(spec.ds_config)
     peak = None
     if spec.on_gpu:
@@ -611,16 +600,37 @@ def run_steps(
             if step % p.checkpoint_every == 0 or step == p.max_steps or stats.stop_requests:
                 last_tag = save_checkpoint(engine, spec, step, data.plan, ranks.rank)
             if stats.stop_requests and step < p.max_steps:
-                where = f" on one of the {p.nnodes} nodes" if p.nnodes > 1 else ""
-                raise PretrainingStopped(
-                    f"stopped by a stop request (Ctrl-C or SIGTERM{where}) after step {step} of {p.max_steps}; its checkpoint "
-                    f"is saved ({last_tag.name}). Rerun the same command{' on every node' if where else ''} to resume from it."
-                )
+                raise stopped_after(p, step, last_tag)
     finally:
         loader.close()
         if bar is not None:
             bar.close()
     return last_tag
+
+
+def validation_batches(spec: RunSpec, data: TrainData, ranks: Ranks) -> list[dict[str, torch.Tensor]]:
+    """This rank's share of the held-out batches evaluated every `eval_every` steps (none without
+    a held-out split)."""
+    if not data.val_store:
+        return []
+    p = spec.pretrain
+    return eval_batches(
+        data.val_store,
+        p.micro_batch_size,
+        ranks.world,
+        ranks.rank,
+        p.eval_batches,
+        p.gradient_accumulation_steps,
+    )
+
+
+def stopped_after(p: PretrainConfig, step: int, last_tag: Path) -> PretrainingStopped:
+    """The error a stop request ends the step loop with, once `step`'s checkpoint (`last_tag`) is saved."""
+    where = f" on one of the {p.nnodes} nodes" if p.nnodes > 1 else ""
+    return PretrainingStopped(
+        f"stopped by a stop request (Ctrl-C or SIGTERM{where}) after step {step} of {p.max_steps}; its checkpoint "
+        f"is saved ({last_tag.name}). Rerun the same command{' on every node' if where else ''} to resume from it."
+    )
 
 
 def progress_bar(spec: RunSpec, ranks: Ranks, start_step: int) -> Any:
