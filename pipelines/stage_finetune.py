@@ -37,6 +37,7 @@ from pipelines.stage_keys import (
 )
 
 if TYPE_CHECKING:
+    from common.tracking import WandbTarget
     from finetuning.units import Job
 
 
@@ -275,43 +276,20 @@ def main(args: argparse.Namespace) -> int:
     cfg_all = load_config(args.config, args.set)  # a config mistake is said before torch loads
     cfg = apply_flags(cfg_all.finetune, args)
 
-    from common.tracking import Tracker
+    from common.progress import Progress
     from finetuning import fanout, keep
-    from finetuning.scorecard import build_scorecard
     from finetuning.units import as_job_result, find_unit, finished_result
-    from training.ranks import visible_gpus
 
     jobs, output = _plan_from_args(cfg_all, cfg, args)
     jobs = keep.first_pass(cfg, jobs)
     selected = [j for j in jobs if j.unit == find_unit(cfg, args.unit)] if args.unit else jobs
     group = args.group or output.resolve().name
     wandb = cfg_all.wandb.target(group)
-    from common.progress import Progress
-
     reused = fanout.reuse_random_init_units(selected)
     fanout.refuse_nonfinite_encoders(cfg, selected)
-    from finetuning.tasks import check_requested_tasks  # a task file's data mistake, before any unit
-
-    tasks = [j.unit.task for j in selected]
-    for note in check_requested_tasks(
-        tasks, cfg.task_config, cfg_all.data_root, cfg.max_train_examples, cfg.max_eval_examples
-    ):
-        print(f"bertflow finetune: {warning_line(note)}", flush=True)
-    for note in fanout.untrained_positions_notes(cfg, selected):
-        print(f"bertflow finetune: {warning_line(note)}", flush=True)
+    _print_task_notes(cfg, selected, cfg_all.data_root)  # a task file's data mistake, before any unit
     complete = {j.out_dir for j in selected if keep.unit_complete(j)}
-    gpus = visible_gpus()
-    workers = fanout.worker_count(cfg, len(selected), gpus)
-    print(
-        f"bertflow finetune: {len(selected)} unit(s), {len(complete)} already complete"
-        + (f" ({reused} random-init units copied from a model of the same shape)" if reused else "")
-        + f", {workers} worker(s) of {fanout.unit_threads(cfg, workers, gpus)} torch thread(s) -> {output}",
-        flush=True,
-    )
-    if note := code_change_note("finetune", sorted(complete)):
-        print(f"bertflow finetune: {note}", flush=True)
-    if note := keep.retrain_note(selected, cfg.save_models):
-        print(f"bertflow finetune: {note}", flush=True)
+    _print_plan(cfg, selected, complete, reused, output)
     progress = Progress(len(selected) - len(complete), "units to run")
 
     def report(job: Job, result: dict) -> None:
@@ -324,17 +302,7 @@ def main(args: argparse.Namespace) -> int:
     results = _keep_models(cfg, selected, results, data_root=cfg_all.data_root, wandb=wandb, report=report)
     others = [j for j in jobs if j not in selected]  # --unit: the plan's others, finished ones as theirs
     results += [as_job_result(j, r) for j in others if (r := finished_result(j.out_dir)) is not None]
-    tracker = Tracker(
-        output / "scorecard_run",
-        wandb,
-        name=f"{group}/scorecard",
-        job_type="finetune-scorecard",
-        config=cfg.model_dump(mode="json"),
-    )
-    try:
-        build_scorecard(results, output, tracker)
-    finally:
-        tracker.finish()
+    _build_scorecard(cfg, results, output, wandb, group)
     print()
     print((output / "scorecard.md").read_text())
     failed = [r for r in results if "error" in r]
@@ -347,3 +315,58 @@ def main(args: argparse.Namespace) -> int:
         write_marker(output, {"stage": "finetune", "by": "bertflow finetune", "code": stage_code("finetune")})
         write_stage_key(output, stage_key_inputs(cfg_all.model_copy(update={"finetune": cfg}))["finetune"])
     return 0
+
+
+def _print_task_notes(cfg: FinetuneConfig, jobs: list[Job], data_root: str | None) -> None:
+    """Warnings about the tasks' data (`check_requested_tasks`) and about checkpoints whose position
+    embeddings the tasks' sequence length reaches past what they were trained on."""
+    from finetuning import fanout
+    from finetuning.tasks import check_requested_tasks
+
+    tasks = [j.unit.task for j in jobs]
+    for note in check_requested_tasks(
+        tasks, cfg.task_config, data_root, cfg.max_train_examples, cfg.max_eval_examples
+    ):
+        print(f"bertflow finetune: {warning_line(note)}", flush=True)
+    for note in fanout.untrained_positions_notes(cfg, jobs):
+        print(f"bertflow finetune: {warning_line(note)}", flush=True)
+
+
+def _print_plan(cfg: FinetuneConfig, jobs: list[Job], complete: set[Path], reused: int, output: Path) -> None:
+    """The line saying how many units run on how many workers, and the notes on reused outputs
+    made by other code and on finished units that train again to keep their model."""
+    from finetuning import fanout, keep
+    from training.ranks import visible_gpus
+
+    gpus = visible_gpus()
+    workers = fanout.worker_count(cfg, len(jobs), gpus)
+    print(
+        f"bertflow finetune: {len(jobs)} unit(s), {len(complete)} already complete"
+        + (f" ({reused} random-init units copied from a model of the same shape)" if reused else "")
+        + f", {workers} worker(s) of {fanout.unit_threads(cfg, workers, gpus)} torch thread(s) -> {output}",
+        flush=True,
+    )
+    if note := code_change_note("finetune", sorted(complete)):
+        print(f"bertflow finetune: {note}", flush=True)
+    if note := keep.retrain_note(jobs, cfg.save_models):
+        print(f"bertflow finetune: {note}", flush=True)
+
+
+def _build_scorecard(
+    cfg: FinetuneConfig, results: list[dict], output: Path, wandb: WandbTarget, group: str
+) -> None:
+    """output/scorecard.md and .json, and the scorecard's W&B run `<group>/scorecard`."""
+    from common.tracking import Tracker
+    from finetuning.scorecard import build_scorecard
+
+    tracker = Tracker(
+        output / "scorecard_run",
+        wandb,
+        name=f"{group}/scorecard",
+        job_type="finetune-scorecard",
+        config=cfg.model_dump(mode="json"),
+    )
+    try:
+        build_scorecard(results, output, tracker)
+    finally:
+        tracker.finish()
