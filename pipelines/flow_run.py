@@ -211,33 +211,11 @@ class FlowRun:
         """One task per fine-tuning unit of the flow's plan (`units` output: their futures)."""
         if not self.wanted("finetune"):
             return
-        from finetuning.fanout import (
-            UnitPool,
-            refuse_nonfinite_encoders,
-            reuse_random_init_units,
-            untrained_positions_notes,
-        )
-        from pipelines.stage_finetune import flow_plan
+        from finetuning import keep
+        from finetuning.fanout import UnitPool
 
         pretrain, tokenizer = (self.upstream(s) for s in upstream)
-        model_dir = Path(value_of(pretrain)["out_dir"]) / "model"
-        from finetuning import keep
-
-        jobs = keep.first_pass(
-            self.cfg.finetune, flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
-        )
-        self.unit_dirs = [str(job.out_dir) for job in jobs]
-        self.write_record()  # the units it is about to use
-        # before --force clears any finished unit
-        refuse_nonfinite_encoders(self.cfg.finetune, jobs, retrain="finetune" in self.forced)
-        for note in untrained_positions_notes(self.cfg.finetune, jobs):
-            get_run_logger().warning(note)
-        if "finetune" not in self.forced and (note := keep.retrain_note(jobs, self.cfg.finetune.save_models)):
-            get_run_logger().info("finetune: %s", note)
-        if "finetune" in self.forced:
-            for job in jobs:
-                clear(job.out_dir)
-        copied = 0 if "finetune" in self.forced else reuse_random_init_units(jobs)
+        jobs, copied = self._prepare_units(pretrain, tokenizer)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
         complete_before = [keep.unit_complete(job) for job in jobs]
         t0 = time.time()
@@ -254,6 +232,46 @@ class FlowRun:
                 f"{len(failed)} of {len(futures)} fine-tuning units failed (see their task logs); "
                 "rerun the same command to retry them."
             )
+        self._record_units(jobs, futures, complete_before, copied, t0)
+        self.outputs["units"] = futures
+        self._log_kept_models(jobs)
+
+    def _prepare_units(self, pretrain: Any, tokenizer: Any) -> tuple[list[Any], int]:
+        """The plan's units (recorded before they are used), with its warnings said and, under
+        `--force finetune`, their outputs cleared; returns them and how many random-init units
+        were copied from a model of the same shape."""
+        from finetuning import keep
+        from finetuning.fanout import (
+            refuse_nonfinite_encoders,
+            reuse_random_init_units,
+            untrained_positions_notes,
+        )
+        from pipelines.stage_finetune import flow_plan
+
+        forced = "finetune" in self.forced
+        model_dir = Path(value_of(pretrain)["out_dir"]) / "model"
+        jobs = keep.first_pass(
+            self.cfg.finetune, flow_plan(self.cfg, model_dir, Path(value_of(tokenizer)["out_dir"]))
+        )
+        self.unit_dirs = [str(job.out_dir) for job in jobs]
+        self.write_record()  # the units it is about to use
+        # before --force clears any finished unit
+        refuse_nonfinite_encoders(self.cfg.finetune, jobs, retrain=forced)
+        for note in untrained_positions_notes(self.cfg.finetune, jobs):
+            get_run_logger().warning(note)
+        if not forced and (note := keep.retrain_note(jobs, self.cfg.finetune.save_models)):
+            get_run_logger().info("finetune: %s", note)
+        if forced:
+            for job in jobs:
+                clear(job.out_dir)
+        copied = 0 if forced else reuse_random_init_units(jobs)
+        return jobs, copied
+
+    def _record_units(
+        self, jobs: list[Any], futures: list[Any], complete_before: list[bool], copied: int, t0: float
+    ) -> None:
+        """The `finetune-units` record: how many units ran, were cached or reused, and their time
+        (since `t0`)."""
         cached = [f.state.name == "Cached" for f in futures]
         reused = sum(done and not hit for done, hit in zip(complete_before, cached, strict=True))
         units_dir = self.root / "finetune" / "units"
@@ -272,7 +290,11 @@ class FlowRun:
             {**stage_record("finetune-units", units_dir, status, time.time() - t0, seconds, note), "key": "-"}
         )
         self.write_record()
-        self.outputs["units"] = futures
+
+    def _log_kept_models(self, jobs: list[Any]) -> None:
+        """List the fine-tuned models the units kept (`finetune.save_models`)."""
+        from finetuning import keep
+
         if kept := [job.out_dir / keep.MODEL_DIR for job in jobs if keep.kept_model(job.out_dir)]:
             shown = "\n  ".join(map(str, kept))
             get_run_logger().info(
