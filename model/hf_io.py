@@ -343,15 +343,7 @@ def copy_tokenizer_files(
 def _source_tokenizer_config(src: Path) -> dict[str, Any]:
     """The source's tokenizer_config.json ({} when it has none)."""
     meta = src / "tokenizer_config.json"
-    if not meta.is_file():
-        return {}
-    try:
-        source_meta = json.loads(read_user_text(meta, "tokenizer config"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{meta} is not valid JSON.") from None
-    if not isinstance(source_meta, dict):
-        raise UserError(f"{meta} is not valid JSON: it must hold an object.")
-    return source_meta
+    return read_json_object(meta, "tokenizer config") if meta.is_file() else {}
 
 
 def _tokenizer_config(lowercase: bool, norm: dict[str, Any], model_max_length: int) -> dict[str, Any]:

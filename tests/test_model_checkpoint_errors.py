@@ -167,6 +167,29 @@ def test_the_tokenizer_files_written_next_to_a_model(tmp_path):
         copy_tokenizer_files(src, tmp_path, vocab_size=3 * len(vocab))
 
 
+def test_a_bad_tokenizer_config_next_to_the_tokenizer_is_named_as_such(tmp_path):
+    """A source tokenizer_config.json holding a list was called 'not valid JSON' (it is valid JSON,
+    not an object), and a cut-short one did not say what was wrong: both are said as every other
+    JSON file a user gives is (common.jsonfile), and nothing is written."""
+    from model.hf_io import copy_tokenizer_files
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (src / "vocab.txt").write_text("".join(f"{t}\n" for t in SPECIALS.split()))
+    (src / "tokenizer_config.json").write_text("[1, 2]")
+    with pytest.raises(
+        UserError, match=r"tokenizer config .*tokenizer_config.json must hold a JSON object, not list"
+    ):
+        copy_tokenizer_files(src, out)
+    (src / "tokenizer_config.json").write_text('{"model_max_length": 3')
+    with pytest.raises(
+        UserError, match=r"tokenizer config .*tokenizer_config.json is not valid JSON \(corrupt or truncated"
+    ):
+        copy_tokenizer_files(src, out)
+    assert list(out.iterdir()) == []
+
+
 def test_a_tokenizer_other_than_the_checkpoints_own_is_refused(good, tmp_path, capsys):
     """--tokenizer is for a checkpoint without one: a different one used to replace the
     checkpoint's vocabulary in the export silently; an identical copy is accepted."""
