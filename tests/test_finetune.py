@@ -246,7 +246,7 @@ def test_the_flow_reads_a_hugging_face_baseline_with_its_own_tokenizer(tmp_path,
     assert tokenizers == {
         str(model_dir): flow,
         f"random:{model_dir}": flow,
-        str(minilm_dir): minilm_dir,
+        str(minilm_dir): minilm_dir.resolve(),  # the plan resolves it (a .venv may be a symlink)
         str(alike): flow,
         str(bare): flow,
     }
