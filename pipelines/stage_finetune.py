@@ -282,7 +282,8 @@ def main(args: argparse.Namespace) -> int:
 
     jobs, output = _plan_from_args(cfg_all, cfg, args)
     jobs = keep.first_pass(cfg, jobs)
-    selected = [j for j in jobs if j.unit == find_unit(cfg, args.unit)] if args.unit else jobs
+    unit = find_unit(cfg, args.unit) if args.unit else None  # reads the task definitions once
+    selected = [j for j in jobs if j.unit == unit] if unit else jobs
     group = args.group or output.resolve().name
     wandb = cfg_all.wandb.target(group)
     reused = fanout.reuse_random_init_units(selected)
