@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import progress_state
+from common.errors import UserError
 from common.stage_output import newest_verified_step
 from pipelines.run_history import flow_runs
 from pipelines.stage_keys import base_stage
@@ -42,6 +43,26 @@ def describe(name: str, old: Any, new: Any) -> str:
     if name in ("tokenizer", "init_from", "pretrain", "finetune"):
         return f"its input {name}"
     return f"{name} {json.dumps(old)} -> {json.dumps(new)}"
+
+
+def shown(changes: list[str]) -> str:
+    """The first `SHOWN_CHANGES` changes, then how many more."""
+    more = len(changes) - SHOWN_CHANGES
+    return "; ".join(changes[:SHOWN_CHANGES]) + (f" and {more} more" if more > 0 else "")
+
+
+def refuse_replacing(out_dir: str | Path, stage: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """A finished output in a folder the user named (`--output`) made from other settings or
+    inputs (`old`, `new`: what made it and what would, as `changed_settings` reads them) is refused,
+    not replaced: hours of preprocessing were lost to a flag left out. The flow's folders are keyed
+    by their inputs, so another output never lands in one of them."""
+    if changes := changed_settings(old, new, stage):
+        raise UserError(
+            f"{out_dir} holds a finished {stage} output made with other settings or inputs "
+            f"({shown(changes)}); bertflow {stage} would replace it.",
+            fix=f"choose another --output for these settings (the old ones find {out_dir} again as it "
+            f"is), or delete {out_dir} first to replace it.",
+        )
 
 
 def changed_settings(
@@ -109,12 +130,9 @@ def key_change_note(
         changes = changed_settings(old_inputs, inputs, stage, phase_own)
         if not changes:
             return "", False
-        shown = "; ".join(changes[:SHOWN_CHANGES]) + (
-            f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
-        )
         said = (
             f"{stage}: computes under a new key; since flow run {record.name} "
-            f"({record.data.get('started_utc', '?')} UTC) of config {config_name!r}: {shown}."
+            f"({record.data.get('started_utc', '?')} UTC) of config {config_name!r}: {shown(changes)}."
         )
         kept, lost = left_behind(old)
         return f"{said} {kept}".strip(), lost

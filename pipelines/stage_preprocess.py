@@ -92,6 +92,29 @@ def _read_marker(out_dir: str) -> dict | None:
     return storage.read_json(path) if storage.exists(path) else None
 
 
+def _refuse_other_shards(out_dir: str, identity: dict) -> None:
+    """Finished shards in `out_dir` made from other settings, tokenizer or corpus are refused
+    (`key_change.refuse_replacing`); damaged ones are left to `_finished_stats` to recompute."""
+    from pipelines.key_change import refuse_replacing
+
+    if not storage.exists(storage.join(out_dir, MARKER_NAME)):
+        return
+    try:
+        manifest = storage.read_json(storage.join(out_dir, MANIFEST_NAME))
+    except (OSError, ValueError):
+        return
+
+    def named(made: dict) -> dict:  # the tokenizer and the corpus by name, as a key change says them
+        return {
+            "config": made.get("config"),
+            "tokenizer": [made.get("tokenizer_sha256"), made.get("tokenizer_json_sha256")],
+            "inputs": made.get("input_fingerprint"),
+            "schema_version": made.get("schema_version"),
+        }
+
+    refuse_replacing(out_dir, "preprocess", named(manifest), named(identity))
+
+
 def _finished_stats(out_dir: str, identity: dict) -> dict | None:
     """stats.json of a complete output made from the same identity with intact shards, else None."""
     if not storage.exists(storage.join(out_dir, MARKER_NAME)):
@@ -262,9 +285,11 @@ def run_preprocess_stage(
     out_dir: Path | str,
     data_root: str | None = None,
     beam_args: list[str] | None = None,
+    replace: bool = True,
 ) -> dict:
     """Write the shard directory `out_dir` (a local path or a URL); returns the stats (also in
-    stats.json)."""
+    stats.json). `replace` False (an --output the user named): finished shards of other settings,
+    tokenizer or corpus there are refused, not recomputed over."""
     from preprocessing.wordpiece import load_tokenizer, vocab_list
 
     out_dir = str(out_dir)
@@ -276,6 +301,8 @@ def run_preprocess_stage(
     tok, _ = load_tokenizer(tokenizer_path)
     tokenizer_json, vocab = tok.to_str(), vocab_list(tok)
     identity = shard_identity(cfg, files, tokenizer_json, vocab)
+    if not replace:
+        _refuse_other_shards(out_dir, identity)
     stats = _finished_stats(out_dir, identity)
     if stats is not None:
         log.info("shards in %s are up to date", out_dir)
@@ -521,7 +548,9 @@ def main(args: argparse.Namespace) -> int:
     from pipelines.beam_console import beam_log_path, quiet_beam
 
     with quiet_beam(beam_log_path(out)):
-        stats = run_preprocess_stage(pcfg, vocab, out, cfg.data_root, beam_args=list(args.extra_args or []))
+        stats = run_preprocess_stage(
+            pcfg, vocab, out, cfg.data_root, beam_args=list(args.extra_args or []), replace=not args.output
+        )
     if not args.output:
         write_stage_key(out, stage_key_inputs(cfg.model_copy(update={"preprocess": pcfg}))["preprocess"])
     print(f"{out}: {stats['examples']} examples, IsNext ratio {stats['is_next_ratio']:.3f}")

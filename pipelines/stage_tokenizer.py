@@ -105,10 +105,13 @@ def unused_training_settings(cfg: TokenizerConfig) -> str | None:
     )
 
 
-def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None) -> Path:
+def run_tokenizer_stage(
+    cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None, replace: bool = True
+) -> Path:
     """Write vocab.txt, tokenizer.json and tokenizer_config.json to `out_dir`: loaded from
     `tokenizer.vocab`, or trained on the corpus; a trained one is reused while its settings, corpus
-    and files are unchanged. Returns `out_dir`."""
+    and files are unchanged. `replace` False (an --output the user named): a vocabulary trained
+    there with other settings or inputs is refused, not retrained over. Returns `out_dir`."""
     from preprocessing.wordpiece import load_tokenizer, save_tokenizer
 
     out_dir = Path(out_dir)
@@ -120,6 +123,10 @@ def run_tokenizer_stage(cfg: TokenizerConfig, out_dir: Path, data_root: str | No
         files = expand_inputs(cfg.input, data_root)
         identity = {"config": cfg.model_dump(), "inputs": [content_stamp(p) for p in files]}
     done = read_marker(out_dir)
+    if not replace and done is not None and done.get("identity") is not None:
+        from pipelines.key_change import refuse_replacing
+
+        refuse_replacing(out_dir, "tokenizer", done["identity"], identity or {"config": cfg.model_dump()})
     if identity is not None and done is not None and done.get("identity") == identity:
         if _files_intact(out_dir, done.get("files")):
             log.info("tokenizer in %s is up to date", out_dir)
@@ -234,7 +241,7 @@ def main(args: argparse.Namespace) -> int:
     refuse_training_flags(args, tcfg)
     flow_cfg = cfg.model_copy(update={"tokenizer": tcfg})
     out = Path(args.output) if args.output else stage_dir(flow_cfg, "tokenizer")  # or where the flow puts it
-    run_tokenizer_stage(tcfg, out, cfg.data_root)
+    run_tokenizer_stage(tcfg, out, cfg.data_root, replace=not args.output)
     if not args.output:
         write_stage_key(out, stage_key_inputs(flow_cfg)["tokenizer"])
     print(out)

@@ -476,3 +476,26 @@ def test_a_validation_split_is_said_empty_or_of_one_document_never_both() -> Non
     one = {"examples_per_split": {"train": 90, "validation": 4}, "documents_used": {"validation": 1}}
     said = data_warnings({**one, "documents_read": 50}, cfg)
     assert len(said) == 1 and said[0].startswith("the validation split holds one document"), said
+
+
+def test_finished_shards_in_a_named_output_are_not_recomputed_over(tmp_path, data_dir, minilm_dir, capsys):
+    """`bertflow preprocess --output DIR` with another setting than DIR's finished shards cleared
+    them and wrote others, unsaid (hours of Beam on a real corpus, and the shards a killed
+    pretraining resumes on); pretrain refuses the same mistake. Now refused before any work, naming
+    the setting, nothing touched; the old settings find the shards again."""
+    from pipelines.cli import main as cli_main
+
+    docs = (data_dir / "wiki/summaries_en.txt").read_text(encoding="utf-8").split("\n\n")
+    (tmp_path / "c.txt").write_text("\n\n".join(docs[:150]), encoding="utf-8")
+    out = tmp_path / "shards"
+    command = ["preprocess", "--input", str(tmp_path / "c.txt"), "--vocab", str(minilm_dir)]
+    command += ["--output", str(out), "--num-shards", "1", "--workers", "1"]
+    assert cli_main([*command, "--max-seq-length", "64"]) == 0
+    files = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert cli_main([*command, "--max-seq-length", "48"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} holds a finished preprocess output made with other settings or inputs " in err
+    assert "(preprocess.max_predictions_per_seq 10 -> 8; preprocess.max_seq_length 64 -> 48)" in err
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == files
+    assert cli_main([*command, "--max-seq-length", "64"]) == 0  # reused as it is
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == files

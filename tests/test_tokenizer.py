@@ -406,3 +406,24 @@ def test_a_folder_whose_vocab_txt_and_tokenizer_json_disagree_is_refused(tmp_pat
     )
     (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
     assert load_tokenizer(tmp_path)[0].get_vocab_size() == len(words)  # the same tokens: fine
+
+
+def test_a_trained_vocabulary_in_a_named_output_is_not_retrained_over(tmp_path, data_dir, capsys):
+    """`bertflow tokenizer --output DIR` with other settings than DIR's finished vocabulary retrained
+    over it, unsaid (the vocabulary its shards and models were made with, gone); pretrain refuses
+    the same mistake. Now refused, naming the setting, nothing touched; the old settings reuse it."""
+    from pipelines.cli import main as cli
+
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 400)), encoding="utf-8")
+    out = tmp_path / "tok"
+    command = ["tokenizer", "--input", str(src), "--output", str(out)]
+    assert cli([*command, "--vocab-size", "500"]) == 0
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert cli([*command, "--vocab-size", "600"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} holds a finished tokenizer output made with other settings or inputs " in err
+    assert "(tokenizer.vocab_size 500 -> 600)" in err and f"or delete {out} first" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    assert cli([*command, "--vocab-size", "500"]) == 0  # the old settings find it again
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
