@@ -352,7 +352,14 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     if path is not None:
         p = Path(path)
         check_input_file(p, "config file", fix="pass an existing YAML, e.g. configs/default.yaml.")
-        raw = read_user_yaml(p, "config file") or {}
+        raw = read_user_yaml(p, "config file")
+        if raw is None:  # every default would run: a 6-minute flow into ./runs under the name 'default'
+            raise UserError(
+                f"config file {p} holds no settings (it is empty or only comments); it would run every "
+                "built-in default, as config 'default' into ./runs.",
+                fix="write your settings into it (docs/config.md lists every key), or pass "
+                "configs/default.yaml to run the default.",
+            )
         if not isinstance(raw, dict):
             raise UserError(f"config file {p} must hold a mapping of sections, got {type(raw).__name__}.")
     over = parse_overrides(overrides)

@@ -51,6 +51,7 @@ def inputs(tmp_path_factory, data_dir, minilm_dir) -> dict[str, Path]:
         "cfg_unknown_key": "pretrain:\n  max_stepz: 10\n",
         "cfg_wrong_type": "pretrain:\n  max_steps: many\n",
         "cfg_not_mapping": "- just\n- a list\n",
+        "cfg_empty": "# my settings, to be written\n",
         "cfg_invalid_yaml": "pretrain:\n  max_steps: [1, 2\n",
         "cfg_unknown_preset": "model:\n  preset: huge\n",
         "cfg_good": "model:\n  preset: tiny\n",
@@ -405,6 +406,11 @@ CASES = [
         "config-not-a-mapping",
         _tokenizer("{cfg_not_mapping}"),
         lambda f: [str(f["cfg_not_mapping"]), "mapping"],
+    ),
+    Case(
+        "config-empty",  # ran every default: the 6-minute default flow into ./runs
+        _tokenizer("{cfg_empty}"),
+        lambda f: [str(f["cfg_empty"]), "holds no settings", "configs/default.yaml"],
     ),
     Case(
         "config-invalid-yaml",
