@@ -46,6 +46,7 @@ REPLACED_KEY = "utf8_replaced_lines:"  # utf8_replaced_lines:PATH = lines with i
 TEXT_LINES_KEY = "text_lines:"  # text_lines:PATH = its non-blank lines (counted only beside the above)
 BINARY_KEY = "binary:"  # binary:PATH = 1, a file with NUL bytes in its head (skipped)
 BAD_JSON_KEY = "bad_json:"  # bad_json:PATH = its JSONL lines that are not JSON (skipped)
+LONG_ONLY_KEY = "long_lines_only:"  # long_lines_only:PATH = its lines, all over 1 MiB (skipped)
 INVALID_UTF8_WARN_SHARE = 0.01  # of a file's lines: more is another encoding, not a stray byte
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
@@ -232,7 +233,8 @@ def _utf8_name(path: str) -> str:
 def corpus_file_warnings(counts: Mapping[str, int]) -> list[str]:
     """One line per corpus file of another encoding than UTF-8 (a UTF-16/32 file, skipped; or a
     meaningful share of lines with invalid UTF-8, replaced), naming it and the iconv command; one
-    per binary file (skipped) and per JSONL file with lines that are not JSON (skipped)."""
+    per binary file (skipped), per JSONL file with lines that are not JSON (skipped) and per file
+    whose every line is over 1 MiB (skipped)."""
     found = []
     for key, n in sorted(counts.items()):
         if key.startswith(NOT_UTF8_KEY):
@@ -245,6 +247,12 @@ def corpus_file_warnings(counts: Mapping[str, int]) -> list[str]:
             found.append(
                 f"{key[len(BAD_JSON_KEY) :]}: {n} line{' is' if n == 1 else 's are'} not valid JSON, skipped (each line of a "
                 'JSONL file must be one JSON object, double-quoted: {"text": "..."}).'
+            )
+        elif key.startswith(LONG_ONLY_KEY):
+            found.append(
+                f"{key[len(LONG_ONLY_KEY) :]}: all its text is in {n} line{'' if n == 1 else 's'} longer "
+                "than 1 MB, skipped (a line is read whole: a paragraph or a sentence). Break it into "
+                "lines, a blank line between documents (JSONL: one document per line, each under 1 MB)."
             )
         elif key.startswith(BINARY_KEY):
             path = key[len(BINARY_KEY) :]
@@ -297,9 +305,11 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                 return
             any_content = False
             lines = replaced = 0  # non-blank lines, and those with invalid UTF-8
+            long_lines: list[int] = []
 
             def long_line() -> None:
                 counts["lines_skipped_over_1mb"] += 1
+                long_lines.append(1)
                 warn("%s: skipped a line longer than 1 MB", path)
 
             for n, raw in enumerate(_raw_lines(fh, long_line)):
@@ -325,7 +335,10 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
             counts["files_truncated_or_corrupt"] += 1
             warn("%s: stopped reading, file is damaged (%s); documents before the damage are kept", path, exc)
             return
-    if not any_content:
+    if not any_content and long_lines:  # not empty: a document written on one line of megabytes
+        counts[f"{LONG_ONLY_KEY}{path}"] = len(long_lines)
+        warn("%s: every line of text is longer than 1 MB and was skipped", path)
+    elif not any_content:
         counts["files_empty"] += 1
         warn("%s: empty file", path)
 

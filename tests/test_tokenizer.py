@@ -427,3 +427,17 @@ def test_a_trained_vocabulary_in_a_named_output_is_not_retrained_over(tmp_path, 
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
     assert cli([*command, "--vocab-size", "500"]) == 0  # the old settings find it again
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+
+
+def test_a_corpus_written_on_lines_over_1_mb_is_said_so_not_empty(tmp_path, data_dir, caplog):
+    """A document of megabytes on one line (lines over 1 MiB are skipped) was warned 'empty file'
+    and refused with a fix about non-empty lines. Now the warning and the fix say that its every
+    line was over 1 MB and how to break it up."""
+    one_line = tmp_path / "book.txt"
+    text = " ".join(real_lines(data_dir, 3000))
+    assert len(text.encode()) > 2**20
+    one_line.write_text(text + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=rf"{one_line}: all its text is in 1 line longer than 1 MB.*Break it"):
+        run_tokenizer_stage(TokenizerConfig(input=[str(one_line)], vocab_size=300), tmp_path / "tok")
+    assert "empty file" not in caplog.text
+    assert f"{one_line}: every line of text is longer than 1 MB and was skipped" in caplog.text
