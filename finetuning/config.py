@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from common.settings import Section, Seed
 
@@ -76,3 +77,18 @@ class FinetuneConfig(Section):
         "checkpoint's and task's best lr (one per seed; the others' are removed once all are done); a "
         "finished unit without its model trains again",
     )
+
+    @field_validator("tasks", "baselines", "lrs", "seeds")
+    @classmethod
+    def _each_once(cls, values: list) -> list:
+        """A repeat ran no unit more: the scorecard counted the same unit twice, as two seeds of spread
+        0 (which narrows every seed-noise margin), or showed a task or baseline twice."""
+        repeated = [v for i, v in enumerate(values) if v in values[:i]]
+        if repeated:
+            raise PydanticCustomError(
+                "listed_twice",
+                "{value} is listed twice: list each once (a repeat runs no unit more, but the scorecard "
+                "counted its units twice, a repeated seed as a second run with a spread of 0)",
+                {"value": repr(repeated[0])},
+            )
+        return values

@@ -543,3 +543,23 @@ def test_a_task_files_data_mistakes_are_refused_by_verify_before_compute(
     with caplog.at_level(logging.WARNING, logger="bertflow.verify"):
         verify("ok")
     assert f"verify: task 'ok': every example of {tmp_path / 'dev.tsv'} has label 'neg'" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "item, named",
+    [
+        ("finetune.seeds=[1,2,1]", "finetune.seeds: 1 is listed twice"),
+        ("finetune.lrs=[1e-3,0.001]", "finetune.lrs: 0.001 is listed twice"),
+        ("finetune.tasks=rte,mrpc,rte", "finetune.tasks: 'rte' is listed twice"),
+        ("finetune.baselines=[random,random]", "finetune.baselines: 'random' is listed twice"),
+    ],
+)
+def test_a_finetune_list_entry_given_twice_is_refused(item, named):
+    """seeds: [1, 1] ran one unit and the scorecard counted it twice, 'seeds 1, 1' with a spread of
+    ±0.0, which narrows the seed-noise margin a Δ row is judged by; a repeated task or lr the same.
+    Refused, naming the key and the entry."""
+    with pytest.raises(UserError, match=re.escape(named) + ": list each once"):
+        load_config(PROJECT_ROOT / "configs" / "default.yaml", [item])
+    assert load_config(
+        PROJECT_ROOT / "configs" / "default.yaml", ["finetune.seeds=[1,2]"]
+    ).finetune.seeds == [1, 2]
