@@ -135,7 +135,7 @@ def part_fp16(ctx: Context) -> dict[str, Any]:
     """fp16 with dynamic loss scaling (DeepSpeed's, from the ZeRO template), every step logged."""
     p = ctx.plan
     row = run_stage(ctx, "pretrain_base_seq128_fp16", p.base_preset, 128, p.fp16_precision, p.fp16_micro_batch,
-                    p.fp16_steps - p.stage_warmup, "pretrain.warmup_steps=30")  # fmt: skip
+                    p.fp16_steps - p.stage_warmup, f"pretrain.warmup_steps={min(30, max(1, p.fp16_steps // 10))}")  # fmt: skip
     from common.tracking import read_metrics
 
     rows = [r for r in read_metrics(row["run_dir"]) if "loss" in r]

@@ -563,3 +563,22 @@ def test_a_finetune_list_entry_given_twice_is_refused(item, named):
     assert load_config(
         PROJECT_ROOT / "configs" / "default.yaml", ["finetune.seeds=[1,2]"]
     ).finetune.seeds == [1, 2]
+
+
+def test_a_warmup_longer_than_the_run_is_refused():
+    """`--set pretrain.max_steps=20` on the default config (warmup_steps 30) trained every step
+    below pretrain.lr, ending at 67% of it, unsaid. Refused, naming both settings; a phase that
+    inherits the main section's warmup too. A warmup left at its default is not checked (quick runs)."""
+    default = PROJECT_ROOT / "configs" / "default.yaml"
+    with pytest.raises(UserError, match=r"pretrain\.warmup_steps: 30 exceeds max_steps 20: .* 66\.7% of lr"):
+        load_config(default, ["pretrain.max_steps=20"])
+    with pytest.raises(UserError, match=r"phases\[0\]\.pretrain\.warmup_steps: 30 exceeds max_steps 10"):
+        load_config(default, ["phases=[{name: short, pretrain: {max_steps: 10}}]"])
+    assert load_config(default, ["pretrain.max_steps=30"]).pretrain.warmup_steps == 30
+    assert load_config(None, ["pretrain.max_steps=5"]).pretrain.max_steps == 5
+    from training.config import PretrainConfig  # a run made so before is still read (run_spec.json)
+
+    recorded = PretrainConfig.model_validate(
+        {"max_steps": 8, "warmup_steps": 1000}, context={"recorded": True}
+    )
+    assert recorded.warmup_steps == 1000

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from common.settings import Section, Seed
 
@@ -166,3 +167,23 @@ class PretrainConfig(Section):
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value
         raise ValueError("must be a number of ranks (1 or more) or auto")
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _warmup_within_the_run(cls, warmup: int, info: ValidationInfo) -> int:
+        """A warmup longer than the run (`--set pretrain.max_steps=20` on a config warming up for 30)
+        trained every step below the lr asked for, unsaid. Not the default warmup (quick runs of a
+        few steps that leave it alone keep running; a phase's section holds it from the main one's
+        dump), nor a run_spec.json read back: it ran so."""
+        steps = info.data.get("max_steps")  # absent when max_steps itself is invalid
+        recorded = bool(info.context and info.context.get("recorded"))
+        default = warmup == cls.model_fields["warmup_steps"].default
+        if steps is not None and warmup > steps and not (recorded or default):
+            raise PydanticCustomError(
+                "warmup_past_the_end",
+                "{warmup} exceeds max_steps {steps}: the lr would rise for the whole run and end at "
+                "{share} of lr, never reaching it. Fix: set warmup_steps below max_steps (the shipped "
+                "configs warm up for 1-10% of the steps), or raise max_steps",
+                {"warmup": warmup, "steps": steps, "share": f"{steps / warmup:.1%}"},
+            )
+        return warmup

@@ -110,7 +110,8 @@ class RunSpec(BaseModel):
 
     @classmethod
     def read(cls, path: Path) -> RunSpec:
-        return cls.model_validate(read_json_object(path, "run spec"))
+        # what a run was made with, read back: settings checked since (a warmup past max_steps) pass
+        return cls.model_validate(read_json_object(path, "run spec"), context={"recorded": True})
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
