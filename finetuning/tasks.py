@@ -124,11 +124,18 @@ class TaskSpec(BaseModel):
 
 def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
     try:
-        raw = read_user_yaml(path, "task config") or {}
+        raw = read_user_yaml(path, "task config")
     except OSError as exc:
         raise UserError(
             f"task config {path} cannot be read: {exc}", fix="pass a readable YAML file."
         ) from None
+    if raw is None:  # the built-in tasks of the same names would run in place of the user's
+        raise UserError(
+            f"task config {path} defines no task (it is empty or only comments); the built-in "
+            "definitions would run in place of yours.",
+            fix="define your tasks in it (finetuning/tasks.yaml shows the schema), or drop "
+            "--task-config / finetune.task_config.",
+        )
     if not isinstance(raw, dict):
         raise UserError(
             f"task config {path} must map task names to definitions.", fix="see finetuning/tasks.yaml."

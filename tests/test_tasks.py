@@ -296,3 +296,14 @@ def test_integer_labels_are_read_as_their_text(tmp_path, data_dir):
     spec = load_task_specs(str(cfg))["movies"]
     assert spec.labels == ["0", "1"]
     assert [e.label for e in read_tsv_examples(spec, spec.path("train"))] == [1, 0]
+
+
+@pytest.mark.parametrize("text", ["", "# my tasks, to be written\n\n"])
+def test_an_empty_task_config_is_refused_not_read_as_no_change(tmp_path, text):
+    """An empty --task-config (a file saved empty, or only comments) was read as no definitions, so
+    `--tasks sst2 --task-config mine.yaml` fine-tuned the built-in SST-2 instead of the user's own
+    data, unsaid. Refused, naming the file and the fix."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=rf"task config {re.escape(str(path))} defines no task .*Fix: define"):
+        get_task("sst2", str(path))
