@@ -502,13 +502,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_set_argument(parser, dest="set")
 
 
+def refuse_misread_config(args: argparse.Namespace) -> None:
+    """Unknown flags pass to Beam, so the value of a mistyped one (`--tokenizer DIR`, written apart)
+    became the CONFIG argument, and the error was about a config file the user never gave ('config
+    file DIR is a folder', 'vocab.txt is not valid YAML'). Called when the config fails to load:
+    says the flag instead."""
+    from preprocessing.beam_job import unknown_beam_options
+
+    bare = [flag for flag in unknown_beam_options(list(args.extra_args or [])) if "=" not in flag]
+    if args.config and bare:
+        raise UserError(
+            f"unknown option {bare[-1]}: neither a bertflow preprocess flag nor a Beam pipeline option, so "
+            f"the word after it, {args.config}, was read as the CONFIG argument.",
+            fix="check the spelling (`bertflow preprocess --help`; the tokenizer is --vocab DIR; Beam "
+            "options are --name=value).",
+        ) from None
+
+
 def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from pipelines.config import load_config, validation_message
 
     command_logging()
-    cfg = load_config(args.config, args.set)
+    try:
+        cfg = load_config(args.config, args.set)
+    except UserError:
+        refuse_misread_config(args)
+        raise
     cfg = cfg.phase_config(cfg.phase_index(args.phase))  # the phase's shards (default: the main ones)
     section = cfg.preprocess.model_dump()
     flags = {

@@ -370,21 +370,25 @@ def _sum_counts(dicts) -> dict[str, int]:
     return dict(total)
 
 
-def pipeline_options(runner: str, workers: int, extra: list[str]) -> PipelineOptions:
-    """Local default: DirectRunner, one worker process per `workers`; any flag in `extra` wins.
-    A flag no Beam option knows is an error (Beam itself would only warn and drop it)."""
+def unknown_beam_options(extra: list[str]) -> list[str]:
+    """The flags in `extra` that no Beam pipeline option knows (of the runners registered so far)."""
     from apache_beam.options.pipeline_options import _BeamArgumentParser
 
-    if runner in ("DaskRunner", DASK_RUNNER):
-        import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions: --dask_*)
-
-        runner = DASK_RUNNER  # Beam knows it only by its full name
     parser = _BeamArgumentParser(allow_abbrev=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         cls._add_argparse_args(parser)
     _, unknown = parser.parse_known_args(extra)
-    unknown = [u for u in unknown if u.startswith("-")]
-    if unknown:
+    return [u for u in unknown if u.startswith("-")]
+
+
+def pipeline_options(runner: str, workers: int, extra: list[str]) -> PipelineOptions:
+    """Local default: DirectRunner, one worker process per `workers`; any flag in `extra` wins.
+    A flag no Beam option knows is an error (Beam itself would only warn and drop it)."""
+    if runner in ("DaskRunner", DASK_RUNNER):
+        import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions: --dask_*)
+
+        runner = DASK_RUNNER  # Beam knows it only by its full name
+    if unknown := unknown_beam_options(extra):
         raise UserError(
             f"unknown option(s) {' '.join(unknown)}: neither a bertflow preprocess flag nor a Beam pipeline option.",
             fix="check the spelling (`bertflow preprocess --help`; Beam options are --name=value).",

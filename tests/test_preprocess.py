@@ -499,3 +499,18 @@ def test_finished_shards_in_a_named_output_are_not_recomputed_over(tmp_path, dat
     assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == files
     assert cli_main([*command, "--max-seq-length", "64"]) == 0  # reused as it is
     assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == files
+
+
+def test_a_mistyped_flag_is_named_not_the_config_its_value_became(tmp_path, minilm_dir, capsys):
+    """`bertflow preprocess --tokenizer DIR` (pretrain's and finetune's flag; preprocess's is --vocab):
+    unknown flags pass to Beam, so DIR became the CONFIG argument and the error said 'config file DIR
+    is a folder', or for a vocab.txt 'is not valid YAML'. Now the flag is named, and --vocab."""
+    from pipelines.cli import main as cli_main
+
+    for value in (minilm_dir, minilm_dir / "vocab.txt"):
+        assert cli_main(["preprocess", "--tokenizer", str(value), "--output", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        said = "unknown option --tokenizer: neither a bertflow preprocess flag nor a Beam pipeline option"
+        assert f"{said}, so the word after it, {value}, was read as the CONFIG argument" in err
+        assert "the tokenizer is --vocab DIR" in err and "config file" not in err
+    assert not (tmp_path / "o").exists()
