@@ -24,6 +24,7 @@ from common.atomic import read_marker, write_marker
 from common.console import warning_line
 from common.errors import UserError
 from common.paths import check_output_dir
+from common.stage_output import check_own_output
 from finetuning.config import FinetuneConfig
 from finetuning.keep import MODEL_DIR
 from pipelines.config import PipelineConfig, bad_flag_value, load_config, validation_message
@@ -197,6 +198,19 @@ def flow_plan(cfg: PipelineConfig, model_dir: Path, tokenizer_dir: Path) -> list
     return jobs + (plan(cfg.finetune, theirs, root, data_root=cfg.data_root) if theirs else [])
 
 
+def check_finetune_output(out: str, checkpoints: list[str], tokenizer: str | None) -> None:
+    """`--output` neither a checkpoint's or the tokenizer's folder nor inside one, nor another stage's
+    output: units and scorecards were written into the model, the shards or the vocabulary."""
+    from finetuning.checkpoints import checkpoint_target
+
+    inputs = [
+        ("checkpoint", checkpoint_target(c)) for c in checkpoints if Path(checkpoint_target(c)).is_dir()
+    ]
+    for what, path in [*inputs, *([("tokenizer", tokenizer)] if tokenizer else [])]:
+        check_own_output(out, "finetune", {what: path})
+    check_own_output(out, "finetune", {})
+
+
 def _reads_otherwise(checkpoint: str, tokenizer_dir: Path) -> bool:
     """A model directory with a tokenizer of its own that tokenizes unlike `tokenizer_dir` (random
     weights and a model without tokenizer files are read with the flow's)."""
@@ -240,6 +254,7 @@ def _plan_from_args(
     check_output_dir(args.output, "--output")
     baselines = _csv(args.baselines) if args.baselines is not None else cfg.baselines
     checkpoints = with_baselines(args.checkpoint, baselines, cfg_all.data_root)
+    check_finetune_output(args.output, checkpoints, args.tokenizer)
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
     jobs = plan(cfg, checkpoints, Path(args.output), tokenizer_dir=tokenizer, data_root=cfg_all.data_root)
     return jobs, Path(args.output)

@@ -732,3 +732,50 @@ def test_pretrained_beats_random_init_on_sst2(tmp_path, minilm_dir):
     pre_row, rnd_row = card["rows"]
     assert pre_row["tasks"]["sst2"]["at_chance"] is False
     assert card["chance"]["values"] == {"sst2/accuracy": pytest.approx(expected)}
+
+
+def test_an_output_in_a_model_tokenizer_or_other_stage_folder_is_refused(tmp_path, minilm_dir, capsys):
+    """`bertflow finetune --output` took any folder: the checkpoint's own model folder (or one inside
+    it), the tokenizer's, a shard or pretraining output, and wrote units/ and scorecards into it.
+    Refused before any unit, as tokenizer, preprocess and pretrain refuse theirs; nothing written."""
+    from pipelines.cli import main as cli_main
+    from pipelines.stage_tokenizer import run_tokenizer_stage
+    from preprocessing.config import TokenizerConfig
+
+    tok = run_tokenizer_stage(TokenizerConfig(vocab=str(minilm_dir / "vocab.txt")), tmp_path / "tok")
+    model = tmp_path / "model"
+    write_hf_dir(
+        BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522)), model, tokenizer_dir=tok
+    )
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for name in ("manifest.json", "stats.json"):
+        (shards / name).write_text("{}")
+    run = [
+        "finetune",
+        "--tasks",
+        "rte",
+        "--max-train-examples",
+        "8",
+        "--max-eval-examples",
+        "8",
+        "--epochs",
+        "1",
+    ]
+    cases = [
+        (
+            ["--checkpoint", str(model), "--output", str(model / "ft")],
+            f"lies inside the checkpoint directory {model}",
+        ),
+        (
+            ["--checkpoint", "random:tiny", "--tokenizer", str(tok), "--output", str(tok)],
+            "is the tokenizer directory",
+        ),
+        (["--checkpoint", str(model), "--output", str(shards)], "holds a bertflow preprocess output"),
+    ]
+    before = {p for p in tmp_path.rglob("*")}
+    for argv, said in cases:
+        assert cli_main([*run, *argv, "--set", "finetune.seeds=[1]", "finetune.baselines=[]"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Fix: choose an --output folder of its own." in err
+    assert {p for p in tmp_path.rglob("*")} == before
