@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from common.errors import UserError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.config import add_set_argument
@@ -16,6 +18,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", default=None, help="pipeline YAML (default: built-in defaults)")
     parser.add_argument("--output", default=None, help="report directory (default: the flow's)")
     add_set_argument(parser)
+
+
+def check_report_output(out: Path) -> None:
+    """Not another stage's output nor a model folder: the report's _COMPLETE.json replaced theirs
+    (shards or a pretraining that the flow no longer found complete, and so computed again)."""
+    from common.stage_output import check_own_output
+
+    check_own_output(out, "report", {})
+    if (out / "config.json").is_file():
+        raise UserError(
+            f"the report output {out} is a model folder (it holds config.json); report would write its "
+            "files and its _COMPLETE.json into it.",
+            fix="choose an --output folder of its own.",
+        )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -28,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.output:
         check_output_dir(args.output, "--output")
+        check_report_output(Path(args.output))
     dirs = stage_dirs(cfg)
     out = Path(args.output) if args.output else dirs["report"]
     paths = build_report(cfg, out)

@@ -393,3 +393,21 @@ def test_the_report_w_and_b_run_summary_says_the_result_and_the_compute_times_th
     assert logged["pretrain/baseline/unigram_entropy"] == e.baselines["unigram_entropy"]
     assert logged["pretrain/verdict"] == verdict(e)
     assert f"{100 * e.metrics['val_mlm_acc']:.1f}" in paths["report_md"].read_text()  # as the page says
+
+
+def test_report_output_in_another_stages_folder_is_refused(tmp_path, minilm_dir, data_dir, capsys) -> None:
+    """`bertflow report --output` of a shard or pretraining output replaced its _COMPLETE.json with
+    the report's: the flow no longer found that stage complete and computed it again. Refused before
+    anything is written, as a model folder is; the stage's marker stays."""
+    from common.atomic import read_marker
+    from pipelines.cli import main as cli
+
+    overrides = [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled", "finetune.tasks=[]"]
+    dirs = make_stage_outputs(load_config(None, overrides), minilm_dir, data_dir)
+    for stage in ("preprocess", "pretrain"):
+        marker = read_marker(dirs[stage])
+        assert cli(["report", "--set", *overrides, "--output", str(dirs[stage])]) == 2
+        assert f"holds a bertflow {stage} output; report would overwrite it" in capsys.readouterr().err
+        assert read_marker(dirs[stage]) == marker and not (dirs[stage] / "report.md").exists()
+    assert cli(["report", "--set", *overrides, "--output", str(dirs["pretrain"] / "model")]) == 2
+    assert "is a model folder (it holds config.json)" in capsys.readouterr().err
