@@ -73,8 +73,8 @@ def model_dir_hint(directory: str | os.PathLike) -> str:
 
 
 def check_own_output(out_dir: str | os.PathLike, stage: str, inputs: dict[str, str | os.PathLike]) -> None:
-    """Refuse an output directory that is one of the stage's inputs (or lies inside one) or holds
-    another stage's output: writing there would mix files into it or remove it."""
+    """Refuse an output directory that is one of the stage's inputs (or lies inside one), a model
+    folder, or holds another stage's output: writing there would mix files into it or remove it."""
     out = Path(out_dir).expanduser().resolve()
     for what, path in inputs.items():
         source = Path(path).expanduser().resolve()
@@ -85,6 +85,12 @@ def check_own_output(out_dir: str | os.PathLike, stage: str, inputs: dict[str, s
                 f"its files into (and clear parts of) the {what}.",
                 fix="choose an --output folder of its own.",
             )
+    if (out / "config.json").is_file():  # stage_of says None for it: a model is no stage's output
+        raise UserError(
+            f"the {stage} output {out} is a model folder (it holds config.json); {stage} would write its "
+            "files into it, replacing those of the same name (its tokenizer's vocab.txt, _COMPLETE.json).",
+            fix="choose an --output folder of its own.",
+        )
     other = stage_of(out)
     if other is not None and other != stage:
         raise UserError(

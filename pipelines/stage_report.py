@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.errors import UserError
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.config import add_set_argument
@@ -20,23 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_set_argument(parser)
 
 
-def check_report_output(out: Path) -> None:
-    """Not another stage's output nor a model folder: the report's _COMPLETE.json replaced theirs
-    (shards or a pretraining that the flow no longer found complete, and so computed again)."""
-    from common.stage_output import check_own_output
-
-    check_own_output(out, "report", {})
-    if (out / "config.json").is_file():
-        raise UserError(
-            f"the report output {out} is a model folder (it holds config.json); report would write its "
-            "files and its _COMPLETE.json into it.",
-            fix="choose an --output folder of its own.",
-        )
-
-
 def main(args: argparse.Namespace) -> int:
     from common.atomic import read_marker, write_marker
     from common.paths import check_output_dir
+    from common.stage_output import check_own_output
     from pipelines.config import load_config
     from pipelines.report_builder import build_report
     from pipelines.stage_keys import stage_code, stage_dirs, stage_key_inputs, write_stage_key
@@ -44,7 +29,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.output:
         check_output_dir(args.output, "--output")
-        check_report_output(Path(args.output))
+        # not another stage's output nor a model folder: the report's _COMPLETE.json replaced
+        # theirs (shards or a pretraining the flow then no longer found complete, and computed again)
+        check_own_output(args.output, "report", {})
     dirs = stage_dirs(cfg)
     out = Path(args.output) if args.output else dirs["report"]
     paths = build_report(cfg, out)

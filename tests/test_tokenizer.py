@@ -441,3 +441,22 @@ def test_a_corpus_written_on_lines_over_1_mb_is_said_so_not_empty(tmp_path, data
         run_tokenizer_stage(TokenizerConfig(input=[str(one_line)], vocab_size=300), tmp_path / "tok")
     assert "empty file" not in caplog.text
     assert f"{one_line}: every line of text is longer than 1 MB and was skipped" in caplog.text
+
+
+def test_a_model_folder_is_not_a_tokenizer_output(tmp_path, data_dir, minilm_dir, capsys):
+    """`bertflow tokenizer --output RUN/pretrain/KEY/model` replaced the model's vocab.txt with a new
+    vocabulary, rc 0: the model's own token ids then read as other words. Refused (as for every
+    stage's output), nothing touched."""
+    from pipelines.cli import main as cli
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "vocab.txt"):
+        (model / name).write_bytes((minilm_dir / name).read_bytes())
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 400)), encoding="utf-8")
+    command = ["tokenizer", "--input", str(src), "--vocab-size", "500", "--output", str(model)]
+    assert cli(command) == 2
+    assert f"the tokenizer output {model} is a model folder (it holds config.json)" in capsys.readouterr().err
+    assert (model / "vocab.txt").read_bytes() == (minilm_dir / "vocab.txt").read_bytes()
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "vocab.txt"]
