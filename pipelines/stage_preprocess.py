@@ -550,6 +550,10 @@ def main(args: argparse.Namespace) -> int:
         pcfg = PreprocessConfig.model_validate(section)
     except ValidationError as exc:
         raise UserError(f"invalid preprocess settings: {validation_message(exc, 'preprocess')}") from None
+    if not cfg.pretrain.init_from:  # as `bertflow run` checks it: not after hours of Beam, at pretraining
+        from pipelines.stage_pretrain import check_positions
+
+        check_positions(cfg.model_copy(update={"preprocess": pcfg}))
     # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
 
     flow = stage_dirs(cfg.model_copy(update={"preprocess": pcfg}))

@@ -514,3 +514,19 @@ def test_a_mistyped_flag_is_named_not_the_config_its_value_became(tmp_path, mini
         assert f"{said}, so the word after it, {value}, was read as the CONFIG argument" in err
         assert "the tokenizer is --vocab DIR" in err and "config file" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_sequences_longer_than_the_configs_model_are_refused_before_the_job(tmp_path, minilm_dir, capsys):
+    """`bertflow preprocess --max-seq-length 1024` for a model of 512 positions ran the whole Beam job
+    (hours on a real corpus); only pretraining then refused the shards. Refused first now, as
+    `bertflow run` refuses it; a model given more positions takes them."""
+    from pipelines.cli import main as cli_main
+
+    (tmp_path / "c.txt").write_text("One sentence here. And another one.\n\nA second document. It ends.\n")
+    command = ["preprocess", "--input", str(tmp_path / "c.txt"), "--vocab", str(minilm_dir)]
+    command += ["--output", str(tmp_path / "o"), "--max-seq-length", "1024", "--num-shards", "1"]
+    assert cli_main(command) == 2
+    err = capsys.readouterr().err
+    assert "preprocess.max_seq_length 1024 exceeds the model's 512 positions" in err
+    assert not (tmp_path / "o").exists()
+    assert cli_main([*command, "--set", "model.max_position_embeddings=1024"]) == 0
