@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 
@@ -19,6 +22,19 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def watch_parent(parent: int, on_orphaned: Callable[[], None]) -> None:
+    """Call `on_orphaned` (once, from a daemon thread) when this process's parent `parent` is gone,
+    within half a second. For a child whose parent may die without passing a signal on (kill -9 of
+    the torchrun launcher: its ranks, in sessions of their own, would train on with no one waiting)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        on_orphaned()
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
 def to_devnull(stream: TextIO) -> None:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
-import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -37,6 +35,7 @@ from typing import Any
 import torch
 
 from common.atomic import read_marker
+from common.child_process import watch_parent
 from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_content, model_dir_stamp
 from common.tracking import WandbTarget
@@ -398,15 +397,8 @@ def run(
     return results
 
 
-def _watch_parent(parent: int) -> None:
-    while True:
-        if os.getppid() != parent:
-            os._exit(1)
-        time.sleep(0.5)
-
-
 def _init_worker(parent: int, threads: int, devices: Any) -> None:
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    watch_parent(parent, lambda: os._exit(1))  # a killed command leaves no worker training on
     import torch
 
     torch.set_num_threads(threads)

@@ -577,6 +577,41 @@ def test_kill_9_of_bertflow_still_saves_the_step_the_ranks_reached(data, tmp_pat
     )
 
 
+def test_kill_9_of_the_launcher_alone_stops_its_ranks_which_save_the_step_reached(data, tmp_path):
+    """`kill -9` of the torchrun launcher alone (the OOM killer's pick): its ranks live in sessions
+    of their own and got no signal, so they trained on with no one to stop them (a Ctrl-C of bertflow
+    stops the launcher's group, not theirs) and bertflow waited for them. Now each rank watches its
+    parent and stops as on SIGTERM: the step it reached is saved, and the command ends."""
+    shards, tok = data
+    out = tmp_path / "run"
+    sets = settings("pretrain.num_processes=1", "pretrain.checkpoint_every=100", "pretrain.max_steps=400")
+    proc = start_cli(shards, tok, out, sets, pipe=True, BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
+    ranks: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 240
+        while max(losses(out), default=0) < 3:
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.1)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        launcher = next(c for c in children if "torch.distributed.run" in c.cmdline())
+        ranks = [c for c in children if "training.train" in c.cmdline() and c is not launcher]
+        assert ranks
+        launcher.kill()
+        _, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive  # before: they trained on towards step 400
+        said = proc.communicate(timeout=60)[0].decode()
+    finally:
+        kill_tree(proc)
+        for rank in ranks:  # no longer the command's children
+            if rank.is_running():
+                rank.kill()
+    tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
+    step = max(losses(out))
+    assert tags == [f"global_step{step}"] and 3 <= step < 100, said[-2000:]
+    assert (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
+    assert proc.returncode != 0
+
+
 def test_a_hung_node_stops_the_others_within_dist_timeout_s_naming_it(data, tmp_path):
     """A node that hangs (its rank stopped, as by SIGSTOP or a stuck filesystem) held the other one
     in the gradient all-reduce for 30 minutes whatever pretrain.dist_timeout_s said: DeepSpeed's ZeRO

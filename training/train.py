@@ -20,6 +20,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.child_process import survive_a_lost_reader
+from common.child_process import survive_a_lost_reader, watch_parent
 from common.console import warning_line
 from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
@@ -826,6 +827,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     args = parser.parse_args(argv)
     survive_a_lost_reader()  # kill -9 of bertflow: the ranks still save the step they reached
+    # kill -9 of the launcher alone: its ranks, in sessions of their own, get no signal; they stop
+    # as on SIGTERM (training/stop_request.py), saving the step they reached, instead of training on
+    watch_parent(os.getppid(), lambda: os.kill(os.getpid(), signal.SIGTERM))
     local_rank = args.local_rank if args.local_rank is not None else int(os.environ.get("LOCAL_RANK", 0))
     spec = RunSpec.read(Path(args.spec))
     try:
