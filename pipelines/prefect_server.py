@@ -6,14 +6,20 @@ was still recording its crash, and Prefect then retried each API call for minute
 to API - All connection attempts failed"); `kill -TERM` ended `bertflow` without its atexit hooks
 and left the server running. Here the server runs in a session of its own (a Ctrl-C reaches only
 `bertflow`, which stops the server when the flow has recorded its end) and gets SIGTERM when
-`bertflow` dies, even by `kill -9`.
+`bertflow` dies, even by `kill -9`. A server that dies on its own while the flow runs (the OOM
+killer's pick, a `kill` of the wrong process) is started again on the same port and database: the
+flow's calls, which Prefect retries for a while, then reach it, and the flow goes on. Before, the
+stages finished and then `bertflow run` retried every record and event for minutes and ended in a
+ConnectError traceback, its work done but its run marked failed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,10 +36,38 @@ API_LIMIT = 200  # the most rows one read returns (the server's default PREFECT_
 
 class OwnedTemporaryServer(SubprocessASGIServer):
     """Prefect's temporary server (the same uvicorn command as Prefect 3.8's
-    `SubprocessASGIServer._run_uvicorn_command`) in its own session, dying with this process.
+    `SubprocessASGIServer._run_uvicorn_command`) in its own session, dying with this process, and
+    started again if it dies before `stop`.
 
     Prefect keeps one server per port in a class-level registry: created first, this instance is
     the one every later `SubprocessASGIServer()` of Prefect's client code returns."""
+
+    def start(self, timeout: int | None = None) -> None:
+        super().start(timeout)
+        if not hasattr(self, "_stopping"):
+            self._stopping = threading.Event()
+            # the thread that starts a server again must outlive it (die_with_parent)
+            threading.Thread(target=self._keep_alive, name="prefect-server-keeper", daemon=True).start()
+
+    def stop(self) -> None:
+        if hasattr(self, "_stopping"):
+            self._stopping.set()
+        super().stop()
+
+    def _keep_alive(self) -> None:
+        """Start the server again, on its port, whenever it ends before `stop` (checked twice a second)."""
+        while not self._stopping.wait(0.5):
+            proc = self.server_process
+            if proc is None or proc.poll() is None or self._stopping.is_set():
+                continue
+            logging.getLogger("prefect").warning(
+                "Prefect's temporary API server (pid %d) ended (exit code %s) while the flow runs; "
+                "starting it again on %s",
+                proc.pid,
+                proc.returncode,
+                self.address,
+            )
+            self.server_process = self._run_uvicorn_command()
 
     def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
         server_env = {

@@ -249,3 +249,33 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         group=False,
     )
     assert rc == 143 and log.endswith("bertflow run: terminated (SIGTERM)."), log[-3000:]
+
+
+def test_the_prefect_server_killed_mid_flow_is_started_again_and_the_flow_finishes(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """kill -9 of Prefect's temporary API server (uvicorn) during pretraining: the stages went on and
+    finished, then `bertflow run` retried every record and event for minutes and ended in a
+    ConnectError traceback, its run marked failed. Now the server is started again on its port and
+    database, and the flow finishes as usual."""
+    pretrain = {"max_steps": 30, "checkpoint_every": 10, "eval_every": 1000, "log_every": 1}
+    cfg = tiny_config(tmp_path, data_dir, pretrain=pretrain, finetune={"tasks": ["rte"], "baselines": []})
+    log_path = tmp_path / "run.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            _cmd(cfg), env={**_env(tmp_path), "BERTFLOW_DEBUG_STEP_DELAY_S": "0.3"}, cwd=PROJECT_ROOT,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    leftovers: list[psutil.Process] = []
+    try:
+        _wait_for(lambda: "step 3/30" in log_path.read_text(), proc, 600, "pretraining steps", log_path)
+        leftovers = psutil.Process(proc.pid).children(recursive=True)
+        server = next(p for p in leftovers if "uvicorn" in p.cmdline())
+        server.kill()
+        rc = proc.wait(timeout=300)
+    finally:
+        _kill_all(proc, leftovers)
+    said = log_path.read_text()
+    assert rc == 0, said[-3000:]
+    assert f"API server (pid {server.pid}) ended (exit code -9) while the flow runs" in said
+    assert "Traceback" not in said and "Error logging to API" not in said, said[-3000:]
