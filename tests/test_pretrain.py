@@ -612,6 +612,27 @@ def test_kill_9_of_the_launcher_alone_stops_its_ranks_which_save_the_step_reache
     assert proc.returncode != 0
 
 
+def test_a_rank_killed_by_sigkill_is_named_as_such(data, tmp_path):
+    """kill -9 of one rank (what the kernel's OOM killer does): it prints nothing, and the command said
+    only that the other rank 'lost contact' and to 'see which in the other ranks' lines'. Now it names
+    the rank that was killed and the signal, then the lost contact, and the step to resume from."""
+    shards, tok = data
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    sets = settings("pretrain.checkpoint_every=2", "pretrain.max_steps=400")  # 2 ranks
+    proc = start_cli(shards, tok, out, sets, (), log, BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
+    try:
+        wait_for(out / "checkpoints" / "global_step2" / checkpoint.VERIFIED_NAME, proc)
+        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "-u" in c.cmdline()]
+        victim = next(r for r in ranks if r.environ().get("LOCAL_RANK") == "1")
+        victim.kill()
+        assert proc.wait(timeout=120) == 1
+    finally:
+        kill_tree(proc)
+    error = log.read_text().strip().splitlines()[-1]
+    assert f"local rank 1 (pid {victim.pid}) was killed by SIGKILL (the kernel's OOM killer" in error, error
+    assert "lost contact with the other ranks" in error and "resume from the newest checkpoint" in error
+
+
 def test_a_hung_node_stops_the_others_within_dist_timeout_s_naming_it(data, tmp_path):
     """A node that hangs (its rank stopped, as by SIGSTOP or a stuck filesystem) held the other one
     in the gradient all-reduce for 30 minutes whatever pretrain.dist_timeout_s said: DeepSpeed's ZeRO

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,8 @@ ERROR_LINE = re.compile(r"rank \S+: error: (.*)")
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt): \S")
 # torch's TCPStore when nodes did not all come: "Timed out after 601 seconds waiting for clients. 1/2 clients joined."
 NODES_JOINED = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
+# a rank ended by a signal, as torchrun reports it: "failed (exitcode: -9) local_rank: 0 (pid: 1918) of binary"
+KILLED_RANK = re.compile(r"failed \(exitcode: -(\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 # DeepSpeed's launcher when it cannot ssh to the hostfile's first host
 SSH_UNREACHABLE = re.compile(r"Using hostfile at \S+ but host=(\S+) was not reachable via ssh")
 
@@ -54,6 +56,17 @@ def explained_failure(line: str) -> tuple[str, str] | None:
         seconds, came, nodes = joined.groups()
         return "missing_nodes", f"only {came} of {nodes} nodes joined in {seconds} s"
     return None
+
+
+def killed_rank(line: str) -> str | None:
+    """What `line` says if it reports a rank ended by a signal (no line of its own: kill -9, the
+    kernel's OOM killer), in a user's words; None for any other line."""
+    if not (m := KILLED_RANK.search(line)):
+        return None
+    signum, local_rank, pid = (int(g) for g in m.groups())
+    name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+    oom = " (the kernel's OOM killer does that when memory runs out: `dmesg` then says 'Killed process')"
+    return f"local rank {local_rank} (pid {pid}) was killed by {name}" + (oom if name == "SIGKILL" else "")
 
 
 def free_port() -> int:
@@ -191,6 +204,7 @@ def run_launcher(
     # rendezvous timed out (`explained_failure`)
     explained: dict[str, list[str]] = {"no_ssh": [], "missing_nodes": []}
     raised: list[str] = []  # the launcher's or a rank's last exception line, for a failure not explained
+    killed: list[str] = []  # ranks ended by a signal, which say nothing themselves
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -202,26 +216,38 @@ def run_launcher(
                 explained[failure[0]].append(failure[1])
             if EXCEPTION_LINE.match(line):
                 raised.append(line)
+            if what := killed_rank(line):
+                killed.append(what)
             log_line(line)
         rc = proc.wait()
     except BaseException as exc:
         _stop_group(proc, log_line, stop_grace_s, stop_reason(exc))
         raise
     if rc != 0:
-        raise launch_failure(rc, errors, explained["no_ssh"], explained["missing_nodes"], raised)
+        raise launch_failure(rc, errors, explained["no_ssh"], explained["missing_nodes"], raised, killed)
 
 
 def launch_failure(
-    rc: int, errors: list[str], no_ssh: list[str], missing_nodes: list[str], raised: list[str]
+    rc: int,
+    errors: list[str],
+    no_ssh: list[str],
+    missing_nodes: list[str],
+    raised: list[str],
+    killed: Sequence[str] = (),
 ) -> Exception:
     """What a failed launch raises: the ranks' own errors (UserError), else their lost contact with
-    each other (TransientError), a hostfile host without ssh, nodes that did not all join, or (a
+    each other, after the ranks `killed` by a signal (TransientError), a hostfile host without ssh, nodes that did not all join, or (a
     bug, or a crash without a message) the exit code with the last exception line printed."""
     # a rank's own error is the cause; the others then lost contact with it
     if causes := [e for e in errors if not e.startswith(LOST_PREFIX)]:
         return UserError("pretraining stopped: " + " | ".join(causes))
-    if errors:
-        return TransientError("pretraining stopped: " + " | ".join(errors))
+    if errors:  # the others lost contact; first who was killed, if one was
+        return TransientError("pretraining stopped: " + " | ".join([*killed, *errors]))
+    if killed:
+        return TransientError(
+            "pretraining stopped: " + " | ".join(killed) + ".",
+            fix="rerun the same command to resume from the newest checkpoint in OUT/checkpoints.",
+        )
     if no_ssh:
         return UserError(
             f"pretrain.hostfile names host {no_ssh[0]}, which this machine cannot reach by ssh without a "
