@@ -25,9 +25,11 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ import torch
 
 from common.atomic import read_marker
 from common.child_process import watch_parent
+from common.console import warning_line
 from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_content, model_dir_stamp
 from common.tracking import WandbTarget
@@ -67,6 +70,10 @@ from training.ranks import visible_gpus
 # sweep reuses every finished unit).
 NOT_IN_UNIT_KEY = {*FinetuneConfig.run_only, "tasks", "lrs", "seeds", "baselines", "task_config"}
 WORKER_DIED = "the worker process died (out of memory or killed); rerun to retry this unit"
+WORKER_LOST = (
+    "a fine-tuning worker process died (out of memory or killed), stopping the units in flight; "
+    "they run again in new workers (a unit whose worker dies twice fails)"
+)
 
 # How unit keys held their inputs, newest first (`unit_key`): "content", since 2026-11-27 (a moved
 # or copied checkpoint keeps its units); "stamps", since 2026-11-25: the checkpoint by its path and
@@ -325,19 +332,31 @@ class UnitPool:
             for i in range(self.workers):
                 devices.put(i % n_gpus)
         threads = unit_threads(cfg, self.workers, n_gpus)
-        self._pool = ProcessPoolExecutor(
+        self._new_pool = lambda: ProcessPoolExecutor(
             max_workers=self.workers,
             mp_context=ctx,
             initializer=_init_worker,
             initargs=(os.getpid(), threads, devices),
         )
-
-    def submit(self, job: Job) -> Future:
-        return self._pool.submit(_run_job, self.cfg, job, self.data_root, self.wandb)
+        self._pool = self._new_pool()
+        self._lock = threading.Lock()
 
     def run(self, job: Job) -> dict[str, Any]:
-        """Run one job in a worker and wait for it; never raises (a failure is an `error` result)."""
-        return outcome(job, self.submit(job))
+        """Run one job in a worker and wait for it; never raises (a failure is an `error` result).
+        A worker that dies (kill -9, the OOM killer) breaks the whole executor, failing every unit in
+        flight or queued with it: those run again in a fresh one, once; a unit whose worker dies
+        twice fails with WORKER_DIED."""
+        for _ in range(2):
+            pool = self._pool
+            try:
+                return pool.submit(_run_job, self.cfg, job, self.data_root, self.wandb).result()
+            except BrokenProcessPool:
+                with self._lock:  # the first unit to see it replaces it
+                    if self._pool is pool:
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        self._pool = self._new_pool()
+                        print(f"finetune: {warning_line(WORKER_LOST)}", file=sys.stderr, flush=True)
+        return failed_result(job, WORKER_DIED)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -368,13 +387,6 @@ def unit_threads(cfg: FinetuneConfig, workers: int, gpus: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers) if gpus else 1
 
 
-def outcome(job: Job, future: Future) -> dict[str, Any]:
-    try:
-        return future.result()
-    except BrokenProcessPool:
-        return failed_result(job, WORKER_DIED)
-
-
 def run(
     cfg: FinetuneConfig,
     jobs: list[Job],
@@ -386,14 +398,16 @@ def run(
     """Run `jobs` in a `UnitPool`; results in job order, as each finishes also passed to `on_result`."""
     results: list[dict[str, Any]] = [{}] * len(jobs)
     with UnitPool(cfg, len(jobs), data_root=data_root, wandb=wandb) as pool:
-        pending = {pool.submit(job): i for i, job in enumerate(jobs)}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                i = pending.pop(future)
-                results[i] = outcome(jobs[i], future)
-                if on_result is not None:
-                    on_result(jobs[i], results[i])
+        # one thread per worker, each waiting on its unit: units start in job order, as before
+        with ThreadPoolExecutor(max_workers=pool.workers) as threads:
+            pending = {threads.submit(pool.run, job): i for i, job in enumerate(jobs)}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = pending.pop(future)
+                    results[i] = future.result()
+                    if on_result is not None:
+                        on_result(jobs[i], results[i])
     return results
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +100,29 @@ def test_kill_during_second_unit_then_rerun(tmp_path, minilm_dir):
 def _logged_steps(unit_dir: Path) -> list[int]:
     rows = [json.loads(line) for line in (unit_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["step"] for r in rows if "train/loss" in r]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_takes_no_other_unit_with_it(tmp_path, minilm_dir):
+    """kill -9 of one fine-tuning worker (the OOM killer's way) while two train: a dead worker breaks
+    the whole process pool, so every unit in flight or still queued failed with it ('4 of 4 units
+    failed' in a flow). Now the units it took down run again in a fresh pool, once, and all finish."""
+    out = tmp_path / "out"
+    cmd = [*_command(minilm_dir, out), "--workers", "2"]  # the last --workers wins
+    proc = subprocess.Popen(
+        cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not all(
+        (d := _unit_dir(out, u)) is not None and (d / "metrics.jsonl").is_file() for u in UNITS[:2]
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, "two units never trained at once"
+        time.sleep(0.05)
+    workers = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    assert len(workers) == 2
+    workers[0].kill()
+    said = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, said[-3000:]
+    assert "a fine-tuning worker process died (out of memory or killed)" in said
+    for unit in UNITS:
+        assert (_unit_dir(out, unit) / "_COMPLETE.json").is_file()
