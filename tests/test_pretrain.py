@@ -577,6 +577,33 @@ def test_kill_9_of_bertflow_still_saves_the_step_the_ranks_reached(data, tmp_pat
     )
 
 
+def test_a_reader_that_leaves_stops_the_run_but_the_ranks_still_save_the_step_reached(data, tmp_path):
+    """`bertflow pretrain | tee log`, and tee dies: bertflow's next line raises BrokenPipeError, it
+    stops the ranks, saying 'the ranks save the step they reached', then its next line raised again
+    inside that stop, which took it for a second interrupt and SIGKILLed them: every step since the
+    last checkpoint lost. Now the stop goes on without the console: the step reached is saved."""
+    shards, tok = data
+    out = tmp_path / "run"
+    sets = settings("pretrain.num_processes=1", "pretrain.checkpoint_every=100")  # log_every 1
+    proc = start_cli(shards, tok, out, sets, pipe=True, BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
+    try:
+        deadline = time.time() + 240
+        while max(losses(out), default=0) < 3:
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.1)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.stdout.close()  # the reader is gone; bertflow lives on
+        assert proc.wait(timeout=120) == 141
+        _, alive = psutil.wait_procs(children, timeout=60)
+        assert not alive
+    finally:
+        kill_tree(proc)
+    tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
+    step = max(losses(out))
+    assert tags == [f"global_step{step}"] and 3 <= step < 12, (out / "launcher.log").read_text()[-2000:]
+    assert (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
+
+
 def test_kill_9_of_the_launcher_alone_stops_its_ranks_which_save_the_step_reached(data, tmp_path):
     """`kill -9` of the torchrun launcher alone (the OOM killer's pick): its ranks live in sessions
     of their own and got no signal, so they trained on with no one to stop them (a Ctrl-C of bertflow

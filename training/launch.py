@@ -287,6 +287,7 @@ def _stop_group(
     once when a second Ctrl-C or SIGTERM arrives meanwhile (which is then raised), to the launcher's
     group and to every process below it: torchrun starts each rank in a session of its own."""
     ranks = process_tree(proc.pid)  # now, while the launcher is their parent
+    log_line = _without_console_errors(log_line)  # the console's lost reader may be what stops the run
     drain = threading.Thread(target=_forward_lines, args=(proc, log_line), daemon=True)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -302,6 +303,19 @@ def _stop_group(
     except BaseException:
         _kill_group(proc, ranks)
         raise
+
+
+def _without_console_errors(log_line: Callable[[str], None]) -> Callable[[str], None]:
+    """`log_line` that lets an OSError pass (a pipe whose reader left, a hung-up terminal): during a
+    stop, such an error from a line is no second interrupt; it killed the ranks before they saved."""
+
+    def say(line: str) -> None:
+        try:
+            log_line(line)
+        except OSError:
+            pass
+
+    return say
 
 
 def _kill_group(proc: subprocess.Popen, known: dict[int, int]) -> None:
