@@ -22,7 +22,7 @@ from common.atomic import MARKER_NAME, TMP_PREFIX
 from common.console import command_logging
 from common.dir_lock import exclusive_dir
 from common.disk_space import disk_full_error, full_disk_path
-from common.errors import UserError
+from common.errors import TransientError, UserError
 from common.stage_output import check_own_output
 from pipelines.preprocess_progress import watch_preprocess
 from pipelines.stage_keys import (
@@ -48,6 +48,10 @@ WORK_DIR = "_work"
 # the bucket parts and the shards a job writes, per byte of corpus text and per dupe_factor: 1.7
 # at its peak on wiki_00.gz (1.0 MB of text, max_seq_length 128); rounded up for the message
 OUTPUT_BYTES_PER_TEXT_BYTE = 2.0
+
+
+# what the Beam job raises when one of its worker processes died (kill -9, the OOM killer)
+WORKER_DIED = ("Channel closed prematurely", "Worker subprocess exited with return code")
 
 
 def text_size(path: str) -> int:
@@ -406,6 +410,12 @@ def _run_job(
         return counts, entries, time.perf_counter() - start
     except Exception as exc:  # a Beam worker's error arrives as text in a RuntimeError
         if (full := full_disk_path(exc)) is None:
+            if any(text in str(exc) for text in WORKER_DIED):
+                raise TransientError(
+                    "a Beam worker process died (killed, or out of memory: the kernel's OOM killer) and the job "
+                    f"stopped ({exc}); nothing is complete in {out_dir}.",
+                    fix="rerun the same command (the job starts over); if memory ran out, lower preprocess.workers.",
+                ) from None
             raise
         needed = OUTPUT_BYTES_PER_TEXT_BYTE * input_bytes * cfg.dupe_factor
         raise disk_full_error(full or out_dir, needed, "this preprocess job") from None

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from common.atomic import read_marker
@@ -118,3 +119,32 @@ def test_rerun_on_a_damaged_output_recomputes_it(tmp_path, reference, data_dir, 
     shard.write_bytes(b"garbage")
     run(command(data_dir, minilm_dir, d))  # the marker is there, but the shard is not what it says
     assert snapshot(d) == snapshot(reference)
+
+
+def test_a_beam_worker_killed_is_named_as_such(tmp_path, data_dir, minilm_dir):
+    """kill -9 of one Beam worker process (the OOM killer's way): the command ended in a traceback,
+    'RuntimeError: Channel closed prematurely.', which named neither the worker nor a way on. Now
+    it says a worker died, and to rerun (exit 1, a flow stage retries it)."""
+    out = tmp_path / "shards"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    proc = subprocess.Popen(
+        command(data_dir, minilm_dir, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:  # wait until bucket part files are being written
+        if any((out / "_work" / "parts").rglob("*.arrow")) if (out / "_work").exists() else False:
+            break
+        time.sleep(0.1)
+    workers = [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if "apache_beam.runners.worker.sdk_worker_main" in p.cmdline()
+    ]
+    assert workers, "the run finished before it could be killed"
+    workers[0].kill()
+    said = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 1, said[-3000:]
+    last = said.strip().splitlines()[-1]
+    assert last.startswith("bertflow preprocess: error: a Beam worker process died"), said[-3000:]
+    assert read_marker(out) is None
