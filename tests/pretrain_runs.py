@@ -93,6 +93,21 @@ def start_cli(
             sink.close()
 
 
+def start_piped_until_step(
+    shards: Path, tok: Path, out: Path, sets: list[str], step: int = 3, **env: str
+) -> subprocess.Popen:
+    """`start_cli` with its output into a pipe (`proc.stdout`) and steps slowed down, returned once
+    metrics.jsonl holds step `step`: a run to stop or kill part of while it trains."""
+    proc = start_cli(shards, tok, out, sets, pipe=True, BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **env)
+    deadline = time.time() + 240
+    while max(losses(out), default=0) < step:
+        if proc.poll() is not None or time.time() > deadline:
+            kill_tree(proc)
+            raise AssertionError(f"the run ended (rc {proc.returncode}) or stalled before step {step}")
+        time.sleep(0.1)
+    return proc
+
+
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while not path.exists():

@@ -25,7 +25,15 @@ from common.fingerprint import digest
 from common.tracking import WandbTarget, read_metrics
 from model.hf_io import load_pretraining_model, read_state_dict
 from pipelines.stage_pretrain import run_pretrain_stage
-from tests.pretrain_runs import config, kill_tree, losses, settings, start_cli, wait_for
+from tests.pretrain_runs import (
+    config,
+    kill_tree,
+    losses,
+    settings,
+    start_cli,
+    start_piped_until_step,
+    wait_for,
+)
 from tests.shard_fixtures import make_shards, make_tokenizer_dir
 from tests.wandb_records import by_step, exit_code, history, run_info, summary
 from training import checkpoint
@@ -556,11 +564,7 @@ def test_kill_9_of_bertflow_still_saves_the_step_the_ranks_reached(data, tmp_pat
     shards, tok = data
     out = tmp_path / "run"
     sets = settings("pretrain.num_processes=1", "pretrain.checkpoint_every=100")  # log_every 1
-    proc = start_cli(shards, tok, out, sets, pipe=True, BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
-    deadline = time.time() + 240
-    while max(losses(out), default=0) < 3:
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.1)
+    proc = start_piped_until_step(shards, tok, out, sets, **ONE_THREAD)
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.kill()  # bertflow only; its launcher and rank live on, writing into the pipe
     proc.wait(timeout=30)
@@ -585,12 +589,8 @@ def test_a_reader_that_leaves_stops_the_run_but_the_ranks_still_save_the_step_re
     shards, tok = data
     out = tmp_path / "run"
     sets = settings("pretrain.num_processes=1", "pretrain.checkpoint_every=100")  # log_every 1
-    proc = start_cli(shards, tok, out, sets, pipe=True, BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
+    proc = start_piped_until_step(shards, tok, out, sets, **ONE_THREAD)
     try:
-        deadline = time.time() + 240
-        while max(losses(out), default=0) < 3:
-            assert proc.poll() is None and time.time() < deadline
-            time.sleep(0.1)
         children = psutil.Process(proc.pid).children(recursive=True)
         proc.stdout.close()  # the reader is gone; bertflow lives on
         assert proc.wait(timeout=120) == 141
@@ -612,13 +612,9 @@ def test_kill_9_of_the_launcher_alone_stops_its_ranks_which_save_the_step_reache
     shards, tok = data
     out = tmp_path / "run"
     sets = settings("pretrain.num_processes=1", "pretrain.checkpoint_every=100", "pretrain.max_steps=400")
-    proc = start_cli(shards, tok, out, sets, pipe=True, BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
+    proc = start_piped_until_step(shards, tok, out, sets, **ONE_THREAD)
     ranks: list[psutil.Process] = []
     try:
-        deadline = time.time() + 240
-        while max(losses(out), default=0) < 3:
-            assert proc.poll() is None and time.time() < deadline
-            time.sleep(0.1)
         children = psutil.Process(proc.pid).children(recursive=True)
         launcher = next(c for c in children if "torch.distributed.run" in c.cmdline())
         ranks = [c for c in children if "training.train" in c.cmdline() and c is not launcher]
