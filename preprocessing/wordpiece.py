@@ -179,7 +179,11 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
     for i, token in enumerate(lines):
         token = token.rstrip("\r")
         if token in vocab:
-            raise UserError(f"{path}: token {token!r} appears twice (lines {vocab[token] + 1} and {i + 1}).")
+            raise UserError(
+                f"{path}: token {token!r} appears twice (lines {vocab[token] + 1} and {i + 1}).",
+                fix="a vocab.txt lists each token once, its line number being its id: use the file the "
+                "model was trained with, or, if no model uses this vocabulary yet, delete the repeated line.",
+            )
         vocab[token] = i
     return vocab
 

@@ -120,7 +120,10 @@ def test_a_vocab_whose_config_declares_the_other_casing_is_refused_before_any_wo
 
 @pytest.mark.parametrize(
     "content, message",
-    [("hello\nworld\n", "special tokens"), ("[PAD]\n[PAD]\n", "appears twice")],
+    [
+        ("hello\nworld\n", "special tokens"),
+        ("[PAD]\n[PAD]\n", r"appears twice \(lines 1 and 2\)\. Fix: a vocab.txt lists each token once"),
+    ],
 )
 def test_bad_vocab_is_a_user_error(tmp_path, content, message):
     vocab = tmp_path / "vocab.txt"
