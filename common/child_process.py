@@ -56,17 +56,14 @@ class _ReaderSurvivingStream:
         try:
             return self._stream.write(text)
         except BrokenPipeError:
-            self._to_devnull()
+            to_devnull(self._stream)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
-            self._to_devnull()
-
-    def _to_devnull(self) -> None:
-        to_devnull(self._stream)
+            to_devnull(self._stream)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
