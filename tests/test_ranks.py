@@ -33,6 +33,13 @@ def test_auto_is_one_rank_per_gpu_or_the_cpu_ranks(gpus: int, ranks: int) -> Non
         assert resolve_ranks(pretrain("num_processes=2"), gpus).num_processes == 2
 
 
+@pytest.mark.parametrize("gpus,ranks", [(0, CPU_RANKS), (1, 1), (4, 4)])
+def test_the_built_in_default_runs_on_any_machine(gpus: int, ranks: int) -> None:
+    """`bertflow pretrain --shards S --tokenizer T` with no config: on a one-GPU machine the built-in
+    2 ranks were refused (`pretrain.num_processes 2 > 1 visible GPUs`, seen on an H200, 2026-11-28)."""
+    assert resolve_ranks(load_config(None).pretrain, gpus).num_processes == ranks
+
+
 def test_more_ranks_than_gpus_is_refused_unless_a_hostfile_places_them() -> None:
     with pytest.raises(UserError) as exc:
         resolve_ranks(pretrain("num_processes=2"), 1)

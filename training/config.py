@@ -42,7 +42,7 @@ class PretrainConfig(Section):
     deepspeed_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed JSON template")
     zero_stage: int | None = Field(None, ge=0, description="overrides the template's ZeRO stage")
     num_processes: int | Literal["auto"] = Field(
-        2, description="ranks on this node; auto: one per visible GPU, or 2 on a machine without one"
+        "auto", description="ranks on this node; auto: one per visible GPU, or 2 on a machine without one"
     )
     micro_batch_size: int = Field(
         16, ge=1, description="examples per rank and forward pass (at most, with global_batch_size)"
