@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 CONFIG    ?= configs/default.yaml
 
-.PHONY: install install-browser run cpu-hour test test-fast lint bench deploy clean gpu-check-prep gpu-check
+.PHONY: install install-browser run cpu-hour test test-fast lint bench deploy clean gpu-check-prep gpu-check gpu-flow-prep
 
 install: $(STAMP)
 
@@ -78,6 +78,11 @@ bench: install
 # no registry): `make gpu-check PARTS=base,hf,ops,kernels` or `bash benchmarks/gpu_check.sh --parts ...`.
 gpu-check-prep: install
 	$(PY) benchmarks/gpu_check_prep.py
+
+# The whole flow on a bare GPU machine: every run-time package the image lacks, packed, and the default's
+# data into .gpu_carry/flow; there: `bash benchmarks/gpu_flow_check.sh` (docs/benchmarks.md "The whole flow on a GPU").
+gpu-flow-prep: install
+	$(PY) benchmarks/gpu_flow_prep.py
 
 gpu-check:
 	PYTHON=$$(test -x $(PY) && echo $(CURDIR)/$(PY) || echo python3) bash benchmarks/gpu_check.sh $(if $(PARTS),--parts $(PARTS))

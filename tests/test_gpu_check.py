@@ -400,3 +400,17 @@ def test_prep_can_carry_the_one_hour_recipes_own_vocabulary(tmp_path, monkeypatc
         and seen[0].input == ["data:wiki/enwiki-2015/AA/wiki_*.gz"]
     )
     assert seen[1].vocab.endswith("vocab.txt")
+
+
+def test_the_flow_carry_holds_every_runtime_package_the_gpu_image_lacks_and_leaves_it_torch():
+    """`gpu_flow_prep.runtime_closure`: the project's run-time dependencies for the GPU's CPython 3.12,
+    with the extras each requirement names (the first carry without them failed on the GPU machine:
+    Prefect's server needs greenlet through `sqlalchemy[asyncio]`), less what the image keeps."""
+    from gpu_flow_prep import runtime_closure
+
+    closure = runtime_closure()
+    for needed in ("prefect", "apache-beam", "deepspeed", "wandb", "pydantic", "blingfire", "greenlet", "h2"):
+        assert needed in closure, needed
+    for kept in ("torch", "numpy", "pyarrow", "tokenizers", "grpcio"):
+        assert kept not in closure, kept
+    assert "dask" not in closure and "boto3" not in closure  # Beam's extras a flow on one machine never loads
