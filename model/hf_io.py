@@ -25,7 +25,7 @@ from common.jsonfile import read_json_object
 from common.paths import check_checkpoint_dir
 from common.stage_output import model_dir_hint
 from common.textfile import read_user_text
-from common.tokenizer_config import normalizer_settings
+from common.tokenizer_config import declared_do_lower_case, normalizer_settings
 from model.config import BertConfig
 from model.heads import BertForPreTraining
 
@@ -318,7 +318,11 @@ def copy_tokenizer_files(
         if "tokenizer.json" in found
         else {}
     )
-    lowercase = bool(norm.get("do_lower_case", source_meta.get("do_lower_case", True)))
+    lowercase = (
+        norm["do_lower_case"]
+        if "do_lower_case" in norm
+        else declared_do_lower_case(source_meta, src / "tokenizer_config.json", True)
+    )
     if model_max_length is None:
         model_max_length = source_meta.get("model_max_length")
         if not isinstance(model_max_length, int) or model_max_length > 10**6:  # HF's "no limit" value

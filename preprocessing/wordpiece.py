@@ -20,9 +20,10 @@ from tokenizers.models import WordPiece
 
 from common.atomic import atomic_write_json, atomic_write_text
 from common.errors import UserError
+from common.jsonfile import read_json_object
 from common.stage_output import model_dir_hint
 from common.textfile import read_user_text
-from common.tokenizer_config import normalizer_settings
+from common.tokenizer_config import declared_do_lower_case, normalizer_settings
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
@@ -224,12 +225,9 @@ def _check_specials(tok: Tokenizer, path: Path) -> None:
 
 def _lowercase_from_dir(directory: Path, default: bool) -> bool:
     cfg = directory / TOKENIZER_CONFIG
-    if cfg.is_file():
-        try:
-            return bool(json.loads(read_user_text(cfg, "tokenizer config")).get("do_lower_case", default))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UserError(f"{cfg} is not valid JSON.", fix="fix or delete it.") from None
-    return default
+    if not cfg.is_file():
+        return default
+    return declared_do_lower_case(read_json_object(cfg, "tokenizer config"), cfg, default)
 
 
 def declared_lowercase(path: str | Path) -> bool | None:

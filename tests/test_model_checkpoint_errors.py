@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,34 @@ def test_a_bad_tokenizer_config_next_to_the_tokenizer_is_named_as_such(tmp_path)
     ):
         copy_tokenizer_files(src, out)
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["false", 1, None])
+def test_a_do_lower_case_that_is_not_a_json_boolean_is_refused(tmp_path, value):
+    """A do_lower_case "false" (a string) beside a cased vocab.txt was read as true (Python
+    truthiness): the export wrote do_lower_case true and the loader lowercased, so 'Paris' became
+    [UNK]. transformers writes a JSON boolean; anything else is refused naming the file, the key and
+    the fix, by both readers, before anything is written."""
+    from model.hf_io import copy_tokenizer_files
+    from preprocessing.wordpiece import load_tokenizer
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (src / "vocab.txt").write_text("".join(f"{t}\n" for t in [*SPECIALS.split(), "Paris"]))
+    (src / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": value}))
+    message = (
+        rf"src/tokenizer_config\.json: do_lower_case is {re.escape(json.dumps(value))}, not true or false"
+    )
+    with pytest.raises(UserError, match=message) as err:
+        copy_tokenizer_files(src, out)
+    assert '"do_lower_case": false' in str(err.value)
+    assert list(out.iterdir()) == []
+    with pytest.raises(UserError, match=message):
+        load_tokenizer(src)
+    (src / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    tok, lowercase = load_tokenizer(src)
+    assert not lowercase and tok.encode("Paris").tokens == ["[CLS]", "Paris", "[SEP]"]
 
 
 def test_a_tokenizer_other_than_the_checkpoints_own_is_refused(good, tmp_path, capsys):
