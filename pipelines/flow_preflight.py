@@ -1,6 +1,7 @@
 """What `bertflow run` checks before Prefect starts: every setting a selected stage would refuse,
 refused now instead of after the stages before it have run (on a real corpus, hours of tokenizing
-and preprocessing). Each check is the stage's own, applied to the config (and to each phase)."""
+and preprocessing). Each check is the stage's own, applied to the config (and to each phase); a
+corpus with no file of text, which the stages find only by reading it, is refused by its files' heads."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ def check_flow(cfg: PipelineConfig, selected: list[str]) -> None:
     check_data_paths(cfg)
     if "tokenizer" in selected and cfg.tokenizer.vocab:
         check_configured_vocab(cfg)
+    elif "tokenizer" in selected:
+        check_corpus_is_text(cfg.tokenizer.input, cfg.data_root, "tokenizer.input")
     if "preprocess" in selected:
         check_flow_preprocess(cfg)
     if "pretrain" in selected:
@@ -54,8 +57,18 @@ def check_flow_preprocess(cfg: PipelineConfig) -> None:
             continue
         try:
             check_preprocess_settings(phase.preprocess)
+            check_corpus_is_text(phase.preprocess.input, cfg.data_root, "preprocess.input")
         except UserError as err:
             raise UserError(f"{prefix}{err}") from None
+
+
+def check_corpus_is_text(patterns: list[str], data_root: str | None, key: str) -> None:
+    """`key`'s local corpus holds a file of text (by the first 8 KiB of each, see
+    `refuse_unreadable_corpus`); one on an object store is checked by its stage."""
+    from preprocessing.corpus import match_inputs, refuse_unreadable_corpus
+
+    if not any("://" in p for p in patterns):
+        refuse_unreadable_corpus(match_inputs(patterns, data_root)[0], key)
 
 
 def check_flow_init_vocabulary(cfg: PipelineConfig) -> None:

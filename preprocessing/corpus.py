@@ -47,6 +47,9 @@ TEXT_LINES_KEY = "text_lines:"  # text_lines:PATH = its non-blank lines (counted
 BINARY_KEY = "binary:"  # binary:PATH = 1, a file with NUL bytes in its head (skipped)
 BAD_JSON_KEY = "bad_json:"  # bad_json:PATH = its JSONL lines that are not JSON (skipped)
 LONG_ONLY_KEY = "long_lines_only:"  # long_lines_only:PATH = its lines, all over 1 MiB (skipped)
+BINARY_FIX = (
+    "the corpus is read as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)"
+)
 INVALID_UTF8_WARN_SHARE = 0.01  # of a file's lines: more is another encoding, not a stray byte
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
@@ -226,6 +229,47 @@ def wide_encoding(head: bytes) -> str | None:
     return None
 
 
+def head_kind(head: bytes) -> str | None:
+    """Why the reader skips a file unread, by its first bytes: its encoding ("UTF-16", ...: see
+    `wide_encoding`) or "binary" (NUL bytes); None for text it reads."""
+    return wide_encoding(head) or ("binary" if b"\x00" in head else None)
+
+
+def _head(fh: BinaryIO) -> bytes:
+    """The first SNIFF_BYTES of a stream opened by `_open_binary`, left unread."""
+    return fh.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(fh, "peek") else b""
+
+
+def refuse_unreadable_corpus(files: list[Path], key: str) -> None:
+    """A corpus whose every file the reader would skip unread (binary, or UTF-16/32 text; empty
+    files aside) is refused naming the first such file and the fix, before any stage runs (the flow's
+    tokenizer would otherwise train on its own input first). Reads the first SNIFF_BYTES of each
+    file, up to the first of text; a file it cannot open is left to the stage to say."""
+    skipped: list[tuple[Path, str]] = []
+    for path in files:
+        try:
+            with _open_binary(path) as fh:
+                kind = head_kind(head := _head(fh))
+        except (EOFError, OSError, zlib.error):
+            return
+        if head and kind is None:
+            return
+        skipped += [(path, kind)] if kind else []
+    if not skipped:
+        return  # every file empty: the stages say so
+    path, kind = skipped[0]
+    rest = f" (and no other file of {key} holds text either)" if len(files) > 1 else ""
+    if kind == "binary":
+        raise UserError(
+            f"{key}: {path} is a binary file (NUL bytes), not text{rest}: the run would find no document.",
+            fix=f"name your text corpus in {key}: {BINARY_FIX}.",
+        )
+    raise UserError(
+        f"{key}: {path} is {kind} text, not UTF-8{rest}: the run would find no document.",
+        fix=f"convert it with `iconv -f {kind} -t UTF-8 {path} > {_utf8_name(str(path))}` and name that file.",
+    )
+
+
 def _utf8_name(path: str) -> str:
     return (path[:-4] if path.endswith(".txt") else path) + ".utf8.txt"
 
@@ -256,10 +300,7 @@ def corpus_file_warnings(counts: Mapping[str, int]) -> list[str]:
             )
         elif key.startswith(BINARY_KEY):
             path = key[len(BINARY_KEY) :]
-            found.append(
-                f"{path} is a binary file (NUL bytes), not text, and was skipped: the corpus is read as "
-                "plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)."
-            )
+            found.append(f"{path} is a binary file (NUL bytes), not text, and was skipped: {BINARY_FIX}.")
         elif key.startswith(REPLACED_KEY):
             path = key[len(REPLACED_KEY) :]
             lines = counts.get(TEXT_LINES_KEY + path, 0)
@@ -287,8 +328,8 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
         raise UserError(f"cannot read corpus file {path}: {exc}") from None
     with fh:
         try:
-            head = fh.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(fh, "peek") else b""
-            if encoding := wide_encoding(head):
+            head = _head(fh)
+            if (encoding := head_kind(head)) not in (None, "binary"):
                 counts["files_skipped_not_utf8"] += 1
                 counts[f"{NOT_UTF8_KEY}{encoding}:{path}"] = 1
                 warn(
@@ -298,7 +339,7 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                     encoding,
                 )
                 return
-            if b"\x00" in head:
+            if encoding == "binary":
                 counts["files_skipped_binary"] += 1
                 counts[f"{BINARY_KEY}{path}"] = 1
                 warn("skipping %s: binary file (NUL bytes)", path)

@@ -484,6 +484,41 @@ def test_the_flow_preflight_skips_a_complete_preprocess_and_reads_tokenizer_voca
         check_flow_init_vocabulary(load_config(None, [*sets, "tokenizer.lowercase=true"]))
 
 
+@pytest.mark.parametrize("key", ["tokenizer.input", "preprocess.input"])
+def test_a_corpus_of_no_text_is_refused_by_the_flow_preflight(tmp_path: Path, key: str) -> None:
+    """preprocess.input naming a binary file (/bin/ls copied as corpus.txt, a gzipped PNG) was
+    refused only after the flow's tokenizer had trained on tokenizer.input: now `bertflow run`'s
+    preflight refuses a corpus with no file of text (binary, or UTF-16) naming the file and the fix,
+    by the first 8 KiB of each; a text file beside it, or an empty one, is as before."""
+    import gzip
+
+    from pipelines.flow_preflight import check_flow
+    from pipelines.stage_plan import STAGES
+
+    binary = tmp_path / "corpus.txt"
+    binary.write_bytes(gzip.compress(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 200))
+    wide = tmp_path / "a_wide.txt"  # the first file of the three
+    wide.write_bytes("Some text. More text.\n".encode("utf-16"))
+    (tmp_path / "empty.txt").touch()
+    text = tmp_path / "text.txt"
+    text.write_text("A sentence. Another one.\n")
+
+    def check(*files: Path) -> None:
+        listed = ",".join(map(str, files))
+        check_flow(load_config(None, [f"run_dir={tmp_path / 'runs'}", f"{key}=[{listed}]"]), list(STAGES))
+
+    with pytest.raises(
+        UserError, match=rf"^{key}: {binary} is a binary file \(NUL bytes\), not text.*Fix: name"
+    ):
+        check(binary)
+    with pytest.raises(
+        UserError, match=rf"{key}: {wide} is UTF-16 text, not UTF-8 \(and no other file .*iconv"
+    ):
+        check(tmp_path / "empty.txt", wide, binary)
+    check(binary, text)  # a binary file among text is skipped by the stage, and said (as before)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_the_flow_preflight_compares_init_from_with_the_tokenizer_the_flow_trained(
     tmp_path: Path, minilm_dir: Path
 ) -> None:
