@@ -23,7 +23,8 @@ def stage_record(
     runs (a killed flow run's record keeps it), failed (`failed_record`); `code_note`: what
     `stage_keys.code_change_note` says when the output was made by other code than this run's;
     `started`: when the stage began (epoch seconds; a row is made as its stage starts or ends), so
-    `bertflow runs` can tell how long a stage a killed run left as running had run."""
+    `bertflow runs` can tell how long a stage a killed run left as running had run (a flow run
+    stopped by SIGTERM or Ctrl-C adds `stopped` to the row, its seconds those it ran until then)."""
     return {
         "stage": stage,
         "key": out_dir.name,

@@ -166,6 +166,9 @@ class FlowRun:
         except Exception as exc:
             self.records[-1] = failed_record(name, out, time.time() - t0, exc)
             raise
+        except BaseException:  # stopped (SIGTERM, Ctrl-C): still the stage it was in, and for how long
+            self.records[-1] = {**stage_record(name, out, "running", time.time() - t0, 0.0), "stopped": True}
+            raise
         status = "reused" if value.get("status") == "reused" else _cache_status(state)
         if status == "ran":
             self.made_here.add(name)

@@ -125,11 +125,16 @@ def _run_time(run: FlowRunRecord, runs: list[FlowRunRecord]) -> str:
 
 def _stage_time(run: FlowRunRecord, row: dict[str, Any], runs: list[FlowRunRecord]) -> str:
     """A stage's time; for one recorded as running (its 0.0 s is a placeholder): so far while the
-    flow run lives, else at least until the run was last seen; — for a row without its start."""
-    if row.get("status") != "running":
+    flow run lives; the time it ran until its flow run stopped (SIGTERM, Ctrl-C: `stopped`, written
+    by the flow; in an older record, at least until the flow run ended); else at least until the
+    run was last seen; — for a row without its start."""
+    if row.get("status") != "running" or row.get("stopped"):
         return _duration(row.get("seconds"))
     if row.get("started") is None:
         return "—"
+    ended = run.data.get("seconds")
+    if run.status not in ("running", "interrupted") and run.started is not None and ended is not None:
+        return f"≥ {_duration(max(0.0, run.started + ended - row['started']))}"  # started: to the second
     ran = _duration(max(0.0, _last_seen(run, runs) - row["started"]))
     return f"{ran} so far" if run.status == "running" else f"≥ {ran}"
 

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -306,6 +307,34 @@ def test_a_killed_runs_stage_shows_how_long_it_ran_not_0_s(
     path.write_text(json.dumps(record))
     assert cli(["runs", "show", "killed-run", "--run-dir", str(root)]) == 0
     assert re.search(r"\npretrain +interrupted +— +unfinished ", capsys.readouterr().out)
+
+
+def test_a_stopped_runs_stage_time_is_what_its_record_knows(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM (or Ctrl-C) of `bertflow run` during pretraining ends the flow run failed, its record
+    keeping the stage it was in as running at 0.0 s. `runs show` took that stage's time from its
+    output's last write, which a later `bertflow pretrain` resuming there moved on: '≥ 2 min 27 s' in
+    a flow run of 30.4 s. Now the flow writes, as it stops, how long the stage ran (shown as is), and
+    an older record's stage ran at least until its flow run ended, never past it."""
+    import calendar
+
+    out = _stage(root, "pretrain", "p5", complete=False)
+    started = "2026-01-03 10:00:00"
+    t0 = calendar.timegm(time.strptime(started, "%Y-%m-%d %H:%M:%S"))
+    row = {"stage": "pretrain", "key": "p5", "out_dir": str(out), "status": "running", "started": t0 + 14.0,
+           "seconds": 0.0, "compute_seconds": 0.0}  # fmt: skip
+    path = root / "flow_runs" / "20260103T100000-stopped-run.json"
+    record = {"flow_run": "stopped-run", "started_utc": started, "seconds": 30.4, "status": "failed"}
+    path.write_text(json.dumps({**record, "stages": [row]}))
+    os.utime(out / "payload.bin", (t0 + 161, t0 + 161))  # `bertflow pretrain` wrote there later
+    assert cli(["runs", "show", "stopped-run", "--run-dir", str(root)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("flow run stopped-run: failed") and "UTC, 30.4 s;" in shown
+    assert re.search(r"\npretrain +interrupted +≥ 16.4 s +unfinished ", shown), shown
+    path.write_text(json.dumps({**record, "stages": [{**row, "seconds": 15.9, "stopped": True}]}))
+    assert cli(["runs", "show", "stopped-run", "--run-dir", str(root)]) == 0
+    assert re.search(r"\npretrain +interrupted +15.9 s +unfinished ", capsys.readouterr().out)
 
 
 def test_clean_leaves_no_dangling_latest_links(root: Path) -> None:

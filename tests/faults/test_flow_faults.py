@@ -249,6 +249,14 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         group=False,
     )
     assert rc == 143 and log.endswith("bertflow run: terminated (SIGTERM)."), log[-3000:]
+    # each stopped run's record says how long pretraining ran until it stopped (`runs show` printed
+    # the time up to its output's last write, which a later run moves on: longer than the flow run)
+    from pipelines.run_history import flow_runs
+
+    for stopped in flow_runs(run_dir):
+        row = stopped.data["stages"][-1]
+        assert row["stage"] == "pretrain" and row["status"] == "running" and row.get("stopped"), row
+        assert 0 < row["seconds"] < stopped.data["seconds"], stopped.data
 
 
 def test_the_prefect_server_killed_mid_flow_is_started_again_and_the_flow_finishes(
