@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -81,7 +82,8 @@ def _torch_version() -> str:
 
 def check_output_dir(path: str | os.PathLike, key: str) -> None:
     """A folder a stage will write into must be a folder or creatable: no file in its place or on
-    its way, and its nearest existing parent writable. Raises a UserError naming `key`."""
+    its way, and its nearest existing parent writable: tried by making (and removing) a folder in it,
+    since os.access says yes to root on a virtual filesystem (/proc). Raises a UserError naming `key`."""
     from common.errors import UserError
 
     path = Path(path).expanduser()
@@ -92,8 +94,14 @@ def check_output_dir(path: str | os.PathLike, key: str) -> None:
             f"{key} {path} {where}, not a folder.",
             fix=f"set {key} to a folder (or a path where one can be made).",
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{key} {path}: {existing} is not writable.", fix=f"set {key} to a writable folder.")
+    try:
+        probe = tempfile.mkdtemp(prefix=".bertflow-write-check-", dir=existing)
+    except OSError as exc:
+        raise UserError(
+            f"{key} {path}: cannot create a folder in {existing} ({exc.strerror}).",
+            fix=f"set {key} to a writable folder.",
+        ) from None
+    os.rmdir(probe)
 
 
 def check_output_file(path: str | os.PathLike, key: str) -> None:

@@ -478,6 +478,15 @@ CASES = [
         lambda f: ["--output", str(f["regular_file"]), "is a file, not a folder"],
     ),
     Case(
+        "run-run-dir-under-proc",  # os.access says writable for root: a FileNotFoundError traceback in the flow
+        lambda f: ["run", "configs/default.yaml", "--set", "run_dir=/proc/bertflow-run-dir"],
+        lambda f: [
+            "run_dir /proc/bertflow-run-dir",
+            "cannot create a folder in /proc",
+            "Fix: set run_dir to a writable folder",
+        ],
+    ),
+    Case(
         "import-hf-output-under-a-file",
         lambda f: ["import-hf", str(f["minilm"]), str(f["regular_file"] / "m")],
         lambda f: [str(f["regular_file"])],
