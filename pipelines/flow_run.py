@@ -63,6 +63,30 @@ def value_of(output: Any) -> Any:
     return output.result() if isinstance(output, State) else output
 
 
+class UnitsFailed(UserError):
+    """Fine-tuning units failed in a flow run: the CLI says which, as one paragraph; exit 1, as
+    `bertflow finetune` exits when a unit failed."""
+
+    exit_code = 1
+
+
+def units_failed(jobs: list[Any], futures: list[Any]) -> UnitsFailed:
+    """The flow's end when units failed (each after its retries): which, their errors and folders.
+    The finished units stay complete on disk; the next run runs only the failed ones."""
+    lines = []
+    for job, future in zip(jobs, futures, strict=True):
+        if not future.state.is_completed():
+            error = future.state.result(raise_on_failure=False)
+            said = str(error).removeprefix(f"fine-tuning unit {job.name} failed: ") or future.state.name
+            lines.append(f"- {job.name} (its folder {job.out_dir}): {said[:500]}")
+    kept = "; the other units are complete and kept" if len(lines) < len(futures) else ""
+    return UnitsFailed(
+        f"{len(lines)} of {len(futures)} fine-tuning units failed (the lines of their task runs above are "
+        f"their logs{kept}):\n" + "\n".join(lines) + "\nFix: fix what each error names, then rerun the "
+        "same command: it runs only the failed units again."
+    )
+
+
 class FlowRun:
     def __init__(
         self,
@@ -229,12 +253,8 @@ class FlowRun:
         complete_before = [
             done and f is f0 for done, f, f0 in zip(complete_before, futures, first, strict=True)
         ]
-        failed = [f for f in futures if not f.state.is_completed()]
-        if failed:  # finished units stay complete on disk; the next run retries only the failed ones
-            raise RuntimeError(
-                f"{len(failed)} of {len(futures)} fine-tuning units failed (see their task logs); "
-                "rerun the same command to retry them."
-            )
+        if any(not f.state.is_completed() for f in futures):
+            raise units_failed(jobs, futures)
         self._record_units(jobs, futures, complete_before, copied, t0)
         self.outputs["units"] = futures
         self._log_kept_models(jobs)

@@ -31,7 +31,7 @@ from common.atomic import (
     remove_temp_files,
     write_marker,
 )
-from common.errors import UserError
+from common.errors import TransientError, UserError
 from common.fingerprint import digest
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
@@ -220,7 +220,7 @@ def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any]:
         mark_in_progress(job.out_dir)  # the unit's worker writes its _COMPLETE.json
     result = pool.run(job)
     if "error" in result:  # fail the task (retried, never cached); the other units go on
-        raise RuntimeError(f"fine-tuning unit {job.name} failed: {result['error']}")
+        raise TransientError(f"fine-tuning unit {job.name} failed: {result['error']}")
     shown = ", ".join(f"{k} {v:.1f}" for k, v in (result.get("metrics") or {}).items())
     get_run_logger().info("%s: %s", job.name, shown)
     return result

@@ -1,20 +1,22 @@
 """Prefect logs a failed task or flow run with the exception's traceback. For a UserError (a
-message naming the file or key and the fix, e.g. a full disk) the traceback only buries that
-message: keep the failed task's log line (it names the stage), drop the traceback, and drop the
-flow run's two repeats of the same message (`bertflow run` ends by printing it once more)."""
+message naming the file or key and the fix, e.g. a full disk) or a TransientError (a lost rank or
+worker, a failed fine-tuning unit, and the way on) the traceback only buries that message: keep the
+failed task's log line (it names the stage), drop the traceback, and drop the flow run's two repeats
+of the same message (`bertflow run` ends by printing it once more)."""
 
 from __future__ import annotations
 
 import logging
 
-from common.errors import UserError
+from common.errors import TransientError, UserError
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+EXPLAINED = (UserError, TransientError)  # what `pipelines.cli` prints as one paragraph
 
 
 class _UserErrorWithoutTraceback(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        user_error = bool(record.exc_info and isinstance(record.exc_info[1], UserError))
+        user_error = bool(record.exc_info and isinstance(record.exc_info[1], EXPLAINED))
         if user_error:
             record.exc_info, record.exc_text = None, None
         if record.name == "prefect.flow_runs":  # "Encountered exception ...", "Finished in state Failed(...)"
@@ -24,9 +26,9 @@ class _UserErrorWithoutTraceback(logging.Filter):
 
 
 def _user_error_names() -> list[str]:
-    """UserError and its subclasses (PretrainingStopped, ...) by name, as Prefect's state messages
-    print them."""
-    names, todo = [], [UserError]
+    """UserError, TransientError and their subclasses (PretrainingStopped, ...) by name, as Prefect's
+    state messages print them."""
+    names, todo = [], list(EXPLAINED)
     while todo:
         cls = todo.pop()
         names.append(cls.__name__)

@@ -287,3 +287,58 @@ def test_the_prefect_server_killed_mid_flow_is_started_again_and_the_flow_finish
     assert rc == 0, said[-3000:]
     assert f"API server (pid {server.pid}) ended (exit code -9) while the flow runs" in said
     assert "Traceback" not in said and "Error logging to API" not in said, said[-3000:]
+
+
+MOVIES_TASK = """movies:
+  format: tsv
+  kind: classification
+  train: {tsv}
+  dev: {tsv}
+  text_a: text
+  label: sentiment
+  labels: [neg, pos]
+  metrics: [accuracy]
+"""
+
+
+def test_failed_fine_tuning_units_end_the_flow_in_one_paragraph_naming_them(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """A fine-tuning unit that fails mid-flow (here its task's TSV gets a broken line once the
+    flow's checks passed) ended `bertflow run` in 'RuntimeError: 1 of 1 fine-tuning units failed'
+    with a Python traceback. Now the flow's last words are one paragraph naming the failed unit,
+    its error and its folder, and the way on; exit 1."""
+    rows = (data_dir / "glue/SST-2/dev.tsv").read_text().splitlines()[1:41]
+    tsv = tmp_path / "movies.tsv"
+    tsv.write_text(
+        "text\tsentiment\n"
+        + "".join(f"{r.split(chr(9))[0]}\t{'pos' if r.split(chr(9))[1] == '1' else 'neg'}\n" for r in rows)
+    )
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(MOVIES_TASK.format(tsv=tsv))
+    ft = {"tasks": ["movies"], "task_config": str(tasks), "baselines": [], "seeds": [1], "lrs": [5e-5]}
+    cfg = tiny_config(tmp_path, data_dir, finetune=ft)
+    log_path = tmp_path / "flow.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            _cmd(cfg), env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        _wait_for(lambda: (tmp_path / "run" / "pretrain").is_dir(), proc, 600, "pretraining", log_path)
+        with tsv.open("a") as fh:  # after the flow's checks read it: the unit reads it broken
+            fh.write("a broken\tline\tneg\n")
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = log_path.read_text()
+    assert proc.returncode == 1, said[-3000:]
+    [unit_dir] = (tmp_path / "run" / "finetune" / "units").iterdir()
+    end = said[said.rindex("bertflow run: error: ") :]
+    assert end.startswith("bertflow run: error: 1 of 1 fine-tuning units failed"), said[-3000:]
+    unit = unit_dir.name.split("__")[0]
+    assert f"- {unit} [" in end and f"its folder {unit_dir}" in end, end
+    assert f"{tsv} line 42: 3 tab-separated columns" in end, end
+    assert end.rstrip().endswith("rerun the same command: it runs only the failed units again."), end
+    assert "Traceback" not in said, said[-3000:]
