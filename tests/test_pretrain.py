@@ -608,7 +608,9 @@ def test_kill_9_of_the_launcher_alone_stops_its_ranks_which_save_the_step_reache
     """`kill -9` of the torchrun launcher alone (the OOM killer's pick): its ranks live in sessions
     of their own and got no signal, so they trained on with no one to stop them (a Ctrl-C of bertflow
     stops the launcher's group, not theirs) and bertflow waited for them. Now each rank watches its
-    parent and stops as on SIGTERM: the step it reached is saved, and the command ends."""
+    parent and stops as on SIGTERM: the step it reached is saved, and the command ends. It said
+    'stopped by a stop request (Ctrl-C or SIGTERM)', a UserError a flow does not retry; now it names the
+    dead launcher and is a TransientError (exit 1), which a flow stage retries from that step."""
     shards, tok = data
     out = tmp_path / "run"
     sets = settings("pretrain.num_processes=1", "pretrain.checkpoint_every=100", "pretrain.max_steps=400")
@@ -632,7 +634,13 @@ def test_kill_9_of_the_launcher_alone_stops_its_ranks_which_save_the_step_reache
     step = max(losses(out))
     assert tags == [f"global_step{step}"] and 3 <= step < 100, said[-2000:]
     assert (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
-    assert proc.returncode != 0
+    assert proc.returncode == 1, said[-2000:]
+    error = said.strip().splitlines()[-1]
+    assert error.startswith(
+        f"bertflow pretrain: error: pretraining stopped: the launcher of the ranks (pid {launcher.pid}) died"
+    ), error
+    assert "OOM killer" in error and f"after step {step} of 400; its checkpoint is saved ({tags[0]})" in error
+    assert "stop request" not in error
 
 
 def test_a_rank_killed_by_sigkill_is_named_as_such(data, tmp_path):

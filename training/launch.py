@@ -31,6 +31,7 @@ from common.errors import Terminated, TransientError, UserError
 from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
 from common.textfile import read_user_text
 from training.lost_ranks import LOST_PREFIX
+from training.stop_request import LAUNCHER_DIED
 
 if TYPE_CHECKING:
     from training.config import PretrainConfig
@@ -236,10 +237,12 @@ def launch_failure(
     killed: Sequence[str] = (),
 ) -> Exception:
     """What a failed launch raises: the ranks' own errors (UserError), else their lost contact with
-    each other, after the ranks `killed` by a signal (TransientError), a hostfile host without ssh, nodes that did not all join, or (a
-    bug, or a crash without a message) the exit code with the last exception line printed."""
-    # a rank's own error is the cause; the others then lost contact with it
-    if causes := [e for e in errors if not e.startswith(LOST_PREFIX)]:
+    each other, after the ranks `killed` by a signal, or their stop after their launcher died
+    (TransientError), a hostfile host without ssh, nodes that did not all join, or (a bug, or a
+    crash without a message) the exit code with the last exception line printed."""
+    # a rank's own error is the cause; the others then lost contact with it. Ranks whose launcher
+    # died (kill -9, the OOM killer) stopped and saved: the machine's failure, which a flow retries
+    if causes := [e for e in errors if not e.startswith((LOST_PREFIX, LAUNCHER_DIED))]:
         return UserError("pretraining stopped: " + " | ".join(causes))
     if errors:  # the others lost contact; first who was killed, if one was
         return TransientError("pretraining stopped: " + " | ".join([*killed, *errors]))

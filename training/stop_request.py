@@ -15,6 +15,7 @@ torchrun wait `pretrain.stop_grace_s`, DeepSpeed's launcher 30 s, Slurm its Kill
 
 from __future__ import annotations
 
+import os
 import signal
 from types import FrameType, TracebackType
 
@@ -25,6 +26,45 @@ class PretrainingStopped(UserError):
     """The run stopped on request after saving the step it reached (exit 143, as SIGTERM's)."""
 
     exit_code = 143
+
+
+# how a rank's stop after its launcher died begins (`training.launch` raises it as a TransientError)
+LAUNCHER_DIED = "the launcher of the ranks"
+
+
+class LauncherDied(PretrainingStopped):
+    """The launcher died under the ranks (kill -9, the kernel's OOM killer) and they stopped as on
+    SIGTERM, after saving the step they reached: a failure of the machine, which a flow retries."""
+
+
+_launcher_died: list[int] = []  # its pid, once this rank's watch has seen it gone
+
+
+def stop_when_launcher_dies() -> None:
+    """kill -9 of the launcher alone: its ranks, in sessions of their own, get no signal. Each
+    watches it (`common.child_process.watch_parent`) and, once it is gone, stops as on SIGTERM, its
+    stop saying so (`stop_error`)."""
+    from common.child_process import watch_parent
+
+    launcher = os.getppid()
+
+    def died() -> None:
+        _launcher_died.append(launcher)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watch_parent(launcher, died)
+
+
+def stop_error(where: str, after: str) -> PretrainingStopped:
+    """The error of a stop (`where`: on which node a request came; `after`: the step reached, its
+    checkpoint and the way on): a stop request's, or, when this rank's launcher is gone
+    (`stop_when_launcher_dies`), one saying so."""
+    if _launcher_died:
+        return LauncherDied(
+            f"{LAUNCHER_DIED} (pid {_launcher_died[0]}) died (killed; the kernel's OOM killer does that "
+            f"when memory runs out: `dmesg` then says 'Killed process'), so they stopped {after}"
+        )
+    return PretrainingStopped(f"stopped by a stop request (Ctrl-C or SIGTERM{where}) {after}")
 
 
 class StopRequest:

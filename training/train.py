@@ -20,7 +20,6 @@ import os
 import random
 import resource
 import shutil
-import signal
 import socket
 import sys
 import threading
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.child_process import survive_a_lost_reader, watch_parent
+from common.child_process import survive_a_lost_reader
 from common.console import warning_line
 from common.disk_space import disk_full_error, free_bytes, full_disk_path
 from common.errors import UserError
@@ -64,7 +63,7 @@ from training.lost_ranks import lost_ranks_message, peer_failure
 from training.optim import build_optimizer, build_scheduler
 from training.run_spec import RunSpec
 from training.step_stats import StepStats, all_reduce_sums
-from training.stop_request import PretrainingStopped, StopRequest
+from training.stop_request import PretrainingStopped, StopRequest, stop_error, stop_when_launcher_dies
 
 # Fault-injection hooks for the fault tests (never set in normal runs).
 NAN_DEBUG_ENV = "BERTFLOW_DEBUG_NAN_AT_STEP"  # make the loss NaN at this step
@@ -628,9 +627,10 @@ def validation_batches(spec: RunSpec, data: TrainData, ranks: Ranks) -> list[dic
 def stopped_after(p: PretrainConfig, step: int, last_tag: Path) -> PretrainingStopped:
     """The error a stop request ends the step loop with, once `step`'s checkpoint (`last_tag`) is saved."""
     where = f" on one of the {p.nnodes} nodes" if p.nnodes > 1 else ""
-    return PretrainingStopped(
-        f"stopped by a stop request (Ctrl-C or SIGTERM{where}) after step {step} of {p.max_steps}; its checkpoint "
-        f"is saved ({last_tag.name}). Rerun the same command{' on every node' if where else ''} to resume from it."
+    return stop_error(
+        where,
+        f"after step {step} of {p.max_steps}; its checkpoint is saved ({last_tag.name}). Rerun the same "
+        f"command{' on every node' if where else ''} to resume from it.",
     )
 
 
@@ -827,9 +827,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     args = parser.parse_args(argv)
     survive_a_lost_reader()  # kill -9 of bertflow: the ranks still save the step they reached
-    # kill -9 of the launcher alone: its ranks, in sessions of their own, get no signal; they stop
-    # as on SIGTERM (training/stop_request.py), saving the step they reached, instead of training on
-    watch_parent(os.getppid(), lambda: os.kill(os.getpid(), signal.SIGTERM))
+    stop_when_launcher_dies()  # and save the step they reached, instead of training on unsupervised
     local_rank = args.local_rank if args.local_rank is not None else int(os.environ.get("LOCAL_RANK", 0))
     spec = RunSpec.read(Path(args.spec))
     try:
