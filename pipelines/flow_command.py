@@ -60,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from common.child_process import survive_a_lost_reader
+
+    # `bertflow run ... 2>&1 | tee LOG` and tee dies: Prefect's console handler (rich) raised SystemExit
+    # on the broken pipe and the flow crashed; its output now goes nowhere and the flow finishes (the
+    # run dir and the flow-run record hold it all). Before Prefect's logging takes sys.stderr.
+    survive_a_lost_reader()
     apply_env_defaults()
     from pipelines.beam_console import no_default_root_handler
     from pipelines.config import load_config

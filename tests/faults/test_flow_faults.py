@@ -342,3 +342,36 @@ def test_failed_fine_tuning_units_end_the_flow_in_one_paragraph_naming_them(
     assert f"{tsv} line 42: 3 tab-separated columns" in end, end
     assert end.rstrip().endswith("rerun the same command: it runs only the failed units again."), end
     assert "Traceback" not in said, said[-3000:]
+
+
+def test_a_flow_whose_output_reader_leaves_finishes_its_work(tmp_path: Path, data_dir: Path) -> None:
+    """`bertflow run CONFIG 2>&1 | tee LOG` with tee killed mid-flow: Prefect's console handler
+    (rich) raised SystemExit on the broken pipe, the flow ended 'Crashed' with exit 1 and the units
+    still queued were dropped. Now its console output, once its reader is gone, goes to /dev/null,
+    as a pretraining rank's does: the flow finishes every stage (the run dir holds it all), exit 0."""
+    ft = {"tasks": ["rte", "stsb"], "baselines": [], "seeds": [1], "concurrency": 1}
+    cfg = tiny_config(tmp_path, data_dir, finetune=ft)
+    proc = subprocess.Popen(
+        _cmd(cfg), env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen = []
+        while "Task run 'pretrain'" not in (line := proc.stdout.readline()):
+            assert line, "".join(seen[-30:])  # it ended before pretraining
+            seen.append(line)
+        proc.stdout.close()  # the reader leaves
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    run_dir = tmp_path / "run"
+    from pipelines.run_history import flow_runs
+
+    [record] = flow_runs(run_dir)
+    failed = [(r["stage"], r.get("error")) for r in record.data["stages"] if r["status"] == "failed"]
+    assert (proc.returncode, record.status) == (0, "completed"), failed
+    units = list((run_dir / "finetune" / "units").iterdir())
+    assert len(units) == 2 and all((u / MARKER_NAME).is_file() for u in units)
+    assert list((run_dir / "report").glob(f"*/{MARKER_NAME}"))
