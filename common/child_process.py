@@ -73,7 +73,7 @@ def survive_a_lost_reader() -> None:
     """For a process whose work must outlive the reader of its stdout/stderr: a pretraining rank,
     whose output is a pipe to `bertflow` (a print raised BrokenPipeError once `bertflow` was killed,
     stopping the rank before it saved the step reached), and `bertflow run` (`| tee LOG`, tee gone:
-    Prefect's console handler raised SystemExit and the flow crashed). After this call such output
-    goes to /dev/null instead."""
+    Prefect's console handler raised SystemExit and the flow crashed), and its fine-tuning workers,
+    which inherit that output. After this call such output goes to /dev/null instead."""
     sys.stdout = _ReaderSurvivingStream(sys.stdout)  # type: ignore[assignment]
     sys.stderr = _ReaderSurvivingStream(sys.stderr)  # type: ignore[assignment]

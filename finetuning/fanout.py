@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from common.atomic import read_marker
-from common.child_process import watch_parent
+from common.child_process import survive_a_lost_reader, watch_parent
 from common.console import warning_line
 from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_content, model_dir_stamp
@@ -413,6 +413,7 @@ def run(
 
 def _init_worker(parent: int, threads: int, devices: Any) -> None:
     watch_parent(parent, lambda: os._exit(1))  # a killed command leaves no worker training on
+    survive_a_lost_reader()  # the command's output, inherited: `bertflow run | tee`, tee gone
     import torch
 
     torch.set_num_threads(threads)

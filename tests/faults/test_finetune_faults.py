@@ -126,3 +126,23 @@ def test_a_worker_killed_takes_no_other_unit_with_it(tmp_path, minilm_dir):
     assert "a fine-tuning worker process died (out of memory or killed)" in said
     for unit in UNITS:
         assert (_unit_dir(out, unit) / "_COMPLETE.json").is_file()
+
+
+def test_a_worker_writes_on_after_the_reader_of_the_commands_output_is_gone(tmp_path):
+    """A fine-tuning worker inherits the command's stdout/stderr. With `bertflow run | tee LOG` and tee
+    killed, the flow goes on (`survive_a_lost_reader`), but a warning or a traceback a worker wrote
+    then raised BrokenPipeError in the worker and failed its unit. The worker's initializer, as the
+    fan-out's pool runs it, then a write after the reader left."""
+    finished = tmp_path / "finished"
+    code = (
+        "import os, sys; from finetuning.fanout import _init_worker; _init_worker(os.getppid(), 1, None); "
+        "sys.stdin.read(); print('w' * 65536, flush=True); print('t', file=sys.stderr, flush=True); "
+        f"open({str(finished)!r}, 'w').write('yes')"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env=_env(), cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.stdin.close()  # the worker's cue to write, its readers gone
+    assert proc.wait(timeout=120) == 0
+    assert finished.read_text() == "yes"
