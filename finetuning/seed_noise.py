@@ -30,7 +30,9 @@ class SeedNoise:
 
 
 def t_95(degrees_of_freedom: float) -> float:
-    df = max(1, int(math.floor(degrees_of_freedom)))
+    # Welch's df is a whole number when one side's seeds agree (n - 1) or both sides' stds and seeds
+    # do (2n - 2), and in floats it comes out a hair below it (1.9999999999999996): not rounded down
+    df = max(1, int(math.floor(degrees_of_freedom + 1e-9)))
     return T_95_TWO_SIDED[min(df, len(T_95_TWO_SIDED)) - 1]
 
 

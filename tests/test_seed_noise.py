@@ -22,6 +22,25 @@ def test_welch_margin_by_hand():
     assert t_95(0.5) == 12.706 and t_95(1000) == 2.042  # clamped at both ends
 
 
+def test_a_whole_number_of_degrees_of_freedom_is_not_rounded_down_past_itself(tmp_path):
+    """Welch's df is a whole number when one side's seeds all scored the same (a model at the
+    majority class on every seed: df = n - 1) or both sides have the same std and seeds (2n - 2).
+    Computed in floats it came out a hair below (1.9999999999999996), was rounded down to 1, and the
+    margin used t = 12.706 for 4.303: three times too wide, so a real lead read as level."""
+    stuck, ours = [52.7] * 3, [57.04, 59.57, 60.29]  # random init at one class on every seed
+    se = _std(ours) / math.sqrt(3)
+    assert difference_noise(_std(ours), 3, 0.0, 3).margin == pytest.approx(4.303 * se)  # df = 2
+    assert difference_noise(1.3, 3, 1.3, 3).margin == pytest.approx(2.776 * 1.3 * math.sqrt(2 / 3))  # df = 4
+    card, _ = _card(tmp_path, {("ours", "rte"): ours, ("random", "rte"): stuck})
+    assert card["headline"]["task_margins"]["rte"] == pytest.approx(4.303 * se)  # 4.2 (it read 12.5)
+    assert card["headline"]["ahead_on"] == ["rte"]  # +6.3 beyond 4.2
+
+
+def _std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
 def test_welch_margin_with_unequal_seed_counts_by_hand():
     # std 2 over 2 seeds, std 1 over 5: se = sqrt(4/2 + 1/5); df = 2.2² / (2²/1 + 0.2²/4) = 1.2 -> 1
     noise = difference_noise(2.0, 2, 1.0, 5)
