@@ -477,21 +477,14 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
         "under the default budget at lr 2e-4 (docs/quality.md, 'A real pretrained BERT through the "
         "same scorecard')."
     )
-    avg = h["glue_average_delta"]
+    avg, margin = h["glue_average_delta"], h.get("glue_average_margin")
     glue = h.get("glue_tasks", True)  # a scorecard from before 2026-11-27 had GLUE tasks or said nothing else
-    if (glue and (avg is None or avg <= 0)) or not h["ahead_on"]:
-        margin = h.get("glue_average_margin")
-        behind = avg is not None and margin is not None and avg < -margin
-        reason = (
-            "its GLUE-style average is behind by more than seed noise"
-            if behind
-            else "GLUE-style average not above it, or ahead on half the tasks or fewer"
-            if glue
-            else "ahead on half the tasks or fewer"
-        )
+    tested = bool(h.get("noise_tested"))
+    average_ahead = bool(glue) and avg is not None and avg > (margin or 0.0)
+    if (glue and (avg is None or avg <= 0)) or (not h["ahead_on"] and not average_ahead):
         return (
             f"**Pretraining has not helped here:** {name} is no better than {versus} of the same shape "
-            f"under the same fine-tuning budget ({reason}). {advice}"
+            f"under the same fine-tuning budget ({_not_helped_reason(h, bool(glue), tested)}). {advice}"
         )
     deltas = h.get("task_deltas") or {}
 
@@ -501,26 +494,50 @@ def _not_helped_text(h: dict[str, Any], name: str, versus: str) -> str:
 
     behind, at_chance_too = h.get("behind_on", []), h.get("ahead_at_chance", [])
     level = [t for t in h["tasks"] if t not in h["ahead_on"] + behind + at_chance_too]
-    tested = bool(h.get("noise_tested"))
     where = [f"ahead but at chance on {listed(at_chance_too)}"] if at_chance_too else []
     where += (
         [f"{'level within seed noise' if tested else 'level or behind'} on {listed(level)}"] if level else []
     )
     where += [f"behind on {listed(behind)}"] if behind else []
-    margin = h.get("glue_average_margin")
     average = (
-        f"Its GLUE-style average is above, {signed_points(avg)}, but within seed noise (±{margin:.1f})"
-        if tested and margin is not None and avg <= margin
+        f"Its GLUE-style average is above, {signed_points(avg)}, "
+        + ("but within" if avg <= margin else "beyond")
+        + f" seed noise (±{margin:.1f})"
+        if tested and margin is not None
         else "Its GLUE-style average is above"
     )
     most = 2 * len(h["ahead_on"]) > len(h["tasks"])
     lead = f"{average}, and that is" if glue else "That is"  # no GLUE task: no average to speak of
     needed = "on the average and on more than half the tasks" if glue else "on more than half the tasks"
+    ahead = listed(h["ahead_on"]) if h["ahead_on"] else f"no task{' beyond seed noise' if tested else ''}"
     return (
-        f"**Pretraining {'has not clearly helped' if most else 'helped on some tasks only'}:** {name} is ahead "
-        f"of {versus} on {listed(h['ahead_on'])}{'; ' + '; '.join(where) if where else ' and nowhere else'}. "
+        f"**Pretraining {'has not clearly helped' if most or not h['ahead_on'] else 'helped on some tasks only'}:** "
+        f"{name} is ahead of {versus} on {ahead}{'; ' + '; '.join(where) if where else ' and nowhere else'}. "
         f"{lead} short of pretraining that helps: ahead{' beyond seed noise' if tested else ''} {needed}. {advice}"
     )
+
+
+def _not_helped_reason(h: dict[str, Any], glue: bool, tested: bool) -> str:
+    """Which of the two conditions of pretraining that helps is unmet, with its numbers: an average
+    ahead (beyond seed noise where measured), and more than half the tasks ahead."""
+    avg, margin = h["glue_average_delta"], h.get("glue_average_margin")
+    parts = []
+    if glue and avg is None:
+        parts.append("its GLUE-style average difference is undefined")
+    elif glue and margin is not None and avg < -margin:
+        parts.append("its GLUE-style average is behind by more than seed noise")
+    elif glue and avg <= 0:
+        parts.append(f"its GLUE-style average is not above it ({signed_points(avg)})")
+    elif glue and margin is not None and avg <= margin:
+        parts.append(
+            f"its GLUE-style average lead, {signed_points(avg)}, is within seed noise (±{margin:.1f})"
+        )
+    ahead, tasks = len(h["ahead_on"]), len(h["tasks"])
+    if 2 * ahead <= tasks:
+        parts.append(
+            f"it is ahead{' beyond seed noise' if tested else ''} on {ahead} of {tasks} tasks, not more than half"
+        )
+    return "; ".join(parts)
 
 
 def signed_points(v: float) -> str:

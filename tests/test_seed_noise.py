@@ -213,3 +213,34 @@ def test_margins_use_each_models_own_seed_count(tmp_path):
     assert card["headline"]["task_margins"]["sst2"] == pytest.approx(expected)
     assert card["deltas"][0]["margins"]["sst2/accuracy"] == pytest.approx(expected)
     assert card["deltas"][0]["glue_average_margin"] == pytest.approx(expected)
+
+
+def test_an_average_lead_beyond_noise_with_no_task_ahead_is_not_called_no_better(tmp_path):
+    """Each task a few points ahead, none beyond its own seed noise, the average ahead beyond its
+    (smaller) noise: the page said "has not helped here: ours is no better than random init
+    (GLUE-style average not above it, or ...)" under a headline of +3.5 ±1.2. It says now which
+    condition is unmet, with the numbers, and does not deny the average lead."""
+    card, md = _card(
+        tmp_path,
+        {
+            ("ours", "sst2"): [78.0, 74.0, 76.0],
+            ("random", "sst2"): [74.0, 72.0, 70.0],
+            ("ours", "rte"): [58.0, 62.0, 60.0],
+            ("random", "rte"): [54.0, 58.0, 59.0],
+        },
+    )
+    h = card["headline"]
+    assert h["ahead_on"] == [] and h["glue_average_delta"] > h["glue_average_margin"]
+    assert "no better than" not in md and "GLUE-style average not above it" not in md
+    assert (
+        "**Pretraining has not clearly helped:** ours is ahead of random init (tiny) on no task beyond seed noise"
+        in md
+    )
+    assert f"Its GLUE-style average is above, +3.5, beyond seed noise (±{h['glue_average_margin']:.1f})" in md
+    # an average lead within noise and no task ahead: "no better", and the reason names both, in numbers
+    card, md = _card(
+        tmp_path / "b", {("ours", "sst2"): [78.0, 74.0, 76.0], ("random", "sst2"): [74.0, 72.0, 77.0]}
+    )
+    assert "**Pretraining has not helped here:** ours is no better than random init (tiny)" in md
+    assert "(its GLUE-style average lead, +1.7, is within seed noise (±" in md
+    assert "it is ahead beyond seed noise on 0 of 1 tasks, not more than half)" in md
