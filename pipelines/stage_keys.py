@@ -47,7 +47,15 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "preprocess": ("preprocessing/*.py", "pipelines/stage_preprocess.py"),
     "pretrain": ("model/*.py", "training/*.py", "pipelines/stage_pretrain.py", "pipelines/pretrain_card.py"),
     "finetune": UNIT_CODE,  # the scorecard and every fine-tuning unit
-    "report": ("pipelines/report_*.py", "pipelines/stage_report.py"),
+    # and the modules whose text and figures the page renders (the scorecard's headline and tables,
+    # the model card's held-out figures): the flow's end summary renders them anew from this code
+    "report": (
+        "pipelines/report_*.py",
+        "pipelines/stage_report.py",
+        "finetuning/scorecard.py",
+        "model/model_card.py",
+        "pipelines/pretrain_card.py",
+    ),
 }
 
 
