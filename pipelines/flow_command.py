@@ -105,6 +105,7 @@ def end_summary(summary: dict[str, Any]) -> str:
     import json
 
     from finetuning.scorecard import headline_text
+    from pipelines.flow_records import found_complete
     from pipelines.report_sections import duration
 
     stages = summary["stages"]
@@ -130,7 +131,7 @@ def end_summary(summary: dict[str, Any]) -> str:
         here = root.resolve() == default_run_root()
         runs = "bertflow runs" if here else f"bertflow runs --run-dir {root}"
         lines.append(f"Latest: {root / 'latest'}/  (`{runs}` lists past runs)")
-    if any(r["status"] not in ("cached", "reused") and not r["status"].startswith("0 ran") for r in stages):
+    if not all(found_complete(r["status"]) for r in stages):
         lines.append(
             f"W&B:    group {summary['wandb_group']} (offline runs: see the report for `wandb sync`)"
         )

@@ -37,6 +37,12 @@ def stage_record(
     }
 
 
+def found_complete(status: str) -> bool:
+    """Whether a row's stage computed nothing in its flow run: cached, reused, or fine-tuning units
+    none of which ran ("0 ran, 30 cached")."""
+    return status in ("cached", "reused") or status.startswith("0 ran")
+
+
 def failed_record(stage: str, out_dir: Path, seconds: float, error: BaseException) -> dict:
     """The row of a stage that failed in this flow run, with its error's first line(s)."""
     text = str(error).strip() or type(error).__name__

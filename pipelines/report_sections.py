@@ -25,6 +25,7 @@ from typing import Any
 
 from common.progress import duration_text
 from model.model_card import CardFacts, quality_lines, steps_text, verdict
+from pipelines.flow_records import found_complete
 from pipelines.run_history import in_run_dir
 
 
@@ -349,7 +350,7 @@ def stages_section(record: dict[str, Any], report_dir: Path, links: Links) -> li
         )
     if not any(r["stage"] == "report" for r in stages):
         lines.append(f"| report | ran (this page) | — | — | {links.file(report_dir)} |")
-    cached = sum(1 for r in stages if r["status"] in ("cached", "reused"))
+    cached = sum(1 for r in stages if found_complete(r["status"]))
     lines += [
         f"| **total** | {cached} of {len(stages)} stages cached or reused | "
         f"**{duration(record.get('seconds'))}** | "

@@ -411,3 +411,23 @@ def test_report_output_in_another_stages_folder_is_refused(tmp_path, minilm_dir,
         assert read_marker(dirs[stage]) == marker and not (dirs[stage] / "report.md").exists()
     assert cli(["report", "--set", *overrides, "--output", str(dirs["pretrain"] / "model")]) == 2
     assert "is a model folder (it holds config.json)" in capsys.readouterr().err
+
+
+def test_a_run_that_computed_nothing_counts_every_stage_as_cached(tmp_path) -> None:
+    """A second run of the same config found every output: the fine-tuning units' row says
+    "0 ran, 30 cached", and the total said "5 of 6 stages cached or reused" as if one stage had
+    computed something (the end summary's W&B line already read that row as nothing new)."""
+    from pipelines.report_sections import Links, stages_section
+
+    rows = [("pretrain", "cached"), ("finetune-units", "0 ran, 28 cached, 2 reused"), ("finetune", "reused")]
+    record = {
+        "flow_run": "again",
+        "stages": [
+            {"stage": s, "status": status, "seconds": 0.1, "out_dir": str(tmp_path / s)} for s, status in rows
+        ],
+    }
+    md = "\n".join(stages_section(record, tmp_path / "report", Links(tmp_path / "report", tmp_path)))
+    assert "| **total** | 3 of 3 stages cached or reused |" in md
+    record["stages"][1]["status"] = "2 ran, 28 cached"
+    md = "\n".join(stages_section(record, tmp_path / "report", Links(tmp_path / "report", tmp_path)))
+    assert "| **total** | 2 of 3 stages cached or reused |" in md
