@@ -387,9 +387,13 @@ def wandb_section(runs: list[Path], root: Path, links: Links) -> list[str]:
             unit, _, rest = parts[2].partition("__")
             stage = f"finetune unit {unit} ({rest.rsplit('-', 1)[0] or '?'})"
         lines.append(f"| {stage} | {links.file(p, p.name)} |")
+    if not any(p.name.startswith("offline-") for p in runs):
+        return lines + ["", "Each run was logged online: W&B uploaded it as it ran.", ""]
     return lines + [
         "",
-        "Runs are offline unless `WANDB_MODE=online` and `WANDB_API_KEY` are set. Upload them with:",
+        "`offline-run-*` runs were logged offline (`wandb.mode: offline` or `WANDB_MODE=offline`; a "
+        "`WANDB_API_KEY` in the environment turns the config's `offline` into `online` where `WANDB_MODE` "
+        "is unset). Upload them with:",
         "",
         "```bash",
         f"find {root} -type d -name 'offline-run-*' -exec wandb sync {{}} +  # every run in the run dir, once",

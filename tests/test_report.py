@@ -431,3 +431,19 @@ def test_a_run_that_computed_nothing_counts_every_stage_as_cached(tmp_path) -> N
     record["stages"][1]["status"] = "2 ran, 28 cached"
     md = "\n".join(stages_section(record, tmp_path / "report", Links(tmp_path / "report", tmp_path)))
     assert "| **total** | 2 of 3 stages cached or reused |" in md
+
+
+def test_the_w_and_b_section_says_how_its_runs_were_logged(tmp_path) -> None:
+    """The page said "Runs are offline unless WANDB_MODE=online and WANDB_API_KEY are set" under any
+    run: wrong for a WANDB_API_KEY alone (it turns `wandb.mode: offline` online), and under runs that
+    W&B uploaded as they ran it offered a `wandb sync` of offline runs there were none of."""
+    from pipelines.report_sections import Links, wandb_section
+
+    links = Links(tmp_path / "report", tmp_path)
+    stage = tmp_path / "pretrain" / "k" / "wandb_files" / "wandb"
+    online = "\n".join(wandb_section([stage / "run-20261128_061907-abc"], tmp_path, links))
+    assert "wandb sync" not in online and "offline unless" not in online
+    assert "Each run was logged online: W&B uploaded it as it ran." in online
+    offline = "\n".join(wandb_section([stage / "offline-run-20261128_061907-abc"], tmp_path, links))
+    assert "wandb sync" in offline and "WANDB_MODE=online and WANDB_API_KEY" not in offline
+    assert "a `WANDB_API_KEY` in the environment turns the config's `offline` into `online`" in offline
