@@ -45,8 +45,8 @@ LABELS = {
 # panel -> (baseline key of training.evaluate.MlmBaselines, legend text): what a model that ignores
 # the context scores on the held-out examples, drawn as a dashed line
 BASELINES = {
-    "loss": ("unigram_entropy", "no context: unigram entropy"),
-    "accuracy": ("most_frequent_token_acc", "no context: most frequent token"),
+    "loss": ("unigram_entropy", "no context, masked-LM losses: unigram entropy"),
+    "accuracy": ("most_frequent_token_acc", "no context, masked-LM accuracy: most frequent token"),
 }
 
 # (file stem, title, y label, which keys)

@@ -177,7 +177,9 @@ def pretraining_section(
     if plots:  # one paragraph: two curves side by side in the HTML page
         lines += [" ".join(links.image(path, f"{stem} curve") for stem, path in plots.items()), ""]
         lines += [
-            "Dashed lines: what a model that ignores the context scores on the held-out examples.",
+            "Dashed lines: the masked-LM curves' level without context, what a model that ignores the "
+            "context scores on the held-out examples' masked tokens (not a level for the next-sentence "
+            "curves, nor for the training loss, which adds the next-sentence loss to the masked-LM one).",
             "",
         ]
     lines += [

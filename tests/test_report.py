@@ -447,3 +447,31 @@ def test_the_w_and_b_section_says_how_its_runs_were_logged(tmp_path) -> None:
     offline = "\n".join(wandb_section([stage / "offline-run-20261128_061907-abc"], tmp_path, links))
     assert "wandb sync" in offline and "WANDB_MODE=online and WANDB_API_KEY" not in offline
     assert "a `WANDB_API_KEY` in the environment turns the config's `offline` into `online`" in offline
+
+
+def test_the_dashed_baselines_say_which_curves_they_are_the_baseline_of(
+    run_dir, tmp_path, monkeypatch
+) -> None:
+    """The loss panel draws the MLM baseline (unigram entropy) beside the training loss of MLM + NSP,
+    which sits above it by the NSP loss whatever the model learned; the legend said only "no context:
+    unigram entropy" and the caption "what a model that ignores the context scores", so that curve
+    read as a model no better than no context. Each dashed line names the curves it is the level of."""
+    from matplotlib.axes import Axes
+
+    from pipelines.report_builder import gather
+
+    cfg, _, paths, _ = run_dir
+    labels = []
+    axhline = Axes.axhline
+
+    def record(ax, y=0, *args, **kwargs):
+        labels.append(kwargs.get("label"))
+        return axhline(ax, y, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "axhline", record)
+    gather(cfg, tmp_path, {})
+    assert sorted(labels) == [
+        "no context, masked-LM accuracy: most frequent token",
+        "no context, masked-LM losses: unigram entropy",
+    ]
+    assert "the masked-LM curves' level without context" in paths["report_md"].read_text()
