@@ -52,7 +52,12 @@ BASELINES = {
 # (file stem, title, y label, which keys)
 PANELS: list[tuple[str, str, str, Callable[[str], bool]]] = [
     ("loss", "Pretraining loss", "loss (nats)", _is_loss),
-    ("accuracy", "Masked-LM (MLM) and next-sentence (NSP) accuracy", "accuracy", lambda k: "acc" in k),
+    (
+        "accuracy",
+        "Masked-LM (MLM) and next-sentence (NSP) accuracy",
+        "accuracy (fraction: 0.12 = 12%)",  # the page states accuracies in percent
+        lambda k: "acc" in k,
+    ),
     ("lr", "Learning rate", "lr", _is_lr),
     ("throughput", "Throughput", "per second", _is_throughput),
 ]

@@ -475,3 +475,20 @@ def test_the_dashed_baselines_say_which_curves_they_are_the_baseline_of(
         "no context, masked-LM losses: unigram entropy",
     ]
     assert "the masked-LM curves' level without context" in paths["report_md"].read_text()
+
+
+def test_the_accuracy_axis_says_its_scale(run_dir, tmp_path, monkeypatch) -> None:
+    """The page states accuracies in percent (12.1%), the accuracy panel plots fractions (0.121)
+    under a y label of "accuracy" alone: its label says the scale."""
+    from matplotlib.axes import Axes
+
+    from pipelines.report_builder import gather
+
+    cfg, _, _, _ = run_dir
+    ylabels = []
+    set_ylabel = Axes.set_ylabel
+    monkeypatch.setattr(
+        Axes, "set_ylabel", lambda ax, label, *a, **k: ylabels.append(label) or set_ylabel(ax, label, *a, **k)
+    )
+    gather(cfg, tmp_path, {})
+    assert "accuracy (fraction: 0.12 = 12%)" in ylabels and "loss (nats)" in ylabels
