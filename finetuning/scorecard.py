@@ -374,6 +374,7 @@ def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[
         "undefined": [t for t in shared if task_deltas[t] is None],
         "diverged": [t for t in shared if row["tasks"][t]["diverged"] or base["tasks"][t]["diverged"]],
         "seeds": max((len(row["tasks"][t]["seeds"]) for t in shared), default=0),
+        "seeds_fewest": min((len(r["tasks"][t]["seeds"]) for t in shared for r in (row, base)), default=0),
         "at_chance": at_chance,
         "random_at_chance": [t for t in shared if base["tasks"][t]["at_chance"]],
         "glue_tasks": glue_tasks,
@@ -398,7 +399,14 @@ def headline_text(h: dict[str, Any] | None) -> str:
         left_out = h.get("glue_average_left_out")
         average = f"GLUE-style average {signed_points(avg)} points"
         average += f" over the tasks both have (not {', '.join(left_out)})" if left_out else ""
-        average += f" (seed noise ±{margin:.1f}), " if margin is not None else ", "
+        average += (
+            f" (seed noise ±{margin:.1f}), "
+            if margin is not None
+            # tasks tested, the average not: a failed unit left its task other seeds than the rest
+            else " (by sign: no seed-noise estimate, its tasks ran different seeds), "
+            if tested
+            else ", "
+        )
     behind = h.get("behind_on", [])
     at_chance_too = h.get("ahead_at_chance", [])
     lines = [
@@ -408,7 +416,7 @@ def headline_text(h: dict[str, Any] | None) -> str:
         + _ahead_list(h["ahead_on"], at_chance_too)
         + (f" and behind on {len(behind)} ({', '.join(behind)})" if behind else "")  # how tested: both
         + _how_tested(tested)
-        + f", mean of {h['seeds']} seed(s) per task."
+        + f", mean of {_seed_count(h)} per task."
     ]
     if h.get("undefined"):
         lines.append(_undefined_text(h))
@@ -421,6 +429,12 @@ def headline_text(h: dict[str, Any] | None) -> str:
             + (f"; {', '.join(h['random_at_chance'])} for {versus}." if h["random_at_chance"] else ".")
         )
     return "  \n".join(lines)
+
+
+def _seed_count(h: dict[str, Any]) -> str:
+    """'3 seed(s)', or '2-3 seeds' where a failed unit left a task fewer."""
+    fewest = h.get("seeds_fewest", h["seeds"])  # scorecards before 2026-11-28: the most only
+    return f"{fewest}-{h['seeds']} seeds" if 0 < fewest < h["seeds"] else f"{h['seeds']} seed(s)"
 
 
 def _undefined_text(h: dict[str, Any]) -> str:

@@ -206,3 +206,26 @@ def test_a_built_in_task_name_redefined_in_a_task_file_has_no_paper_reference(tm
     md = (tmp_path / "scorecard.md").read_text()
     assert "| reference: BERT-base (Devlin et al. 2019) | — | 52.1† | — |" in md
     assert f"- Task definition: sst2 is redefined in {own}" in md
+
+
+def test_a_failed_unit_is_said_in_the_average_and_the_seed_count(tmp_path):
+    """One STS-B unit failed: the GLUE-style average had no seed-noise estimate (its tasks ran
+    different seeds) and was judged by its sign alone, while the headline said neither, and "mean
+    of 3 seed(s) per task" where STS-B had 2."""
+    results = []
+    for seed in (1, 2, 3):
+        results += [
+            _ours("sst2", seed, {"accuracy": 80.0 + seed}),
+            _random("sst2", seed, {"accuracy": 70.0 + seed}),
+        ]
+        results += [_random("stsb", seed, {"pearson": 17.0 + seed})]
+        results += [_ours("stsb", seed, {"pearson": 48.0 + seed})] if seed < 3 else []
+    card = build_scorecard(results, tmp_path)
+    h = card["headline"]
+    assert h["glue_average_margin"] is None and h["noise_tested"] is True
+    text = headline_text(h)
+    assert (
+        "GLUE-style average +20.2 points (by sign: no seed-noise estimate, its tasks ran different seeds)"
+        in text
+    )
+    assert "mean of 2-3 seeds per task." in text
