@@ -65,11 +65,20 @@ def _training_facts(
         steps = max((int(r["step"]) for r in rows if r.get("step") is not None and "loss" in r), default=0)
     global_batch = int(ds.get("train_batch_size") or 0)
     per_example = stats.get("mean_tokens_per_example")
+    # the exact count training logged at that step (training/train.py), else an estimate from the
+    # corpus's mean example length
+    logged = next(
+        (r["consumed_tokens"] for r in rows if r.get("step") == steps and "consumed_tokens" in r), None
+    )
     precision = next((k for k in ("bf16", "fp16") if ds.get(k, {}).get("enabled")), "fp32")
     return TrainingFacts(
         steps=steps,
         global_batch=global_batch,
-        tokens_seen=round(steps * global_batch * per_example) if per_example else None,
+        tokens_seen=int(logged)
+        if logged is not None
+        else round(steps * global_batch * per_example)
+        if per_example
+        else None,
         lr=float(p.get("lr", math.nan)),
         warmup_steps=int(p.get("warmup_steps", 0)),
         optimizer=str(p.get("optimizer", "adamw")),

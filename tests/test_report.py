@@ -492,3 +492,19 @@ def test_the_accuracy_axis_says_its_scale(run_dir, tmp_path, monkeypatch) -> Non
     )
     gather(cfg, tmp_path, {})
     assert "accuracy (fraction: 0.12 = 12%)" in ylabels and "loss (nats)" in ylabels
+
+
+def test_tokens_seen_are_the_logged_count_not_an_estimate(run_dir, tmp_path) -> None:
+    """The phases table and the model card gave steps × batch × the corpus's mean example length
+    (1,880,681 in the default run) beside the last-logged table's exact `consumed_tokens`
+    (1,881,591): two figures for one quantity. The logged count is used where there is one."""
+    import shutil
+
+    from pipelines.pretrain_card import pretraining_card
+
+    _, dirs, _, _ = run_dir
+    copy = tmp_path / "pretrain"
+    shutil.copytree(dirs["pretrain"], copy)
+    with (copy / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 300, "loss": 2.0, "consumed_tokens": 1_881_591}) + "\n")
+    assert pretraining_card(copy).training.tokens_seen == 1_881_591
