@@ -376,6 +376,17 @@ def stages_section(record: dict[str, Any], report_dir: Path, links: Links) -> li
 # ----------------------------------------------------------------------------- 6. W&B
 
 
+def _unit_checkpoint(unit_dir: Path) -> str | None:
+    """The checkpoint a fine-tuning unit trained, named as the scorecard names it (its result.json)."""
+    from common.jsonfile import read_json_or_empty
+    from finetuning.scorecard import display_name
+
+    r = read_json_or_empty(unit_dir / "result.json")
+    if not isinstance(r.get("checkpoint"), str) or not isinstance(r.get("checkpoint_label"), str):
+        return None
+    return display_name(r["checkpoint"], r["checkpoint_label"], r.get("checkpoint_kind", "pretrained"))
+
+
 def wandb_section(runs: list[Path], root: Path, links: Links) -> list[str]:
     lines = ["## Weights & Biases runs", ""]
     if not runs:
@@ -387,7 +398,7 @@ def wandb_section(runs: list[Path], root: Path, links: Links) -> list[str]:
         stage = parts[0]
         if parts[:2] == ["finetune", "units"] and len(parts) > 2:  # <unit>__<label>-<key>
             unit, _, rest = parts[2].partition("__")
-            stage = f"finetune unit {unit} ({rest.rsplit('-', 1)[0] or '?'})"
+            stage = f"finetune unit {unit}, {_unit_checkpoint(owner) or rest.rsplit('-', 1)[0] or '?'}"
         lines.append(f"| {stage} | {links.file(p, p.name)} |")
     if not any(p.name.startswith("offline-") for p in runs):
         return lines + ["", "Each run was logged online: W&B uploaded it as it ran.", ""]

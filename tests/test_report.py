@@ -508,3 +508,27 @@ def test_tokens_seen_are_the_logged_count_not_an_estimate(run_dir, tmp_path) -> 
     with (copy / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 300, "loss": 2.0, "consumed_tokens": 1_881_591}) + "\n")
     assert pretraining_card(copy).training.tokens_seen == 1_881_591
+
+
+def test_the_w_and_b_table_names_a_units_checkpoint_as_the_scorecard_does(run_dir, tmp_path) -> None:
+    """A fine-tuning unit's W&B run was listed under its folder's label, "(random_16d81b4ccba1_model)",
+    which the scorecard's rows ("random init (tiny)") never show: its result.json names the
+    checkpoint, and the table now says it as the scorecard does."""
+    from pipelines.report_sections import Links, wandb_section
+
+    _, dirs, _, _ = run_dir
+    unit = tmp_path / "finetune" / "units" / "cola-lr0.001-s1__random_k_model-e8ee575862ed"
+    run = unit / "wandb_files" / "wandb" / "offline-run-20261128_062554-vv1ef01c"
+    run.mkdir(parents=True)
+    model = dirs["pretrain"] / "model"
+    (unit / "result.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": f"random:{model}",
+                "checkpoint_label": "random:k/model",
+                "checkpoint_kind": "random",
+            }
+        )
+    )
+    md = "\n".join(wandb_section([run], tmp_path, Links(tmp_path / "report", tmp_path)))
+    assert "| finetune unit cola-lr0.001-s1, random init (tiny) |" in md, md
