@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 CARD_NAME = "README.md"
+# how far below the unigram entropy the held-out masked-LM loss must be to show that the model uses
+# the context (training.evaluate.beats_unigram)
+CONTEXT_MARGIN_NATS = 0.1
 
 
 @dataclass
@@ -165,9 +168,11 @@ def quality_lines(e: EvalFacts) -> list[str]:
 def verdict(e: EvalFacts) -> str:
     if e.beats_unigram:
         return "The masked-LM loss is below the unigram entropy: the model uses the context."
+    loss, entropy = e.metrics.get("val_mlm_loss", math.nan), e.baselines.get("unigram_entropy", math.nan)
     return (
-        "**The masked-LM loss is not below the unigram entropy: this model has learned token "
-        "frequencies, not yet language; train longer or on more data before relying on it.**"
+        f"**The masked-LM loss is not below the unigram entropy by more than {CONTEXT_MARGIN_NATS:g} nats "
+        f"({loss:.3f} against {entropy:.3f}): this model has learned token frequencies, not yet language; "
+        "train longer or on more data before relying on it.**"
     )
 
 

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import torch
 
 from model.heads import PreTrainingOutput, log_unigram_prior
+from model.model_card import CONTEXT_MARGIN_NATS
 from preprocessing import shard_format
 from training.data import ExampleStore
 
@@ -137,7 +138,9 @@ def mlm_baselines(
     )
 
 
-def beats_unigram(metrics: dict[str, float], baselines: MlmBaselines, margin_nats: float = 0.1) -> bool:
+def beats_unigram(
+    metrics: dict[str, float], baselines: MlmBaselines, margin_nats: float = CONTEXT_MARGIN_NATS
+) -> bool:
     """True when the held-out MLM loss is clearly below the unigram entropy (context is used)."""
     loss = metrics.get("val_mlm_loss")
     return loss is not None and math.isfinite(loss) and loss < baselines.unigram_entropy - margin_nats
