@@ -58,6 +58,7 @@ from finetuning.units import (
     failed_result,
     finetune_units,
     run_finetune_unit,
+    stored_result,
 )
 from model.config import BertConfig
 from model.hf_io import TOKENIZER_FILES, iter_weights, normalize_keys
@@ -312,7 +313,8 @@ def _unit_inputs(
 class UnitPool:
     """Worker processes for fine-tuning units (`worker_count`: `cfg.concurrency` on CPU,
     `cfg.units_per_gpu` per GPU on a GPU machine, never more than jobs), each with `unit_threads`
-    torch threads; worker i pinned to GPU i mod the GPUs."""
+    torch threads; worker i pinned to GPU i mod the GPUs. The workers start with the first unit that
+    trains: a finished unit's result is read here, so a run whose units are all done starts none."""
 
     def __init__(
         self,
@@ -338,7 +340,7 @@ class UnitPool:
             initializer=_init_worker,
             initargs=(os.getpid(), threads, devices),
         )
-        self._pool = self._new_pool()
+        self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def run(self, job: Job) -> dict[str, Any]:
@@ -346,8 +348,13 @@ class UnitPool:
         A worker that dies (kill -9, the OOM killer) breaks the whole executor, failing every unit in
         flight or queued with it: those run again in a fresh one, once; a unit whose worker dies
         twice fails with WORKER_DIED."""
+        try:
+            if (done := stored_result(job)) is not None:
+                return done
+        except UserError as exc:
+            return failed_result(job, str(exc))
         for _ in range(2):
-            pool = self._pool
+            pool = self._executor()
             try:
                 return pool.submit(_run_job, self.cfg, job, self.data_root, self.wandb).result()
             except BrokenProcessPool:
@@ -358,8 +365,15 @@ class UnitPool:
                         print(f"finetune: {warning_line(WORKER_LOST)}", file=sys.stderr, flush=True)
         return failed_result(job, WORKER_DIED)
 
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = self._new_pool()
+            return self._pool
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> UnitPool:
         return self

@@ -175,19 +175,29 @@ def run_finetune_unit(
     `job.out_dir/result.json` plus a completion marker; with `job.keep_model` also its model and
     dev predictions (`finetuning.keep`). A finished unit returns its stored result (`as_job_result`),
     unless it should keep a model it does not have: then it trains again."""
+    if (done := stored_result(job)) is not None:
+        return done
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_dir(job.out_dir, f"unit {job.unit.name}", inside=True):
+        return _run_locked(cfg, job, data_root, wandb or WandbTarget())
+
+
+def stored_result(job: Job) -> dict[str, Any] | None:
+    """`job`'s result when its unit is finished (`as_job_result`), None when it must train (not
+    finished, or it should keep a model it does not have). A finished result of other settings in
+    its directory is refused."""
     out_dir = job.out_dir
     marker = read_marker(out_dir)
-    if marker is not None and (out_dir / RESULT_FILE).is_file():
-        if marker.get("key") != job.key:
-            raise UserError(
-                f"{out_dir} holds a finished result of unit {job.unit.name} made with different settings.",
-                fix="use another --output directory, or delete that unit directory to recompute it.",
-            )
-        if not missing_model(out_dir, job.keep_model):
-            return as_job_result(job, json.loads((out_dir / RESULT_FILE).read_text()))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive_dir(out_dir, f"unit {job.unit.name}", inside=True):
-        return _run_locked(cfg, job, data_root, wandb or WandbTarget())
+    if marker is None or not (out_dir / RESULT_FILE).is_file():
+        return None
+    if marker.get("key") != job.key:
+        raise UserError(
+            f"{out_dir} holds a finished result of unit {job.unit.name} made with different settings.",
+            fix="use another --output directory, or delete that unit directory to recompute it.",
+        )
+    if missing_model(out_dir, job.keep_model):
+        return None
+    return as_job_result(job, json.loads((out_dir / RESULT_FILE).read_text()))
 
 
 def unit_score(metrics: dict[str, float | None]) -> float | None:

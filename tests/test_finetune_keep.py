@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import psutil
 import pytest
 import torch
 from torch import nn
@@ -14,7 +15,7 @@ from torch import nn
 from common.atomic import read_marker
 from finetuning import keep
 from finetuning.config import FinetuneConfig
-from finetuning.fanout import plan
+from finetuning.fanout import UnitPool, plan
 from finetuning.tasks import get_task
 from finetuning.trainer import predict
 from finetuning.units import _task_class, run_finetune_unit
@@ -121,6 +122,18 @@ def test_a_finished_unit_without_its_model_trains_again_to_keep_it(tmp_path, min
     mtime = (job.out_dir / "result.json").stat().st_mtime_ns
     assert run_finetune_unit(wanting, again) == after and keep.unit_complete(again)
     assert (job.out_dir / "result.json").stat().st_mtime_ns == mtime  # now reused
+
+
+def test_units_all_finished_are_read_without_starting_a_worker(tmp_path, minilm_dir):
+    """A `bertflow finetune` or flow run whose units are done (cached, reused) started its worker
+    processes anyway, each importing torch (seconds of CPU) to read a result.json."""
+    cfg = FinetuneConfig(tasks=["sst2"], **TINY)
+    [job] = plan(cfg, ["random:tiny"], tmp_path, tokenizer_dir=minilm_dir)
+    before = run_finetune_unit(cfg, job)
+    children = set(psutil.Process().children(recursive=True))
+    with UnitPool(cfg, 1) as pool:
+        assert pool.run(job) == before
+        assert set(psutil.Process().children(recursive=True)) == children  # no worker started
 
 
 def test_best_keeps_the_best_lrs_model_of_each_seed_and_removes_the_others(tmp_path, minilm_dir):
