@@ -128,18 +128,25 @@ def test_with_two_phases_each_finds_the_one_before_it(tmp_path: Path) -> None:
     assert with_phase_init(cfg).pretrain.init_from == str(dirs["pretrain@b"] / "model")
 
 
+@pytest.fixture
+def _stop_prefect():
+    """One temporary Prefect API for the test's four flow runs, stopped at its end (a restart between
+    them cost ~5 s of CPU each)."""
+    yield
+    stop_ephemeral_prefect()
+
+
 @pytest.mark.slow
-def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, data_dir: Path) -> None:
+def test_the_flow_trains_the_phases_in_order_and_reuses_them(
+    tmp_path: Path, data_dir: Path, _stop_prefect: None
+) -> None:
     from pipelines.flow import bert_pipeline
 
     config = tiny_config(tmp_path, data_dir, finetune={"tasks": ["rte"], "seeds": [1], "baselines": []})
     raw = yaml.safe_load(config.read_text())
     config.write_text(yaml.safe_dump({**raw, "phases": [SEQ32]}, sort_keys=False))
-    try:
-        first = bert_pipeline(config=str(config))
-        again = bert_pipeline(config=str(config))
-    finally:
-        stop_ephemeral_prefect()
+    first = bert_pipeline(config=str(config))
+    again = bert_pipeline(config=str(config))
     stages = {r["stage"]: r for r in first["stages"]}
     assert list(stages)[:6] == [
         "verify",
@@ -175,20 +182,14 @@ def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, dat
     assert "> **Pretraining (6 + 8 steps):**" in report, report
 
     # `--force pretrain` retrains every phase's pretraining; the stages before them are reused
-    try:
-        forced = bert_pipeline(config=str(config), force=["pretrain"])
-    finally:
-        stop_ephemeral_prefect()
+    forced = bert_pipeline(config=str(config), force=["pretrain"])
     status = {r["stage"]: r["status"] for r in forced["stages"]}
     assert (status["pretrain@seq32"], status["pretrain"]) == ("ran", "ran"), status
     assert (status["preprocess@seq32"], status["preprocess"], status["tokenizer"]) == ("cached",) * 3, status
 
     # a main pretrain setting that the phase inherits retrains it too, and the flow says why
-    try:
-        with flow_log_lines() as said:
-            bert_pipeline(config=str(config), overrides=["pretrain.weight_decay=0.02"], only="pretrain")
-    finally:
-        stop_ephemeral_prefect()
+    with flow_log_lines() as said:
+        bert_pipeline(config=str(config), overrides=["pretrain.weight_decay=0.02"], only="pretrain")
     [note] = [line for line in said if line.startswith("pretrain@seq32: computes under a new key")]
     assert f"since flow run {forced['flow_run']} (" in note, note
     assert (
