@@ -18,6 +18,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# One torch thread for this process and every process a test starts (a CPU rank takes the
+# launcher's OMP_NUM_THREADS): `make test` runs two pytest-xdist workers on the 2 cores it is given,
+# so each has one core, as the launcher gives each of N ranks its share. A one-rank pretraining
+# otherwise ran two threads on a core the other worker also used, and their spinning doubled its
+# CPU (a 12-step tiny run: 21 CPU-s, 11 on one thread). Set before torch is imported here.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Prefect reads PREFECT_HOME at import: the tests keep their database and results out of ~ and out of
 # `make run`'s home, one per worktree and one per pytest-xdist worker (`make test` runs two: two
 # temporary servers on one SQLite file would lock each other out).
