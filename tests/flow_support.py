@@ -145,3 +145,17 @@ def flow_log_lines() -> Iterator[list[str]]:
     finally:
         for logger in loggers:
             logger.removeHandler(handler)
+
+
+# A user task file (docs/config.md, finetune.task_files) over one TSV of movie reviews: `.format(tsv=PATH)`
+USER_TASK = """
+movies:
+  format: tsv
+  kind: classification
+  train: {tsv}
+  dev: {tsv}
+  text_a: text
+  label: sentiment
+  labels: [neg, pos]
+  metrics: [accuracy, f1]
+"""

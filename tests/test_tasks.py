@@ -20,6 +20,7 @@ from finetuning.tasks import (
     read_tsv_examples,
 )
 from preprocessing.wordpiece import load_tokenizer
+from tests.flow_support import USER_TASK
 
 GLUE_DEV_ROWS = {"sst2": 872, "cola": 1043, "mrpc": 408, "rte": 277, "stsb": 1500}
 
@@ -77,19 +78,6 @@ def _user_task(tmp_path: Path, data_dir: Path, body: str, rows: str | None = Non
     cfg = tmp_path / "tasks.yaml"
     cfg.write_text(body.format(tsv=tsv))
     return cfg, tsv
-
-
-USER_TASK = """
-movies:
-  format: tsv
-  kind: classification
-  train: {tsv}
-  dev: {tsv}
-  text_a: text
-  label: sentiment
-  labels: [neg, pos]
-  metrics: [accuracy, f1]
-"""
 
 
 def test_user_task_from_config(tmp_path, data_dir):

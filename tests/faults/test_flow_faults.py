@@ -19,7 +19,7 @@ import pytest
 
 from common.atomic import MARKER_NAME, sha256_file
 from common.paths import PROJECT_ROOT
-from tests.flow_support import fresh_prefect_home, tiny_config
+from tests.flow_support import USER_TASK, fresh_prefect_home, tiny_config
 from training.checkpoint import VERIFIED_NAME
 
 pytestmark = pytest.mark.slow
@@ -289,18 +289,6 @@ def test_the_prefect_server_killed_mid_flow_is_started_again_and_the_flow_finish
     assert "Traceback" not in said and "Error logging to API" not in said, said[-3000:]
 
 
-MOVIES_TASK = """movies:
-  format: tsv
-  kind: classification
-  train: {tsv}
-  dev: {tsv}
-  text_a: text
-  label: sentiment
-  labels: [neg, pos]
-  metrics: [accuracy]
-"""
-
-
 def test_failed_fine_tuning_units_end_the_flow_in_one_paragraph_naming_them(
     tmp_path: Path, data_dir: Path
 ) -> None:
@@ -315,7 +303,7 @@ def test_failed_fine_tuning_units_end_the_flow_in_one_paragraph_naming_them(
         + "".join(f"{r.split(chr(9))[0]}\t{'pos' if r.split(chr(9))[1] == '1' else 'neg'}\n" for r in rows)
     )
     tasks = tmp_path / "tasks.yaml"
-    tasks.write_text(MOVIES_TASK.format(tsv=tsv))
+    tasks.write_text(USER_TASK.format(tsv=tsv))
     ft = {"tasks": ["movies"], "task_config": str(tasks), "baselines": [], "seeds": [1], "lrs": [5e-5]}
     cfg = tiny_config(tmp_path, data_dir, finetune=ft)
     log_path = tmp_path / "flow.log"
