@@ -399,14 +399,12 @@ def headline_text(h: dict[str, Any] | None) -> str:
         left_out = h.get("glue_average_left_out")
         average = f"GLUE-style average {signed_points(avg)} points"
         average += f" over the tasks both have (not {', '.join(left_out)})" if left_out else ""
-        average += (
-            f" (seed noise ±{margin:.1f}), "
-            if margin is not None
-            # tasks tested, the average not: a failed unit left its task other seeds than the rest
-            else " (by sign: no seed-noise estimate, its tasks ran different seeds), "
-            if tested
-            else ", "
-        )
+        if margin is not None:
+            average += f" (seed noise ±{margin:.1f}), "
+        elif tested:  # tasks tested, the average not: a failed unit left its task other seeds than the rest
+            average += " (by sign: no seed-noise estimate, its tasks ran different seeds), "
+        else:
+            average += ", "
     behind = h.get("behind_on", [])
     at_chance_too = h.get("ahead_at_chance", [])
     lines = [

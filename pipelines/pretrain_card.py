@@ -70,15 +70,12 @@ def _training_facts(
     logged = next(
         (r["consumed_tokens"] for r in rows if r.get("step") == steps and "consumed_tokens" in r), None
     )
+    estimated = round(steps * global_batch * per_example) if per_example else None
     precision = next((k for k in ("bf16", "fp16") if ds.get(k, {}).get("enabled")), "fp32")
     return TrainingFacts(
         steps=steps,
         global_batch=global_batch,
-        tokens_seen=int(logged)
-        if logged is not None
-        else round(steps * global_batch * per_example)
-        if per_example
-        else None,
+        tokens_seen=int(logged) if logged is not None else estimated,
         lr=float(p.get("lr", math.nan)),
         warmup_steps=int(p.get("warmup_steps", 0)),
         optimizer=str(p.get("optimizer", "adamw")),

@@ -328,21 +328,18 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
         raise UserError(f"cannot read corpus file {path}: {exc}") from None
     with fh:
         try:
-            head = _head(fh)
-            if (encoding := head_kind(head)) not in (None, "binary"):
-                counts["files_skipped_not_utf8"] += 1
-                counts[f"{NOT_UTF8_KEY}{encoding}:{path}"] = 1
-                warn(
-                    "skipping %s: %s text, not UTF-8 (convert it with iconv -f %s -t UTF-8)",
-                    path,
-                    encoding,
-                    encoding,
-                )
-                return
-            if encoding == "binary":
+            kind = head_kind(_head(fh))
+            if kind == "binary":
                 counts["files_skipped_binary"] += 1
                 counts[f"{BINARY_KEY}{path}"] = 1
                 warn("skipping %s: binary file (NUL bytes)", path)
+                return
+            if kind is not None:  # another encoding: UTF-16, UTF-32
+                counts["files_skipped_not_utf8"] += 1
+                counts[f"{NOT_UTF8_KEY}{kind}:{path}"] = 1
+                warn(
+                    "skipping %s: %s text, not UTF-8 (convert it with iconv -f %s -t UTF-8)", path, kind, kind
+                )
                 return
             any_content = False
             lines = replaced = 0  # non-blank lines, and those with invalid UTF-8
