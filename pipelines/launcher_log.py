@@ -16,7 +16,6 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from common.paths import torch_extensions_dir
 from training.launch import ERROR_LINE, explained_failure
 
 # `[2026-11-22 21:30:26,607] [WARNING] [real_accelerator.py:213:get_accelerator] ...`
@@ -39,20 +38,6 @@ TORCHRUN_TALK = re.compile(
 # lines that chain one traceback to the next
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 SELF_TALK = ("built successfully", "Loading checkpoint shards", "Loading extension module")
-
-SHM_OP = "deepspeed_shm_comm"  # the CPU communication op DeepSpeed compiles on first use
-
-
-def jit_build_notice(on_gpu: bool) -> str | None:
-    """What to tell before a CPU run whose DeepSpeed op is not compiled yet (minutes of silence)."""
-    directory = torch_extensions_dir() / SHM_OP
-    if on_gpu or (directory / f"{SHM_OP}.so").is_file():
-        return None
-    return (
-        f"pretrain: first run with this TORCH_EXTENSIONS_DIR: DeepSpeed compiles its CPU communication op "
-        f"({SHM_OP}) once before the first step, about 2-3 minutes on 2 cores, into {directory}; "
-        "later runs reuse it."
-    )
 
 
 class LauncherLog:

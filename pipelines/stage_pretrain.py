@@ -220,7 +220,7 @@ def _run_ranks(
     """This node's ranks through the launcher, their output streamed to `log_line` / `log_debug`
     and OUT/launcher.log; returns when they are done (the time.time() they started at), raises
     when they failed."""
-    from pipelines.launcher_log import LauncherLog, jit_build_notice
+    from pipelines.launcher_log import LauncherLog
     from training import launch
 
     port = p.master_port or launch.free_port()
@@ -235,8 +235,6 @@ def _run_ranks(
             f"pretrain: node {node_rank} of {p.nnodes} {waits} at {p.master_addr}:{port} "
             f"(up to pretrain.dist_timeout_s, {p.dist_timeout_s:g} s)"
         )
-    if notice := jit_build_notice(on_gpu):
-        log_line(notice)
     if not on_gpu and (freed := launch.remove_stale_shm_buffers()):
         log_line(
             f"pretrain: removed {freed / 2**20:,.0f} MiB of shared memory that killed runs' ranks left in {launch.SHM_DIR}"

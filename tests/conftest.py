@@ -35,7 +35,7 @@ from common.paths import data_root, torch_extensions_dir  # noqa: E402
 
 # The per-user cache (common.paths.user_cache_dir) is a temporary folder for the tests and the processes
 # they start, not the user's ~/.cache/bertflow, where every tmp corpus a test stamps would leave a file-hash
-# memo for good. DeepSpeed's compiled CPU op is used where `make install` built it (a rebuild takes minutes).
+# memo for good. DeepSpeed's GPU ops are used where `make install` built them (CPU runs build none).
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
 _CACHE_HOME = tempfile.mkdtemp(prefix="bertflow-tests-cache-")
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME

@@ -91,6 +91,8 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     # the DeepSpeed log went through the Prefect task logger into the pretrain curves
     metrics = [json.loads(line) for line in (pretrain_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(m["step"] or 0 for m in metrics) == 8
+    # DeepSpeed's CPU op for inference all-reduce is neither built nor loaded: training never calls it
+    assert "deepspeed_shm_comm" not in (pretrain_dir / "launcher.log").read_text()
     # the Prefect graph: tokenizer -> preprocess -> pretrain -> units -> scorecard -> report, every
     # task run of it final in the API before it is read (as before `bertflow run` stops the server)
     from pipelines.prefect_server import wait_for_task_run_records

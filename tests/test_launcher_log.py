@@ -1,6 +1,5 @@
 """The ranks' output in the log: lines about the run at INFO, DeepSpeed's and torch's talk about
-themselves at DEBUG, every line kept in launcher.log; and a notice before DeepSpeed's first-run
-compile instead of minutes of silence."""
+themselves at DEBUG, every line kept in launcher.log; and where DeepSpeed's GPU ops are compiled."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.paths import PROJECT_ROOT, torch_extensions_dir
-from pipelines.launcher_log import LauncherLog, jit_build_notice
+from pipelines.launcher_log import LauncherLog
 
 # lines as a 2-rank CPU run prints them (torch 2.13, DeepSpeed 0.19)
 RANK_OUTPUT = """\
@@ -57,17 +56,6 @@ def test_deepspeeds_errors_and_critical_lines_stay_visible(tmp_path: Path) -> No
     assert [line.split("] [")[1] for line in info] == ["ERROR", "CRITICAL"]
 
 
-def test_notice_before_the_first_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    notice = jit_build_notice(on_gpu=False)
-    assert notice and "compiles its CPU communication op" in notice and str(tmp_path) in notice
-    assert jit_build_notice(on_gpu=True) is None  # nothing is compiled on GPU machines
-    built = tmp_path / "deepspeed_shm_comm"
-    built.mkdir()
-    (built / "deepspeed_shm_comm.so").write_bytes(b"\x7fELF")
-    assert jit_build_notice(on_gpu=False) is None
-
-
 def test_the_compiled_op_lives_outside_the_checkout_one_per_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -83,7 +71,6 @@ def test_the_compiled_op_lives_outside_the_checkout_one_per_environment(
     # other include paths, so it gets its own folder instead of rebuilding this one's op
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "other-venv"))
     assert torch_extensions_dir() != directory
-    assert str(torch_extensions_dir()) in (jit_build_notice(on_gpu=False) or "")
 
 
 def test_torchruns_report_of_a_rank_that_reported_its_error_is_debug(tmp_path: Path) -> None:

@@ -1,12 +1,12 @@
-"""Compile DeepSpeed's JIT ops once, at install time (`make install`), not in the first run.
+"""Compile DeepSpeed's JIT ops once, at install time (`make install`), not in the first run; and
+leave out the one a CPU run does not use.
 
-On CPU: the shared-memory all-reduce op (`deepspeed_shm_comm`) that DeepSpeed builds the first
-time a CPU run initializes `deepspeed.comm`, 2-3 minutes of silence in the first `bertflow run`.
 On a GPU machine: FusedAdam, the pretraining optimizer there (`pretrain.optimizer: adamw`, and the
 AdamW half of `muon`), which DeepSpeed otherwise JIT-builds before the first step (38 s on the
 GPU check's 16-core H200 machine, docs/gpu/2026-11-26-nvidia-h200.md). FusedLamb (31 s) builds on
 first use of `optimizer: lamb`. Built into `common.paths.torch_extensions_dir()` (one per Python
 environment, outside the checkout), the launcher's ranks load them in under a second.
+On CPU: nothing (`leave_out_cpu_inference_op`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,22 @@ import time
 from common.paths import torch_extensions_dir
 
 GPU_OPS = ("FusedAdamBuilder",)
+CPU_INFERENCE_OP = "deepspeed_shm_comm"  # DeepSpeed's ShareMemCommBuilder.NAME
+
+
+def leave_out_cpu_inference_op() -> None:
+    """Keep DeepSpeed from building and loading its CPU shared-memory all-reduce op in this process.
+
+    DeepSpeed's torch backend builds that op (a C++ JIT build: 54 CPU-s, 2-3 min on 2 cores, the
+    first time) in every process that initializes `deepspeed.comm`, and each rank then maps a 67 MB
+    buffer in /dev/shm that only a clean exit removes; but it calls the op only from
+    `inference_all_reduce` (tensor-parallel inference, DeepSpeed PR 5391). Training's all-reduce,
+    reduce-scatter and all-gather go through torch.distributed (gloo) with or without it. Marked
+    incompatible, DeepSpeed's `build_shm_op` returns None and the backend goes on without it.
+    Call before `deepspeed.init_distributed` (or `deepspeed.initialize`)."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[CPU_INFERENCE_OP] = False
 
 
 def load_fused_op(name: str) -> float:
@@ -42,10 +58,7 @@ def main() -> int:
 
     where = os.environ["TORCH_EXTENSIONS_DIR"]
     if get_accelerator().device_name() == "cpu":
-        from deepspeed.comm.torch import build_shm_op
-
-        print(f"build_ops: DeepSpeed's CPU communication op in {where} (2-3 min once)")
-        build_shm_op()
+        print("build_ops: nothing to build without a GPU (training on CPU uses no DeepSpeed JIT op)")
         return 0
     for name in GPU_OPS:
         op = name.removesuffix("Builder")

@@ -373,8 +373,10 @@ def _forward_lines(proc: subprocess.Popen, log_line: Callable[[str], None]) -> N
         pass
 
 
-# DeepSpeed's CPU all-reduce (its shm op): one buffer per rank in shared memory, named
-# deepspeed_allreduce_buffer_<uid>_<master addr>_<port>_<rank>
+# DeepSpeed's CPU inference all-reduce (its shm op): one buffer per rank in shared memory, named
+# deepspeed_allreduce_buffer_<uid>_<master addr>_<port>_<rank>. Our ranks leave the op out since
+# 2026-11-28 (training.build_ops.leave_out_cpu_inference_op); runs before that, and other DeepSpeed
+# programs of the user, still leave such buffers behind when killed.
 SHM_DIR = Path("/dev/shm")
 SHM_BUFFER = "deepspeed_allreduce_buffer"
 STALE_AFTER_S = 60.0  # a buffer no process maps, older than this, belongs to a run that is over

@@ -47,6 +47,7 @@ from preprocessing import shard_format
 from preprocessing.masking import MaskingSpec
 from preprocessing.wordpiece import SPECIAL_TOKENS
 from training import checkpoint, example_cache, preflight
+from training.build_ops import leave_out_cpu_inference_op
 from training.config import PretrainConfig
 from training.data import (
     BatchPlan,
@@ -126,6 +127,8 @@ class Ranks:
 def init_distributed(spec: RunSpec, local_rank: int) -> Ranks:
     import deepspeed
 
+    if not spec.on_gpu:
+        leave_out_cpu_inference_op()
     deepspeed.init_distributed(
         dist_backend="nccl" if spec.on_gpu else "gloo",
         timeout=datetime.timedelta(seconds=spec.pretrain.dist_timeout_s),
