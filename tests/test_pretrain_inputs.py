@@ -420,7 +420,8 @@ def test_a_relative_output_works_from_any_directory(data, tmp_path):
     shards, tok = data
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    sets = [x for s in settings("pretrain.max_steps=2", "pretrain.checkpoint_every=2") for x in ("--set", s)]
+    sets = [x for s in settings("pretrain.num_processes=1", "pretrain.max_steps=2", "pretrain.checkpoint_every=2")
+            for x in ("--set", s)]  # fmt: skip
     cmd = [sys.executable, "-m", "pipelines.cli", "pretrain", "--shards", str(shards), "--tokenizer", str(tok),
            "--output", "relative_run", *sets]  # fmt: skip
     res = subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
