@@ -452,78 +452,6 @@ def two_node_settings(port: int, *extra: str) -> list[str]:
                     f"pretrain.master_port={port}", "pretrain.dist_timeout_s=60", *extra)  # fmt: skip
 
 
-def test_sigterm_to_one_node_saves_the_step_reached_on_both_then_rerun_resumes_from_it_exactly(
-    ref_run, data, tmp_path
-):
-    """`kill -TERM` of node 1's `bertflow pretrain` only (a scheduler preempting one node): node 1's
-    rank notes it, node 0's learns of it with the next step's all-reduce, both finish that step, save
-    it and stop: node 1 exits 143, node 0 says why it stopped, no process is left, nothing hangs, and
-    nothing since the last periodic checkpoint is lost. Both reruns resume there, bit-exact."""
-    ref_out, ref_model, _ = ref_run
-    shards, tok = data
-    out = tmp_path / "run"
-    port = free_port()
-    sets = two_node_settings(port, "pretrain.checkpoint_every=100")  # no periodic checkpoint before 12
-    logs = [tmp_path / f"first{r}.log" for r in (0, 1)]
-    procs = [
-        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], BERTFLOW_DEBUG_STEP_DELAY_S="0.5",
-                  **ONE_THREAD)
-        for r in (0, 1)
-    ]  # fmt: skip
-    deadline = time.time() + 240
-    while max(losses(out), default=0) < 3:  # metrics.jsonl (node 0) has step 3
-        assert all(p.poll() is None for p in procs) and time.time() < deadline, logs[0].read_text()[-3000:]
-        time.sleep(0.1)
-    children = [c for p in procs for c in psutil.Process(p.pid).children(recursive=True)]
-    procs[1].send_signal(signal.SIGTERM)  # node 1's command only, as `kill PID` does
-    rcs = [p.wait(timeout=60) for p in procs]
-    _, alive = psutil.wait_procs(children, timeout=10)
-    texts = [log.read_text() for log in logs]
-    assert rcs == [2, 143] and not alive, texts
-    assert texts[1].rstrip().endswith("bertflow pretrain: terminated (SIGTERM)."), texts[1][-3000:]
-    assert all("Traceback" not in t for t in texts), texts
-    stopped = [
-        re.findall(
-            r"stopped by a stop request \(Ctrl-C or SIGTERM on one of the 2 nodes\) after step (\d+) of 12; "
-            r"its checkpoint is saved",
-            t,
-        )
-        for t in texts
-    ]
-    # node 0: its rank's line and the command's error; node 1: its rank's line
-    assert len(stopped[0]) == 2 and len(stopped[1]) == 1, texts
-    step = int(stopped[1][0])
-    assert set(stopped[0]) == {str(step)} and 3 <= step < 12
-    assert (
-        "bertflow pretrain: error: pretraining stopped: stopped by a stop request (Ctrl-C or SIGTERM on one of "
-        f"the 2 nodes) after step {step}" in texts[0]
-    )
-    assert "Rerun the same command on every node to resume from it." in texts[0]
-    tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
-    assert (
-        tags == [f"global_step{step}"]
-        and (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
-    )
-    # node 0's W&B run: every step up to the stop, ended as stopped (143), saying where
-    assert by_step(history(out), "_step") == by_step(read_metrics(out), "step") and max(losses(out)) == step
-    assert exit_code(out) == 143
-    assert summary(out)["exit_reason"].startswith(
-        f"stopped by a stop request (Ctrl-C or SIGTERM on one of the 2 nodes) after step {step} of 12; "
-        f"its checkpoint is saved (global_step{step})"
-    )
-
-    sets = two_node_settings(free_port(), "pretrain.checkpoint_every=100")
-    logs = [tmp_path / f"rerun{r}.log" for r in (0, 1)]
-    procs = [
-        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], **ONE_THREAD) for r in (0, 1)
-    ]
-    assert [p.wait(timeout=600) for p in procs] == [0, 0], [log.read_text()[-3000:] for log in logs]
-    assert f"global_step{step} " in logs[0].read_text() and "resumed from" in logs[0].read_text()
-    assert losses(out) == losses(ref_out)  # bit-exact, every step
-    a, b = read_state_dict(ref_model), read_state_dict(out / "model")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
 def test_kill_9_of_bertflow_still_saves_the_step_the_ranks_reached(data, tmp_path):
     """`kill -9` of `bertflow pretrain` alone (the flow's process killed, an OOM killer): the launcher
     gets SIGTERM (PR_SET_PDEATHSIG) and the ranks save the step they reached, though the pipe their
@@ -682,28 +610,90 @@ def test_a_hung_node_stops_the_others_within_dist_timeout_s_naming_it(data, tmp_
     assert "bertflow pretrain: error: pretraining did not start: only 1 of 2 nodes joined in" in said, said
 
 
-def test_two_nodes_train_like_one_and_resume_exactly_after_one_is_killed(ref_run, data, tmp_path):
+def test_two_nodes_stopped_by_sigterm_then_killed_resume_each_time_exactly_like_one_node(
+    ref_run, data, tmp_path
+):
     """Two `bertflow pretrain --node-rank R` invocations, one process each, meet over loopback
-    (torchrun, static rendezvous) and train exactly like one node with 2 processes (the reference).
-    First run: each node caches its data in its own folder (no shared directory); node 1 (CLI,
-    launcher and rank) is killed -9 after checkpoint 8 and node 0 stops with an error. Rerun of both,
-    now sharing OUT/data_cache on this one host: each node its own folder, no race; the run resumes
-    and every loss and the final weights equal the reference's. Resuming the finished 2-rank run on
-    1 rank is refused, naming the fix."""
+    (torchrun, static rendezvous) and train exactly like one node with 2 processes (the reference),
+    through a stop and a kill:
+    1. `kill -TERM` of node 1's `bertflow pretrain` only (a scheduler preempting one node): node 1's
+       rank notes it, node 0's learns of it with the next step's all-reduce, both finish that step,
+       save it and stop: node 1 exits 143, node 0 says why it stopped, no process is left, nothing
+       hangs, and nothing since the last periodic checkpoint is lost.
+    2. The rerun of both resumes from that step; each node caches its data in its own folder (no
+       shared directory); node 1 (CLI, launcher and rank) is killed -9 after checkpoint 8 and node 0
+       stops with an error.
+    3. The rerun of both, now sharing OUT/data_cache on this one host: each node its own folder, no
+       race; the run resumes and every loss (those of all three attempts) and the final weights equal
+       the reference's, bit-exact. Resuming the finished 2-rank run on 1 rank is refused, naming the
+       fix."""
     ref_out, ref_model, _ = ref_run
     shards, tok = data
     out, host = tmp_path / "run", socket.gethostname()
+    port = free_port()
+    sets = two_node_settings(port, "pretrain.checkpoint_every=100")  # no periodic checkpoint before 12
+    logs = [tmp_path / f"sigterm{r}.log" for r in (0, 1)]
+    procs = [
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], BERTFLOW_DEBUG_STEP_DELAY_S="0.5",
+                  **ONE_THREAD)
+        for r in (0, 1)
+    ]  # fmt: skip
+    deadline = time.time() + 240
+    while max(losses(out), default=0) < 3:  # metrics.jsonl (node 0) has step 3
+        assert all(p.poll() is None for p in procs) and time.time() < deadline, logs[0].read_text()[-3000:]
+        time.sleep(0.1)
+    children = [c for p in procs for c in psutil.Process(p.pid).children(recursive=True)]
+    procs[1].send_signal(signal.SIGTERM)  # node 1's command only, as `kill PID` does
+    rcs = [p.wait(timeout=60) for p in procs]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    texts = [log.read_text() for log in logs]
+    assert rcs == [2, 143] and not alive, texts
+    assert texts[1].rstrip().endswith("bertflow pretrain: terminated (SIGTERM)."), texts[1][-3000:]
+    assert all("Traceback" not in t for t in texts), texts
+    stopped = [
+        re.findall(
+            r"stopped by a stop request \(Ctrl-C or SIGTERM on one of the 2 nodes\) after step (\d+) of 12; "
+            r"its checkpoint is saved",
+            t,
+        )
+        for t in texts
+    ]
+    # node 0: its rank's line and the command's error; node 1: its rank's line
+    assert len(stopped[0]) == 2 and len(stopped[1]) == 1, texts
+    step = int(stopped[1][0])
+    assert set(stopped[0]) == {str(step)} and 3 <= step < 12
+    assert step < 8, f"stopped after step {step}: the kill below needs checkpoint 8 still to come"
+    assert (
+        "bertflow pretrain: error: pretraining stopped: stopped by a stop request (Ctrl-C or SIGTERM on one of "
+        f"the 2 nodes) after step {step}" in texts[0]
+    )
+    assert "Rerun the same command on every node to resume from it." in texts[0]
+    tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
+    assert (
+        tags == [f"global_step{step}"]
+        and (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
+    )
+    # node 0's W&B run: every step up to the stop, ended as stopped (143), saying where
+    assert by_step(history(out), "_step") == by_step(read_metrics(out), "step") and max(losses(out)) == step
+    assert exit_code(out) == 143
+    assert summary(out)["exit_reason"].startswith(
+        f"stopped by a stop request (Ctrl-C or SIGTERM on one of the 2 nodes) after step {step} of 12; "
+        f"its checkpoint is saved (global_step{step})"
+    )
+
     scratch = [tmp_path / "node0", tmp_path / "node1"]
     sets = two_node_settings(free_port(), "pretrain.data_cache_dir=$NODE_SCRATCH/cache")
     procs = [
-        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), tmp_path / f"first{r}.log",
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), tmp_path / f"killed{r}.log",
                   NODE_SCRATCH=str(scratch[r]), BERTFLOW_DEBUG_STEP_DELAY_S="0.3", **ONE_THREAD)
         for r in (0, 1)
     ]  # fmt: skip
     wait_for(out / "checkpoints" / "global_step8" / checkpoint.VERIFIED_NAME, procs[0])
     kill_tree(procs[1])
     assert procs[0].wait(timeout=180) == 1  # node 0 cannot go on without node 1, and says so
-    said = (tmp_path / "first0.log").read_text()
+    said = (tmp_path / "killed0.log").read_text()
+    # the rerun of both resumed from the step the stop saved
+    assert f"global_step{step} " in said and "resumed from" in said, said[-3000:]
     assert "Traceback" not in said, said[-3000:]
     assert re.search(
         r"bertflow pretrain: error: pretraining stopped: lost contact with the other ranks: (another rank's "
