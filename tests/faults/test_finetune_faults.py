@@ -22,7 +22,7 @@ UNITS = ["sst2-lr5e-05-s42", "mrpc-lr5e-05-s42", "rte-lr5e-05-s42"]
 def _command(minilm_dir: Path, out: Path) -> list[str]:
     return [
         sys.executable, "-m", "pipelines.cli", "finetune", "--checkpoint", "random:tiny",
-        "--tokenizer", str(minilm_dir), "--tasks", "sst2,mrpc,rte", "--max-train-examples", "960",
+        "--tokenizer", str(minilm_dir), "--tasks", "sst2,mrpc,rte", "--max-train-examples", "320",
         "--max-eval-examples", "64", "--max-seq-length", "64", "--epochs", "2", "--batch-size", "16",
         "--workers", "1", "--threads", "1", "--baselines", "none", "--output", str(out),
     ]  # fmt: skip
@@ -93,8 +93,8 @@ def test_kill_during_second_unit_then_rerun(tmp_path, minilm_dir):
     ref = subprocess.run(_command(minilm_dir, clean), env=_env(), cwd=ROOT, capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr
     assert _scores(out) == _scores(clean)
-    # one clean curve, no duplicate steps from the killed attempt (960 examples / 16 x 2 epochs = 120 steps)
-    assert _logged_steps(second) == _logged_steps(_unit_dir(clean, UNITS[1])) == [1, *range(10, 121, 10)]
+    # one clean curve, no duplicate steps from the killed attempt (320 examples / 16 x 2 epochs = 40 steps)
+    assert _logged_steps(second) == _logged_steps(_unit_dir(clean, UNITS[1])) == [1, *range(10, 41, 10)]
 
 
 def _logged_steps(unit_dir: Path) -> list[int]:
