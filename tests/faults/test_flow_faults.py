@@ -96,24 +96,51 @@ def _model_sha(run_dir: Path) -> str:
     return sha256_file(next((run_dir / "pretrain").glob("*/model/model.safetensors")))
 
 
-def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path, data_dir: Path) -> None:
+# Two fine-tuning units, one worker: while one unit trains the other is queued (the output-reader
+# test's case); the kill -9 test's killed run and its rerun use the same, so that flow is its reference.
+FLOW_FT = {"tasks": ["rte", "stsb"], "baselines": [], "seeds": [1], "concurrency": 1}
+
+
+@pytest.fixture(scope="module")
+def reader_left_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> tuple[int, Path]:
+    """`bertflow run CONFIG | reader` with the reader gone once pretraining starts (exit code, run dir):
+    the output-reader test's flow, and the kill -9 test's uninterrupted reference (one flow run, ~25 CPU-s,
+    for both)."""
+    root = tmp_path_factory.mktemp("reader-left")
+    cfg = tiny_config(root, data_dir, finetune=FLOW_FT)
+    proc = subprocess.Popen(
+        _cmd(cfg), env=_env(root), cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen = []
+        while "Task run 'pretrain'" not in (line := proc.stdout.readline()):
+            assert line, "".join(seen[-30:])  # it ended before pretraining
+            seen.append(line)
+        proc.stdout.close()  # the reader leaves
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, root / "run"
+
+
+def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(
+    tmp_path: Path, data_dir: Path, reader_left_run: tuple[int, Path]
+) -> None:
     # Each run trains its own vocabulary from the same corpus (the tokenizer stage is deterministic
     # across processes: tests/test_tokenizer.py), so the two runs agree from the first stage on.
-    ft = {"tasks": ["rte"], "baselines": []}
-
-    # the reference: an uninterrupted run
-    (tmp_path / "ref").mkdir()
-    ref_cfg = tiny_config(tmp_path / "ref", data_dir, finetune=ft)
-    out = _run(ref_cfg, tmp_path)
-    reference = _scores(tmp_path / "ref" / "run")
-    assert len(reference) == 1
-    # the unit's progress line says it is done (Prefect's API lags the unit's final state)
-    assert re.search(r"finetune: rte-\S+ \[\S+\] done; 1/1 units to run done", out), out
-    assert "FAILED" not in out, out
+    # The reference: an uninterrupted run of the same config (its reader leaving changes no number:
+    # test_a_flow_whose_output_reader_leaves_finishes_its_work checks it completed)
+    rc, ref_run = reader_left_run
+    assert rc == 0, "the reference flow failed (test_a_flow_whose_output_reader_leaves_finishes_its_work)"
+    reference = _scores(ref_run)
+    assert len(reference) == 2
 
     # the same config in another run dir, killed with SIGKILL once pretraining has a checkpoint
     (tmp_path / "b").mkdir()
-    cfg = tiny_config(tmp_path / "b", data_dir, finetune=ft)
+    cfg = tiny_config(tmp_path / "b", data_dir, finetune=FLOW_FT)
     run_dir = tmp_path / "b" / "run"
     log = (tmp_path / "b" / "first.log").open("w")
     proc = subprocess.Popen(
@@ -152,10 +179,13 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(tmp_path: Path,
     status = _statuses(stdout)
     assert status["tokenizer"] == "cached" and status["preprocess"] == "cached", stdout
     assert status["pretrain"] == "ran"
+    # the last unit's progress line says it is done (Prefect's API lags the unit's final state)
+    assert re.search(r"finetune: \S+ \[\S+\] done; 2/2 units to run done", stdout), stdout
+    assert "FAILED" not in stdout, stdout
     assert next((run_dir / "tokenizer").glob("*/" + MARKER_NAME)).stat().st_mtime_ns == tok_stamp
-    assert _vocab(run_dir) == _vocab(tmp_path / "ref" / "run")
+    assert _vocab(run_dir) == _vocab(ref_run)
     assert _scores(run_dir) == reference
-    assert _model_sha(run_dir) == _model_sha(tmp_path / "ref" / "run")  # resume is bit-exact
+    assert _model_sha(run_dir) == _model_sha(ref_run)  # resume is bit-exact
 
 
 def _stop_and_collect(proc: subprocess.Popen, sig: int, *, group: bool) -> tuple[float, list[psutil.Process]]:
@@ -332,34 +362,17 @@ def test_failed_fine_tuning_units_end_the_flow_in_one_paragraph_naming_them(
     assert "Traceback" not in said, said[-3000:]
 
 
-def test_a_flow_whose_output_reader_leaves_finishes_its_work(tmp_path: Path, data_dir: Path) -> None:
+def test_a_flow_whose_output_reader_leaves_finishes_its_work(reader_left_run: tuple[int, Path]) -> None:
     """`bertflow run CONFIG 2>&1 | tee LOG` with tee killed mid-flow: Prefect's console handler
     (rich) raised SystemExit on the broken pipe, the flow ended 'Crashed' with exit 1 and the units
     still queued were dropped. Now its console output, once its reader is gone, goes to /dev/null,
     as a pretraining rank's does: the flow finishes every stage (the run dir holds it all), exit 0."""
-    ft = {"tasks": ["rte", "stsb"], "baselines": [], "seeds": [1], "concurrency": 1}
-    cfg = tiny_config(tmp_path, data_dir, finetune=ft)
-    proc = subprocess.Popen(
-        _cmd(cfg), env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        seen = []
-        while "Task run 'pretrain'" not in (line := proc.stdout.readline()):
-            assert line, "".join(seen[-30:])  # it ended before pretraining
-            seen.append(line)
-        proc.stdout.close()  # the reader leaves
-        proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    run_dir = tmp_path / "run"
+    returncode, run_dir = reader_left_run
     from pipelines.run_history import flow_runs
 
     [record] = flow_runs(run_dir)
     failed = [(r["stage"], r.get("error")) for r in record.data["stages"] if r["status"] == "failed"]
-    assert (proc.returncode, record.status) == (0, "completed"), failed
+    assert (returncode, record.status) == (0, "completed"), failed
     units = list((run_dir / "finetune" / "units").iterdir())
     assert len(units) == 2 and all((u / MARKER_NAME).is_file() for u in units)
     assert list((run_dir / "report").glob(f"*/{MARKER_NAME}"))
