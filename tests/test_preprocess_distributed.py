@@ -139,7 +139,7 @@ def dask_cluster(tmp_path_factory):
 
 def config(inputs: list[str]) -> PreprocessConfig:
     return PreprocessConfig(
-        input=inputs, dupe_factor=2, num_shards=3, validation_fraction=0.05, bucket_size_mb=0.5, seed=11
+        input=inputs, dupe_factor=2, num_shards=3, validation_fraction=0.05, bucket_size_mb=0.29, seed=11
     )
 
 
@@ -150,6 +150,7 @@ def test_dask_cluster_on_s3_writes_the_directrunner_shards_byte_for_byte(
 
     address, dask_root = dask_cluster
     corpus = make_corpus(tmp_path, data_dir)
+    (corpus / "AC_wiki_07.gz").unlink()
     s3 = s3_client(s3_endpoint)
     for f in sorted(corpus.iterdir()):
         s3.upload_file(str(f), BUCKET, f"corpus/{f.name}")
