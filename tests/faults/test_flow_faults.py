@@ -143,9 +143,12 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(
     cfg = tiny_config(tmp_path / "b", data_dir, finetune=FLOW_FT)
     run_dir = tmp_path / "b" / "run"
     log = (tmp_path / "b" / "first.log").open("w")
+    # its 8 steps take about as long as the check for the step-4 checkpoint: unslowed, the kill
+    # came after the step-8 one and the rerun resumed nothing (a second a step: the kill lands
+    # mid-run, and a rerun that restarted the data at step 0 would fail the model's sha256)
     proc = subprocess.Popen(
         _cmd(cfg),
-        env=_env(tmp_path),
+        env={**_env(tmp_path), "BERTFLOW_DEBUG_STEP_DELAY_S": "1"},
         cwd=PROJECT_ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -179,6 +182,8 @@ def test_kill_9_during_pretrain_then_rerun_matches_uninterrupted(
     status = _statuses(stdout)
     assert status["tokenizer"] == "cached" and status["preprocess"] == "cached", stdout
     assert status["pretrain"] == "ran"
+    # resumed mid-run: from the step its rank saved as its launcher went (or the step-4 checkpoint)
+    assert re.search(r"start step [1-7]\b", stdout), stdout
     # the last unit's progress line says it is done (Prefect's API lags the unit's final state)
     assert re.search(r"finetune: \S+ \[\S+\] done; 2/2 units to run done", stdout), stdout
     assert "FAILED" not in stdout, stdout
