@@ -452,12 +452,13 @@ def test_large_shards_are_merged_by_key_range_with_the_same_rows(tmp_path, monke
 def test_merge_by_key_range_yields_every_row_in_key_order_for_any_range_size(tmp_path):
     from preprocessing import beam_job
 
-    parts = _part_files(tmp_path, num_parts=5, rows_per_part=600, seed=8)
+    parts = _part_files(tmp_path, num_parts=3, rows_per_part=300, seed=8)  # 2 batches each (256 + 44)
     expected = pa.concat_tables([pa.ipc.open_file(path).read_all() for path, _, _ in parts])
     keys = sorted(expected.column("key").to_pylist())
     by_key = dict(zip(expected.column("key").to_pylist(), expected.column("input_ids").to_pylist()))
-    for range_rows in (1, 7, 640, 10**6):
-        groups = list(beam_job.merge_by_key_range(parts, 3000, range_rows=range_rows))
+    rows = sum(n for _, n, _ in parts)
+    for range_rows in (1, 7, 640, 10**6):  # a range per row ... one range for all 900 rows
+        groups = list(beam_job.merge_by_key_range(parts, rows, range_rows=range_rows))
         ids = [row for g in groups for row in g.column("input_ids").to_pylist()]
         assert ids == [by_key[k] for k in keys], range_rows
         assert all("key" not in g.column_names and g.num_rows for g in groups)
