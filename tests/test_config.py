@@ -298,12 +298,38 @@ def _run_cpu_hour(runs: Path, setting: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _cpu_hour_refusal(runs: Path, setting: str) -> str:
+    """What `bertflow run configs/cpu-hour.yaml --set run_dir=RUNS SETTING` refuses before Prefect
+    starts: its config load and `check_flow`, here in this process (`bertflow run` itself:
+    test_bertflow_run_refuses_what_its_checks_find_before_any_stage)."""
+    from pipelines.flow_preflight import check_flow
+    from pipelines.stage_plan import plan_stages
+
+    with pytest.raises(UserError) as exc:
+        cfg = load_config(PROJECT_ROOT / "configs" / "cpu-hour.yaml", [f"run_dir={runs}", *setting.split()])
+        check_flow(cfg, plan_stages(None, None, None)[0])
+    assert not runs.exists()  # nothing written
+    return str(exc.value)
+
+
 def test_a_missing_init_from_is_refused_before_any_stage(tmp_path: Path) -> None:
     proc = _run_cpu_hour(tmp_path / "runs", f"pretrain.init_from={tmp_path / 'phase1'}")
     assert proc.returncode == 2, proc.stderr
     assert f"pretrain.init_from {tmp_path / 'phase1'} does not exist" in proc.stderr
     assert "phases: section" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()  # refused before the tokenizer stage wrote anything
+
+
+def test_bertflow_run_refuses_what_its_checks_find_before_any_stage(tmp_path: Path) -> None:
+    """The tests below call the checks in-process; here `bertflow run` itself: exit code 2, the
+    message with its fix, no traceback, nothing written."""
+    proc = _run_cpu_hour(tmp_path / "runs", "pretrain.optimizer=muon")
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "pretrain.optimizer muon needs ZeRO stage 0" in proc.stderr
+        and "Fix: set pretrain.zero_stage: 0" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
@@ -318,11 +344,8 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
 ) -> None:
     """The ZeRO stage of every phase is resolved up front (2 ranks, the template's ZeRO 2): a flow
     does not tokenize and preprocess first and fail at pretraining."""
-    proc = _run_cpu_hour(tmp_path / "runs", setting)
-    assert proc.returncode == 2, proc.stderr
-    assert said in proc.stderr and "Fix: set pretrain.zero_stage: 0" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "runs").exists()
+    refused = _cpu_hour_refusal(tmp_path / "runs", setting)
+    assert said in refused and "Fix: set pretrain.zero_stage: 0" in refused
 
 
 @pytest.mark.parametrize(
@@ -391,10 +414,8 @@ def test_settings_that_would_fail_at_pretraining_or_fine_tuning_are_refused_befo
     for name, path in (*replaced.items(), ("NO_SUCH_MODEL", tmp_path / "no_such_model")):
         setting = setting.replace(name, str(path))
     setting = setting.replace("OTHER_VOCAB_MODEL", str(other_vocab))
-    proc = _run_cpu_hour(tmp_path / "runs", setting)
-    assert proc.returncode == 2, proc.stderr
-    assert said in proc.stderr and "Fix:" in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "runs").exists()
+    refused = _cpu_hour_refusal(tmp_path / "runs", setting)
+    assert said in refused and "Fix:" in refused
 
 
 def test_a_flow_that_does_not_pretrain_is_not_refused_for_pretraining_settings(tmp_path: Path) -> None:
