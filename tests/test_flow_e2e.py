@@ -223,16 +223,19 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
             timeout=600,
         )
 
-    alone = finetune_alone("--set", "finetune.epochs=2")
+    # from here on one fine-tuning worker at a time (run-only: the same keys; the first run had two
+    # at a time): each worker spawned imports torch, and the units' results do not depend on it
+    one = "finetune.concurrency=1"
+    alone = finetune_alone("--set", "finetune.epochs=2", one)
     assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
     assert "4 unit(s), 0 already complete" in alone.stdout
-    assert "worker(s) of 1 torch thread(s) -> " in alone.stdout  # on CPU, at any concurrency
+    assert "1 worker(s) of 1 torch thread(s) -> " in alone.stdout  # on CPU, at any concurrency
     from pipelines.stage_keys import stage_dir, stage_key_inputs
 
     two_epochs = load_config(config, ["finetune.epochs=2"])  # what its key hashes, beside it as in the flow
     written = json.loads((stage_dir(two_epochs, "finetune") / "stage_key.json").read_text())
     assert written == stage_key_inputs(two_epochs)["finetune"]
-    third = bert_pipeline(config=config, overrides=["finetune.epochs=2"])
+    third = bert_pipeline(config=config, overrides=["finetune.epochs=2", one])
     status = _status(third)
     assert status == {
         "verify": "cached",
@@ -252,7 +255,7 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
 
     # --- `bertflow finetune CONFIG` alone plans exactly the flow's units: all four are found again
     stamps = {job.out_dir: (job.out_dir / "result.json").stat().st_mtime_ns for job in jobs}
-    proc = finetune_alone()
+    proc = finetune_alone("--set", one)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"-> {finetune_dir}" in proc.stdout
     assert {d: (d / "result.json").stat().st_mtime_ns for d in stamps} == stamps  # reused, not rerun
@@ -260,7 +263,8 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
 
     # --- a new pretraining run: its model's units train, random init's are copied from the first
     # run's (random weights of the same architecture do not depend on the pretrained ones)
-    fourth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"])
+    six = ["pretrain.max_steps=6", one]
+    fourth = bert_pipeline(config=config, overrides=six)
     # the pretrained model's two units train, random init's two are copied; the scorecard and report are new
     new_model_ran = {"verify": "cached", "tokenizer": "cached", "preprocess": "cached", "pretrain": "ran",
                      "finetune-units": "2 ran, 0 cached, 2 reused", "finetune": "ran", "report": "ran"}  # fmt: skip
@@ -276,7 +280,7 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     # --- `--force pretrain`: the same model again, byte for byte (pretraining is deterministic), and
     # the units key the model by its content: they are found again, and nothing after them reruns
     weights = (new_pretrain / "model" / "model.safetensors").read_bytes()
-    fifth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"], force=["pretrain"])
+    fifth = bert_pipeline(config=config, overrides=six, force=["pretrain"])
     assert _status(fifth) == {**new_model_ran, "finetune-units": "0 ran, 4 cached", "finetune": "cached",
                               "report": "cached"}, _status(fifth)  # fmt: skip
     assert (new_pretrain / "model" / "model.safetensors").read_bytes() == weights
@@ -289,7 +293,7 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
         if "random" not in d.name
     )
     shutil.rmtree(deleted)
-    rebuilt = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"])
+    rebuilt = bert_pipeline(config=config, overrides=six)
     assert _status(rebuilt) == {**new_model_ran, "pretrain": "cached", "finetune-units": "1 ran, 3 cached"}, (
         _status(rebuilt)
     )
@@ -299,14 +303,14 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
 
     # --- a model deleted from a complete pretraining: the flow writes it again from the last checkpoint
     shutil.rmtree(new_pretrain / "model")
-    sixth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"])
+    sixth = bert_pipeline(config=config, overrides=six)
     assert _status(sixth)["pretrain"] == "ran" and (new_pretrain / "model" / "config.json").is_file()
 
     # --- `--force finetune` (what a reuse after a code change advises): every unit trains again
     # (this model's units under every fine-tuning setting tried above; the flow's four retrain)
     units = sorted(fourth_finetune.parent.glob(f"units/*{new_pretrain.name}_model-*/result.json"))
     before = {p: p.stat().st_mtime_ns for p in units}
-    seventh = bert_pipeline(config=config, overrides=["pretrain.max_steps=6"], force=["finetune"])
+    seventh = bert_pipeline(config=config, overrides=six, force=["finetune"])
     assert _status(seventh)["finetune-units"] == "4 ran, 0 cached", _status(seventh)
     assert _status(seventh)["pretrain"] == "cached"
     retrained = [p for p, t in before.items() if p.stat().st_mtime_ns != t]
@@ -315,7 +319,7 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     # --- finetune.save_models: all (run-only): the four finished units train again to keep their
     # models (same keys), and the flow says where they are (it said nothing of kept models)
     with flow_log_lines() as said:
-        eighth = bert_pipeline(config=config, overrides=["pretrain.max_steps=6", "finetune.save_models=all"])
+        eighth = bert_pipeline(config=config, overrides=[*six, "finetune.save_models=all"])
     assert _status(eighth)["finetune-units"] == "4 ran, 0 cached", _status(eighth)
     kept = sorted(fourth_finetune.parent.glob(f"units/*{new_pretrain.name}_model-*/model/model.safetensors"))
     assert len(kept) == 4 and any("4 fine-tuned model(s) kept" in line for line in said), said[-5:]
@@ -324,4 +328,4 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     # --- `--only finetune` on a pretraining whose model is gone: said before any unit, not later
     shutil.rmtree(new_pretrain / "model")
     with pytest.raises(UserError, match="stage 'pretrain' has no complete output for this config"):
-        bert_pipeline(config=config, overrides=["pretrain.max_steps=6"], only="finetune")
+        bert_pipeline(config=config, overrides=six, only="finetune")
