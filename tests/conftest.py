@@ -7,11 +7,12 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.flow_support import PREFECT_TESTS_DIR, fresh_prefect_home
+from tests.flow_support import PREFECT_TESTS_DIR, fresh_prefect_home, stop_ephemeral_prefect
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,6 +41,15 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
 _CACHE_HOME = tempfile.mkdtemp(prefix="bertflow-tests-cache-")
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
 atexit.register(shutil.rmtree, _CACHE_HOME, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_prefects_temporary_api() -> Iterator[None]:
+    """After each test file: a flow run in this process started Prefect's temporary API, which Prefect
+    otherwise stops at interpreter exit, logging into pytest's closed capture files ('--- Logging
+    error ---' and a traceback at the end of `make test`, from tests/test_report.py's flows)."""
+    yield
+    stop_ephemeral_prefect()
 
 
 @pytest.fixture(scope="session")

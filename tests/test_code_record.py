@@ -11,19 +11,9 @@ import json
 import logging
 from pathlib import Path
 
-import pytest
-
 from common.atomic import MARKER_NAME, read_marker, write_marker
 from common.version import changed_sources, source_digests
 from pipelines.stage_keys import STAGES, code_change_note, stage_code
-from tests.flow_support import stop_ephemeral_prefect
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _stop_prefect():
-    yield
-    stop_ephemeral_prefect()
-
 
 CODE = '''"""A module."""
 

@@ -13,13 +13,6 @@ import pytest
 
 from common.atomic import MARKER_NAME
 from common.errors import TransientError, UserError
-from tests.flow_support import stop_ephemeral_prefect
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _stop_prefect():
-    yield
-    stop_ephemeral_prefect()
 
 
 def _statuses(summary: dict) -> dict[str, str]:

@@ -15,15 +15,9 @@ import pytest
 
 from common.atomic import MARKER_NAME
 from common.errors import UserError
-from tests.flow_support import flow_log_lines, stop_ephemeral_prefect, tiny_config
+from tests.flow_support import flow_log_lines, tiny_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _stop_prefect():
-    yield
-    stop_ephemeral_prefect()
 
 
 def _status(summary: dict) -> dict[str, str]:
