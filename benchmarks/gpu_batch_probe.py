@@ -89,8 +89,7 @@ def probe(args: argparse.Namespace) -> dict:
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    if not on_gpu:
-        leave_out_cpu_inference_op()
+    leave_out_cpu_inference_op()
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     if on_gpu:

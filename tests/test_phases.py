@@ -14,7 +14,7 @@ from common.atomic import MARKER_NAME
 from common.errors import UserError
 from pipelines.config import load_config
 from pipelines.stage_keys import stage_dirs, stage_keys, with_phase_init
-from tests.flow_support import flow_log_lines, stop_ephemeral_prefect, tiny_config
+from tests.flow_support import flow_log_lines, tiny_config
 
 SEQ32 = {
     "name": "seq32",
@@ -128,18 +128,10 @@ def test_with_two_phases_each_finds_the_one_before_it(tmp_path: Path) -> None:
     assert with_phase_init(cfg).pretrain.init_from == str(dirs["pretrain@b"] / "model")
 
 
-@pytest.fixture
-def _stop_prefect():
-    """One temporary Prefect API for the test's four flow runs, stopped at its end (a restart between
-    them cost ~5 s of CPU each)."""
-    yield
-    stop_ephemeral_prefect()
-
-
 @pytest.mark.slow
-def test_the_flow_trains_the_phases_in_order_and_reuses_them(
-    tmp_path: Path, data_dir: Path, _stop_prefect: None
-) -> None:
+def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, data_dir: Path) -> None:
+    """One temporary Prefect API for the test's four flow runs (a restart between them cost ~5 s of
+    CPU each), stopped after this file by tests/conftest.py."""
     from pipelines.flow import bert_pipeline
 
     config = tiny_config(tmp_path, data_dir, finetune={"tasks": ["rte"], "seeds": [1], "baselines": []})

@@ -30,10 +30,13 @@ def leave_out_cpu_inference_op() -> None:
     `inference_all_reduce` (tensor-parallel inference, DeepSpeed PR 5391). Training's all-reduce,
     reduce-scatter and all-gather go through torch.distributed (gloo) with or without it. Marked
     incompatible, DeepSpeed's `build_shm_op` returns None and the backend goes on without it.
-    Call before `deepspeed.init_distributed` (or `deepspeed.initialize`)."""
+    Call before `deepspeed.init_distributed` (or `deepspeed.initialize`); on a GPU it does nothing
+    (the CUDA accelerator has no such op, and reading the table would probe every op's compiler)."""
     import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
 
-    deepspeed.ops.__compatible_ops__[CPU_INFERENCE_OP] = False
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__[CPU_INFERENCE_OP] = False
 
 
 def load_fused_op(name: str) -> float:

@@ -127,8 +127,7 @@ class Ranks:
 def init_distributed(spec: RunSpec, local_rank: int) -> Ranks:
     import deepspeed
 
-    if not spec.on_gpu:
-        leave_out_cpu_inference_op()
+    leave_out_cpu_inference_op()
     deepspeed.init_distributed(
         dist_backend="nccl" if spec.on_gpu else "gloo",
         timeout=datetime.timedelta(seconds=spec.pretrain.dist_timeout_s),
