@@ -500,43 +500,61 @@ def test_a_reader_that_leaves_stops_the_run_but_the_ranks_still_save_the_step_re
     assert (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
 
 
-def test_kill_9_of_the_launcher_alone_stops_its_ranks_which_save_the_step_reached(data, tmp_path):
-    """`kill -9` of the torchrun launcher alone (the OOM killer's pick): its ranks live in sessions
-    of their own and got no signal, so they trained on with no one to stop them (a Ctrl-C of bertflow
-    stops the launcher's group, not theirs) and bertflow waited for them. Now each rank watches its
-    parent and stops as on SIGTERM: the step it reached is saved, and the command ends. It said
-    'stopped by a stop request (Ctrl-C or SIGTERM)', a UserError a flow does not retry; now it names the
-    dead launcher and is a TransientError (exit 1), which a flow stage retries from that step."""
+def test_kill_9_of_one_nodes_launcher_stops_both_nodes_which_save_the_step_reached(data, tmp_path):
+    """`kill -9` of one node's torchrun launcher alone (the OOM killer's pick), two nodes of one rank:
+    its rank lives in a session of its own and got no signal. Each rank watches its parent and stops
+    as on SIGTERM; the other node's rank learns of it with the step's all-reduced sums; both save the
+    step reached and the commands end, each a TransientError (exit 1) that a flow stage retries from
+    that step. Before 2026-11-28 (stop 44) the ranks trained on with no one to stop them; until
+    2026-11-28 (stop 56) the other node said 'stopped by a stop request (Ctrl-C or SIGTERM on one of
+    the 2 nodes)', a UserError (exit 2) that a flow does not retry, though nobody asked for a stop."""
     shards, tok = data
     out = tmp_path / "run"
-    sets = settings("pretrain.num_processes=1", "pretrain.checkpoint_every=100", "pretrain.max_steps=400")
-    proc = start_piped_until_step(shards, tok, out, sets, **ONE_THREAD)
+    sets = two_node_settings(free_port(), "pretrain.checkpoint_every=100", "pretrain.max_steps=400")
+    logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
+    procs = [
+        start_cli(shards, tok, out, sets, ("--node-rank", str(r)), logs[r], BERTFLOW_DEBUG_STEP_DELAY_S="0.3",
+                  **ONE_THREAD)
+        for r in (0, 1)
+    ]  # fmt: skip
     ranks: list[psutil.Process] = []
     try:
-        children = psutil.Process(proc.pid).children(recursive=True)
+        deadline = time.time() + 240
+        while max(losses(out), default=0) < 3:  # metrics.jsonl (node 0) has step 3
+            assert all(p.poll() is None for p in procs) and time.time() < deadline, logs[0].read_text()[
+                -3000:
+            ]
+            time.sleep(0.1)
+        children = psutil.Process(procs[1].pid).children(recursive=True)
         launcher = next(c for c in children if "torch.distributed.run" in c.cmdline())
-        ranks = [c for c in children if "training.train" in c.cmdline() and c is not launcher]
-        assert ranks
+        ranks = [c for p in procs for c in psutil.Process(p.pid).children(recursive=True)
+                 if "training.train" in c.cmdline() and "torch.distributed.run" not in c.cmdline()]  # fmt: skip
+        assert len(ranks) == 2
         launcher.kill()
         _, alive = psutil.wait_procs(ranks, timeout=30)
-        assert not alive  # before: they trained on towards step 400
-        said = proc.communicate(timeout=60)[0].decode()
+        assert not alive  # before stop 44: they trained on towards step 400
+        rcs = [p.wait(timeout=60) for p in procs]
     finally:
-        kill_tree(proc)
-        for rank in ranks:  # no longer the command's children
+        for proc in procs:
+            kill_tree(proc)
+        for rank in ranks:  # node 1's is no longer the command's child
             if rank.is_running():
                 rank.kill()
+    errors = [log.read_text().strip().splitlines()[-1] for log in logs]
     tags = [d.name for d in (out / "checkpoints").iterdir() if d.is_dir()]
     step = max(losses(out))
-    assert tags == [f"global_step{step}"] and 3 <= step < 100, said[-2000:]
+    assert tags == [f"global_step{step}"] and 3 <= step < 100, errors
     assert (out / "checkpoints" / tags[0] / checkpoint.VERIFIED_NAME).is_file()
-    assert proc.returncode == 1, said[-2000:]
-    error = said.strip().splitlines()[-1]
-    assert error.startswith(
+    assert rcs == [1, 1], errors
+    after = f"so they stopped after step {step} of 400; its checkpoint is saved ({tags[0]})"
+    assert errors[1].startswith(
         f"bertflow pretrain: error: pretraining stopped: the launcher of the ranks (pid {launcher.pid}) died"
-    ), error
-    assert "OOM killer" in error and f"after step {step} of 400; its checkpoint is saved ({tags[0]})" in error
-    assert "stop request" not in error
+    ), errors[1]
+    assert errors[0].startswith(
+        "bertflow pretrain: error: pretraining stopped: the launcher of the ranks on another of the 2 nodes died"
+    ), errors[0]
+    assert all("OOM killer" in e and after in e and "stop request" not in e for e in errors), errors
+    assert "Rerun the same command on every node to resume from it." in errors[0], errors[0]
 
 
 def test_a_rank_killed_by_sigkill_is_named_as_such(data, tmp_path):

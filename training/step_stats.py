@@ -35,6 +35,7 @@ class StepStats:
     flops: float = 0.0  # model FLOPs (forward + backward)
     micro_batches: float = 0.0
     stop_requests: float = 0.0  # ranks that got SIGTERM (training/stop_request.py): every rank learns it here
+    launcher_deaths: float = 0.0  # ranks whose launcher died (they stop as on SIGTERM, and say why)
 
     def add(
         self,
@@ -63,6 +64,7 @@ class StepStats:
             self.flops,
             self.micro_batches,
             self.stop_requests,
+            self.launcher_deaths,
         ]
 
     def all_reduce(self, device: torch.device) -> StepStats:

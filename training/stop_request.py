@@ -4,8 +4,8 @@ A scheduler that takes the machine back (Slurm's preemption or time limit with `
 Kubernetes eviction, a spot instance's notice), `kill PID`, Ctrl-C of `bertflow`: each sends the
 ranks SIGTERM. Dying at once loses every step since the last periodic checkpoint. Instead the
 handler only notes the signal; the note travels with the step's sums, which every rank reduces
-anyway (`StepStats.stop_requests`), so all ranks see it at the same step, finish that step, save
-a checkpoint of it and stop with `PretrainingStopped`. A rerun resumes from that step, exactly.
+anyway (`StepStats.stop_requests`, and `launcher_deaths` when a launcher died), so all ranks see it at
+the same step, finish that step, save a checkpoint of it and stop with `PretrainingStopped`. A rerun resumes from that step, exactly.
 
 Every SIGTERM only notes the request: a stop usually delivers two (the process group's, then
 torchrun's own to its workers, milliseconds apart). A rank stuck in a collective whose peer is gone
@@ -55,15 +55,27 @@ def stop_when_launcher_dies() -> None:
     watch_parent(launcher, died)
 
 
-def stop_error(where: str, after: str) -> PretrainingStopped:
-    """The error of a stop (`where`: on which node a request came; `after`: the step reached, its
-    checkpoint and the way on): a stop request's, or, when this rank's launcher is gone
-    (`stop_when_launcher_dies`), one saying so."""
+def launcher_died() -> bool:
+    """This rank's launcher is gone (`stop_when_launcher_dies` saw it)."""
+    return bool(_launcher_died)
+
+
+def stop_error(nnodes: int, after: str, launcher_deaths: float = 0.0) -> PretrainingStopped:
+    """The error of a stop (`after`: the step reached, its checkpoint and the way on). Every rank
+    learns with the step's sums how many ranks saw their launcher die (`launcher_deaths`): a stop
+    after a launcher died is said as such on every node, a TransientError for `training.launch`
+    (until 2026-11-28 the other nodes said 'stopped by a stop request', which a flow does not retry)."""
+    killed = (
+        "(killed; the kernel's OOM killer does that when memory runs out: `dmesg` then says 'Killed process')"
+    )
     if _launcher_died:
         return LauncherDied(
-            f"{LAUNCHER_DIED} (pid {_launcher_died[0]}) died (killed; the kernel's OOM killer does that "
-            f"when memory runs out: `dmesg` then says 'Killed process'), so they stopped {after}"
+            f"{LAUNCHER_DIED} (pid {_launcher_died[0]}) died {killed}, so they stopped {after}"
         )
+    if launcher_deaths:  # another node's (or this node's, seen by another rank first)
+        where = f" on another of the {nnodes} nodes" if nnodes > 1 else ""
+        return LauncherDied(f"{LAUNCHER_DIED}{where} died {killed}, so they stopped {after}")
+    where = f" on one of the {nnodes} nodes" if nnodes > 1 else ""
     return PretrainingStopped(f"stopped by a stop request (Ctrl-C or SIGTERM{where}) {after}")
 
 

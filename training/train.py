@@ -64,7 +64,13 @@ from training.lost_ranks import lost_ranks_message, peer_failure
 from training.optim import build_optimizer, build_scheduler
 from training.run_spec import RunSpec
 from training.step_stats import StepStats, all_reduce_sums
-from training.stop_request import PretrainingStopped, StopRequest, stop_error, stop_when_launcher_dies
+from training.stop_request import (
+    PretrainingStopped,
+    StopRequest,
+    launcher_died,
+    stop_error,
+    stop_when_launcher_dies,
+)
 
 # Fault-injection hooks for the fault tests (never set in normal runs).
 NAN_DEBUG_ENV = "BERTFLOW_DEBUG_NAN_AT_STEP"  # make the loss NaN at this step
@@ -577,6 +583,7 @@ def run_steps(
         for step in range(start_step + 1, p.max_steps + 1):
             local = forward_backward(engine, next(loader), ranks.device, model_cfg, poison=step == nan_step)
             local.stop_requests = float(stop.requested)
+            local.launcher_deaths = float(launcher_died())
             stats = local.all_reduce(ranks.device)
             check_finite(stats.mean_loss, step, last_tag, precision)
             lr = engine.get_lr()[0]  # the rate this update uses
@@ -602,7 +609,7 @@ def run_steps(
             if step % p.checkpoint_every == 0 or step == p.max_steps or stats.stop_requests:
                 last_tag = save_checkpoint(engine, spec, step, data.plan, ranks.rank)
             if stats.stop_requests and step < p.max_steps:
-                raise stopped_after(p, step, last_tag)
+                raise stopped_after(p, step, last_tag, stats.launcher_deaths)
     finally:
         loader.close()
         if bar is not None:
@@ -626,13 +633,15 @@ def validation_batches(spec: RunSpec, data: TrainData, ranks: Ranks) -> list[dic
     )
 
 
-def stopped_after(p: PretrainConfig, step: int, last_tag: Path) -> PretrainingStopped:
-    """The error a stop request ends the step loop with, once `step`'s checkpoint (`last_tag`) is saved."""
-    where = f" on one of the {p.nnodes} nodes" if p.nnodes > 1 else ""
+def stopped_after(p: PretrainConfig, step: int, last_tag: Path, launcher_deaths: float) -> PretrainingStopped:
+    """The error a stop ends the step loop with, once `step`'s checkpoint (`last_tag`) is saved
+    (`launcher_deaths`: the ranks whose launcher died, over every rank)."""
+    every_node = " on every node" if p.nnodes > 1 else ""
     return stop_error(
-        where,
+        p.nnodes,
         f"after step {step} of {p.max_steps}; its checkpoint is saved ({last_tag.name}). Rerun the same "
-        f"command{' on every node' if where else ''} to resume from it.",
+        f"command{every_node} to resume from it.",
+        launcher_deaths,
     )
 
 
