@@ -347,14 +347,26 @@ def run_preprocess_stage(
 def _job_options(cfg: PreprocessConfig, beam_args: list[str] | None, out_dir: str) -> PipelineOptions:
     """The Beam job's options, checked (settings, Dask scheduler, S3 endpoint) and used for the
     driver's own reads and writes; warns when the workers may lack the credentials to read the paths."""
-    from preprocessing.beam_job import check_dask_scheduler, check_s3_endpoint, worker_credentials_note
+    from preprocessing.beam_job import (
+        check_dask_scheduler,
+        check_s3_buckets,
+        check_s3_endpoint,
+        worker_credentials_note,
+    )
 
     options = check_preprocess_settings(cfg, beam_args)
-    paths = [*cfg.input, out_dir, options.get_all_options()["temp_location"]]
+    temp_location = options.get_all_options()["temp_location"]
+    paths = [*cfg.input, out_dir, temp_location]
     if note := worker_credentials_note(options, paths):
         log.warning(note)
     check_dask_scheduler(options)
     check_s3_endpoint(options, paths)
+    named = [
+        *(("input", p) for p in cfg.input),
+        ("output", out_dir),
+        ("--temp_location", temp_location or ""),
+    ]
+    check_s3_buckets(options, named)
     storage.use_options(options)  # the driver's own reads and writes (S3 endpoint, credentials)
     return options
 

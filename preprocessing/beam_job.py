@@ -481,6 +481,44 @@ def check_s3_endpoint(options: PipelineOptions, paths: list[str]) -> None:
         )
 
 
+def check_s3_buckets(options: PipelineOptions, paths: list[tuple[str, str]]) -> None:
+    """Each bucket an s3:// path names (`paths`: (what the user calls it, the path)) must exist and be
+    readable with the job's credentials: refused before the job, naming the setting, instead of 90
+    lines of Beam's NoSuchBucket tracebacks from its first upload (a missing output bucket) or 'matches
+    no file' (a missing input bucket). Other answers are left to the job to say."""
+    from urllib.parse import urlsplit
+
+    from apache_beam.io.aws.clients.s3.boto3_client import Client
+
+    buckets = {urlsplit(p).netloc: (name, p) for name, p in reversed(paths) if p.startswith("s3://")}
+    if not buckets:
+        return
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = Client(options).client
+    endpoint = options.get_all_options().get("s3_endpoint_url")
+    where, cli_endpoint = (endpoint, f" --endpoint-url {endpoint}") if endpoint else ("AWS S3", "")
+    for bucket, (name, path) in sorted(buckets.items()):
+        try:
+            client.head_bucket(Bucket=bucket)
+        except BotoCoreError:
+            return  # no credentials here (a remote runner's workers may have them), and the like
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 404:
+                raise UserError(
+                    f"{name} {path}: the bucket {bucket!r} does not exist at {where}.",
+                    fix=f"create it (`aws s3 mb s3://{bucket}{cli_endpoint}`) or name a bucket that exists.",
+                ) from None
+            if status == 403:
+                raise UserError(
+                    f"{name} {path}: the job's credentials may not use the bucket {bucket!r} at {where} "
+                    "(403 Forbidden).",
+                    fix="pass credentials that may (--s3_access_key_id/--s3_secret_access_key, or the AWS "
+                    "environment), or name another bucket.",
+                ) from None
+
+
 def worker_credentials_note(
     options: PipelineOptions, paths: list[str], environ: Mapping[str, str] = os.environ
 ) -> str | None:

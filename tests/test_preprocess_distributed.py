@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import UserError
 from common.paths import PROJECT_ROOT
 from pipelines.stage_preprocess import run_preprocess_stage
 from preprocessing.config import PreprocessConfig
@@ -240,6 +242,46 @@ def test_no_s3_service_at_the_endpoint_is_said_at_once_naming_the_flag(tmp_path,
     assert f"nothing answers at --s3_endpoint_url={endpoint}" in r.stderr
     assert "Fix: start the S3 service there, or correct --s3_endpoint_url" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_missing_bucket_is_said_before_the_job_naming_the_setting(s3_endpoint, minilm_dir):
+    """An output bucket that does not exist: one line naming the setting, the bucket and the fix, exit
+    2, nothing written; it was 90 lines of Beam's NoSuchBucket tracebacks from the job's first upload,
+    exit 1. A missing input or --temp_location bucket is said the same way (an input one said 'matches
+    no file')."""
+    endpoint = [f"--s3_endpoint_url={s3_endpoint}", *S3_CREDENTIALS]
+    text = b"The first sentence of a document.\nAnd its second one, for the pair.\n"
+    s3_client(s3_endpoint).put_object(Bucket=BUCKET, Key="one-doc/a.txt", Body=text)
+    r = cli(
+        "preprocess", "--input", f"s3://{BUCKET}/one-doc/*", "--vocab", str(minilm_dir),
+        "--output", "s3://no-such-bucket/shards", *endpoint, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "bertflow preprocess: error: output s3://no-such-bucket/shards: the bucket 'no-such-bucket' does not "
+        f"exist at {s3_endpoint}. Fix: create it (`aws s3 mb s3://no-such-bucket --endpoint-url {s3_endpoint}`) "
+        "or name a bucket that exists."
+    ), r.stderr
+    assert "Traceback" not in r.stderr
+    names = {b["Name"] for b in s3_client(s3_endpoint).list_buckets()["Buckets"]}
+    assert "no-such-bucket" not in names
+    for cfg, temp, said in (
+        (
+            config(["s3://no-input-bucket/corpus/*"]),
+            f"s3://{BUCKET}/tmp",
+            "input s3://no-input-bucket/corpus/*",
+        ),
+        (
+            config([f"s3://{BUCKET}/corpus/*"]),
+            "s3://no-temp-bucket/tmp",
+            "--temp_location s3://no-temp-bucket/tmp",
+        ),
+    ):
+        options = [f"--temp_location={temp}", *endpoint]
+        with pytest.raises(UserError, match=re.escape(f"{said}: the bucket")):
+            run_preprocess_stage(
+                cfg.model_copy(update={"beam_options": options}), minilm_dir, f"s3://{BUCKET}/out"
+            )
 
 
 def test_s3_credentials_only_in_the_drivers_environment_are_warned_about_before_the_job(tmp_path, minilm_dir):
