@@ -65,6 +65,11 @@ class EvalFacts:
     examples: int | None = None
     nsp_at_chance: bool | None = None  # NSP accuracy within noise of the majority label (finetuning.chance)
 
+    @property
+    def loss_and_entropy(self) -> tuple[float, float]:
+        """The held-out masked-LM loss and the unigram entropy (NaN where unknown)."""
+        return self.metrics.get("val_mlm_loss", math.nan), self.baselines.get("unigram_entropy", math.nan)
+
 
 @dataclass
 class CardFacts:
@@ -168,7 +173,7 @@ def quality_lines(e: EvalFacts) -> list[str]:
 def verdict(e: EvalFacts) -> str:
     if e.beats_unigram:
         return "The masked-LM loss is below the unigram entropy: the model uses the context."
-    loss, entropy = e.metrics.get("val_mlm_loss", math.nan), e.baselines.get("unigram_entropy", math.nan)
+    loss, entropy = e.loss_and_entropy
     return (
         f"**The masked-LM loss is not below the unigram entropy by more than {CONTEXT_MARGIN_NATS:g} nats "
         f"({loss:.3f} against {entropy:.3f}): this model has learned token frequencies, not yet language; "

@@ -391,7 +391,7 @@ def context_free_note(e: EvalFacts) -> str | None:
     diverged (loss 7.6 -> 205, held-out 67.5) ended 'pretrain: done' with no word of it."""
     from model.model_card import CONTEXT_MARGIN_NATS
 
-    loss, entropy = e.metrics.get("val_mlm_loss", math.nan), e.baselines.get("unigram_entropy", math.nan)
+    loss, entropy = e.loss_and_entropy
     if e.beats_unigram or not math.isfinite(entropy):
         return None
     return (
