@@ -39,12 +39,16 @@ EMBEDDED_NAME = "report_embedded.md"
 
 
 def wandb_run_dirs(directories: list[Path]) -> list[Path]:
-    """Every W&B run folder (offline-run-*/run-*) that a stage's Tracker left under these dirs."""
-    found: set[Path] = set()
+    """Every W&B run folder (offline-run-*/run-*) that a stage's Tracker left under these dirs, in
+    the order of `directories` (the flow's), each directory's by name (until 2026-11-28 all sorted
+    by path: the page listed finetune first, then its units, preprocess, pretrain, report, ...)."""
+    found: dict[Path, None] = {}
     for d in directories:
         if d.is_dir():
-            found.update(p for p in d.glob("**/wandb_files/wandb/*run-*") if p.is_dir())
-    return sorted(found)
+            found.update(
+                dict.fromkeys(p for p in sorted(d.glob("**/wandb_files/wandb/*run-*")) if p.is_dir())
+            )
+    return list(found)
 
 
 def _unit_dirs(cfg: PipelineConfig, model_dir: Path) -> list[Path]:
@@ -87,12 +91,9 @@ def gather(cfg: PipelineConfig, out_dir: Path, record: dict[str, Any]) -> Report
     ]
     score_path = dirs["finetune"] / "scorecard.json"
     scorecard = json.loads(score_path.read_text()) if score_path.is_file() else None
-    search = [
-        dirs[s]
-        for s in dirs
-        if base_stage(s) in ("verify", "tokenizer", "preprocess", "pretrain", "finetune")
-    ]
-    search += _unit_dirs(cfg, dirs["pretrain"] / "model") + [out_dir]
+    search = [dirs[s] for s in dirs if base_stage(s) in ("verify", "tokenizer", "preprocess", "pretrain")]
+    # in the flow's order: the units, then the scorecard made from them, then this report
+    search += _unit_dirs(cfg, dirs["pretrain"] / "model") + [dirs["finetune"], out_dir]
     baselines = card.evaluation.baselines if card is not None and card.evaluation is not None else None
     plots = plot_curves(rows, out_dir, baselines)
     return ReportInputs(cfg, out_dir, record, scorecard, card, rows, plots, wandb_run_dirs(search), phases)

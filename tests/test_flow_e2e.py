@@ -7,6 +7,7 @@ which the flow then reuses), the scorecard and the report."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from uuid import uuid4
@@ -166,6 +167,14 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     assert not list(run.glob("**/_IN_PROGRESS.json"))  # every output finished
     assert "rte" in md and "wandb sync" in md and "offline-run-" in md
     assert first["wandb_group"].startswith("tiny-test-")
+    # the W&B runs in the order the flow made them (they were sorted by path: finetune first)
+    wandb_rows = md.split("## Weights & Biases runs")[1].split("\n\n")[1].splitlines()[2:]
+    order = [
+        re.sub(r"^finetune unit .*", "finetune unit", row.split(" | ")[0].lstrip("| ")) for row in wandb_rows
+    ]
+    assert list(dict.fromkeys(order)) == [
+        "verify", "tokenizer", "preprocess", "pretrain", "finetune unit", "finetune", "report"
+    ], order  # fmt: skip
     # the record holds every stage as it ended; the report, recorded as running while it was built,
     # lists itself as this page
     assert not [r for r in record["stages"] if r["status"] in ("running", "failed")], record["stages"]
