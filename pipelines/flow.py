@@ -21,7 +21,7 @@ from prefect.runtime import flow_run as runtime_flow_run
 
 from pipelines.beam_console import drop_import_chatter
 from pipelines.config import load_config
-from pipelines.flow_run import FlowRun, complete
+from pipelines.flow_run import FlowRun
 from pipelines.flow_tasks import (
     finetune_unit_task,
     preprocess_task,
@@ -34,7 +34,8 @@ from pipelines.flow_tasks import (
 from pipelines.prefect_killed_runs import crash_killed_runs
 from pipelines.prefect_logging import drop_user_error_tracebacks
 from pipelines.report_builder import EMBEDDED_NAME
-from pipelines.stage_keys import phase_names, phase_stage
+from pipelines.stage_keys import complete, phase_names, phase_stage
+from pipelines.stage_plan import flow_inputs
 from pipelines.stage_pretrain import cpu_run_note
 
 FLOW_NAME = "bert-pipeline"
@@ -71,19 +72,26 @@ def bert_pipeline(
         run.stage("tokenizer", tokenizer_task, after=("verify",), cfg=cfg, wandb=run.wandb)
         # the pretraining phases (`phases:`, then the main one; most configs: only it), each
         # starting from the model of the one before
+        inputs = flow_inputs(cfg)  # each stage's upstream outputs: task parameter -> stage
         previous: tuple[str, ...] = ()
         for index, phase in enumerate(phase_names(cfg)):
             prep, pre = phase_stage("preprocess", phase), phase_stage("pretrain", phase)
             phase_cfg = cfg.phase_config(index)
-            run.stage(prep, preprocess_task, upstream=("tokenizer",), cfg=phase_cfg, wandb=run.wandb)
-            inputs = {"tokenizer": "tokenizer", "preprocess": prep}
-            run.stage(pre, pretrain_task, upstream=inputs, after=previous, cfg=phase_cfg, wandb=run.wandb)
+            run.stage(prep, preprocess_task, upstream=inputs[prep], cfg=phase_cfg, wandb=run.wandb)
+            run.stage(
+                pre, pretrain_task, upstream=inputs[pre], after=previous, cfg=phase_cfg, wandb=run.wandb
+            )
             previous = (pre,)
-        run.fan_out(finetune_unit_task, upstream=("pretrain", "tokenizer"))
-        run.stage("finetune", scorecard_task, upstream=("units",), cfg=cfg, wandb=run.wandb)
+        run.fan_out(finetune_unit_task, upstream=inputs["units"])
+        run.stage("finetune", scorecard_task, upstream=inputs["finetune"], cfg=cfg, wandb=run.wandb)
         record = run.write_record()
         run.stage(
-            "report", report_task, upstream=("finetune",), cfg=cfg, record_path=str(record), wandb=run.wandb
+            "report",
+            report_task,
+            upstream=inputs["report"],
+            cfg=cfg,
+            record_path=str(record),
+            wandb=run.wandb,
         )
 
     return _summary(run, cfg.name)

@@ -18,6 +18,7 @@ def check_flow(cfg: PipelineConfig, selected: list[str]) -> None:
     from pipelines.verify_data import check_data_paths
 
     check_data_paths(cfg)
+    check_flow_inputs(cfg, selected)
     if "tokenizer" in selected and cfg.tokenizer.vocab:
         check_configured_vocab(cfg)
     elif "tokenizer" in selected:
@@ -34,6 +35,18 @@ def check_flow(cfg: PipelineConfig, selected: list[str]) -> None:
 
         check_init_from(cfg.pretrain.init_from)
     check_output_dir(cfg.run_dir, "run_dir")
+
+
+def check_flow_inputs(cfg: PipelineConfig, selected: list[str]) -> None:
+    """The outputs that `--only` stages read from earlier flow runs are complete, where the flow
+    finds them (`stage_dirs`: also under an earlier release's key); else every missing stage is
+    named, with the `--only` run that makes them, before Prefect starts and any flow run is
+    recorded."""
+    from pipelines.stage_keys import STAGES, stage_dirs
+    from pipelines.stage_plan import refuse_missing_inputs
+
+    if len(selected) < len(STAGES):  # every stage runs: nothing is read that the flow does not make
+        refuse_missing_inputs(cfg, selected, stage_dirs(cfg))
 
 
 def check_configured_vocab(cfg: PipelineConfig) -> None:

@@ -4,9 +4,10 @@ outputs, and the record of what happened.
 `FlowRun.stage(name, task, upstream=[...])` runs a selected stage's task, passing it the outputs of
 the stages it reads: the Prefect state of an upstream task run of this flow run (Prefect resolves
 it to the task's return value and records the edge in the task run's `task_inputs`), or, for an
-upstream stage this flow run does not execute, its complete output on disk (else a UserError
-naming the stage to run first). `FlowRun.fan_out` maps one Prefect task over the fine-tuning plan
-with at most the unit pool's workers in flight (`finetuning.fanout.worker_count`).
+upstream stage this flow run does not execute, its complete output on disk (`stage_plan.flow_inputs`
+says which stage reads which; a flow run missing one is refused before it starts, naming them
+all). `FlowRun.fan_out` maps one Prefect task over the fine-tuning plan with at most the unit
+pool's workers in flight (`finetuning.fanout.worker_count`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from prefect.states import State
 
 from common.atomic import MARKER_NAME, read_marker, refuse_other_writer
 from common.errors import UserError
-from common.stage_output import has_model
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import failed_record, stage_record, write_record
@@ -34,20 +34,13 @@ from pipelines.run_history import update_latest
 from pipelines.stage_keys import (
     base_stage,
     code_change_note,
+    complete,
     run_root,
     stage_dirs,
     stage_key_inputs,
     write_stage_key,
 )
-from pipelines.stage_plan import SUMMARY_STAGES, plan_stages
-
-
-def complete(stage: str, out: Path) -> bool:
-    """A stage output to reuse: marked complete, and for pretraining with its model (a deleted
-    model/ is written again from the last checkpoint, `run_pretrain_stage`)."""
-    if read_marker(out) is None:
-        return False
-    return base_stage(stage) != "pretrain" or has_model(out)
+from pipelines.stage_plan import SUMMARY_STAGES, plan_stages, refuse_missing_inputs
 
 
 def clear(directory: Path) -> None:
@@ -102,6 +95,8 @@ class FlowRun:
         self.group = f"{cfg.name}-{run_name}"
         self.wandb: WandbTarget = cfg.wandb.target(self.group)  # every W&B run of this flow run
         self.dirs = stage_dirs(cfg)
+        # before any record (`bertflow run`'s preflight refuses it before Prefect starts)
+        refuse_missing_inputs(cfg, self.selected, self.dirs)
         self.root = run_root(cfg)
         self.outputs: dict[str, Any] = {}  # stage -> State (ran in this flow run) or list of futures
         self.records: list[dict[str, Any]] = []
@@ -130,12 +125,8 @@ class FlowRun:
         if stage in self.outputs:
             return self.outputs[stage]
         out = self.dirs[stage]
-        if not complete(stage, out):
-            raise UserError(
-                f"stage {stage!r} has no complete output for this config ({out}).",
-                fix=f"run it first: `bertflow run CONFIG --only {base_stage(stage)}` or the whole flow "
-                "without --only.",
-            )
+        if not complete(stage, out):  # it was when the flow run started (`__init__`): since deleted
+            refuse_missing_inputs(self.cfg, self.selected, self.dirs)
         self._code_note(stage, [out])
         return {"stage": stage, "out_dir": str(out), "status": "reused", "seconds": 0.0, "result": {}}
 
@@ -234,14 +225,15 @@ class FlowRun:
             get_run_logger().warning(note)
         return note
 
-    def fan_out(self, task_fn: Any, *, upstream: tuple[str, str] = ("pretrain", "tokenizer")) -> None:
-        """One task per fine-tuning unit of the flow's plan (`units` output: their futures)."""
+    def fan_out(self, task_fn: Any, *, upstream: dict[str, str]) -> None:
+        """One task per fine-tuning unit of the flow's plan (`units` output: their futures);
+        `upstream`: the stages of its pretraining and tokenizer (`flow_inputs`)."""
         if not self.wanted("finetune"):
             return
         from finetuning import keep
         from finetuning.fanout import UnitPool
 
-        pretrain, tokenizer = (self.upstream(s) for s in upstream)
+        pretrain, tokenizer = self.upstream(upstream["pretrain"]), self.upstream(upstream["tokenizer"])
         jobs, copied = self._prepare_units(pretrain, tokenizer)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
         complete_before = [keep.unit_complete(job) for job in jobs]

@@ -33,6 +33,7 @@ from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
 from common.paths import PROJECT_ROOT
 from common.settings import Section
+from common.stage_output import has_model
 from common.version import changed_sources, source_digests
 from finetuning.config import UNIT_CODE
 from pipelines.config import PipelineConfig
@@ -399,6 +400,12 @@ def explicit_layouts(cfg: PipelineConfig) -> list[PipelineConfig]:
 
 def is_complete(directory: str | os.PathLike) -> bool:
     return read_marker(directory) is not None
+
+
+def complete(stage: str, out: Path) -> bool:
+    """A stage output the flow reuses: marked complete, and for pretraining with its model (a
+    deleted model/ is written again from the last checkpoint, `run_pretrain_stage`)."""
+    return is_complete(out) and (base_stage(stage) != "pretrain" or has_model(out))
 
 
 def flow_input(directory: Path, stage: str, flag: str) -> Path:

@@ -118,12 +118,16 @@ def test_the_flow_log_keeps_prefects_format_when_its_checks_import_beam(tmp_path
     import warning gave the root logger Python's default handler: Prefect then left its console
     unset and every flow line read `INFO:prefect.flow_runs:...`."""
     from common.paths import PROJECT_ROOT
+    from pipelines.config import load_config
 
+    sums = tmp_path / "SHA256SUMS"  # a corpus unlike its checksum stops the flow at its first stage
+    sums.write_text(f"{'0' * 64}  {load_config(None).data_path('data:wiki/summaries_en.txt')}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--only", "preprocess",
-         "--set", f"run_dir={tmp_path}", "wandb.mode=disabled"],
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--only", "verify", "--only",
+         "tokenizer", "--only", "preprocess", "--set", f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled",
+         "verify.checksums=true", f"verify.checksum_file={sums}"],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120,
     )  # fmt: skip
     said = proc.stdout + proc.stderr
-    assert proc.returncode == 2, said[-3000:]  # the tokenizer's output is missing: stopped there
+    assert proc.returncode == 2 and "summaries_en.txt is corrupt" in said, said[-3000:]
     assert "| INFO    | Flow run '" in said and "INFO:prefect" not in said, said[-3000:]

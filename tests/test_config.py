@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -330,6 +331,111 @@ def test_bertflow_run_refuses_what_its_checks_find_before_any_stage(tmp_path: Pa
         and "Fix: set pretrain.zero_stage: 0" in proc.stderr
     )
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def _mark_complete(cfg, *stages: str, model: bool = True) -> None:
+    """Complete outputs of `stages` where the flow finds them (a pretraining with its model)."""
+    from common.atomic import write_marker
+    from pipelines.stage_keys import base_stage, stage_dirs
+
+    for stage in stages:
+        out = stage_dirs(cfg)[stage]
+        write_marker(out, {"stage": base_stage(stage)})
+        if model and base_stage(stage) == "pretrain":
+            (out / "model").mkdir()
+            (out / "model" / "config.json").write_text("{}")
+
+
+def test_only_a_stage_whose_inputs_are_missing_is_refused_naming_every_one_and_the_run_that_makes_them(
+    tmp_path: Path,
+) -> None:
+    """`--only finetune` on a run dir without its inputs started Prefect and recorded a failed flow
+    run, then named only the pretraining, and advised `--only pretrain`, which was refused in turn
+    for the preprocessing. The preflight now names every missing input (and theirs), as the flow
+    looks for them (a pretraining with its model, also under an earlier release's key), and the
+    `--only` run it suggests passes."""
+    from pipelines.flow_preflight import check_flow_inputs
+    from pipelines.stage_keys import stage_keys
+    from pipelines.stage_plan import plan_stages
+
+    runs = tmp_path / "runs"
+    cfg = load_config(None, [f"run_dir={runs}"])
+
+    def refusal(only: list[str], force: list[str] | None = None) -> str:
+        with pytest.raises(UserError) as exc:
+            check_flow_inputs(cfg, plan_stages(only, None, force)[0])
+        return str(exc.value)
+
+    said = refusal(["finetune"], ["finetune"])
+    assert said.startswith("--only finetune needs stages that have no complete output for this config: ")
+    assert [s for s in ("verify", "tokenizer", "preprocess", "pretrain", "report") if f" {s} (" in said] == [
+        "tokenizer",
+        "preprocess",
+        "pretrain",
+    ]
+    suggested = re.search(r"`bertflow run CONFIG ((--only \w+ ?)+)`", said).group(1).split()[1::2]
+    assert suggested == ["tokenizer", "preprocess", "pretrain", "finetune"]
+    check_flow_inputs(cfg, plan_stages(suggested, None, None)[0])
+    for selection in ([None, None], [None, "finetune"]):  # the whole flow, --from: they make every input
+        check_flow_inputs(cfg, plan_stages(selection[0], selection[1], None)[0])
+    assert not runs.exists()
+
+    _mark_complete(cfg, "tokenizer", "preprocess")
+    _mark_complete(cfg, "pretrain", model=False)  # the flow writes its model again: not complete
+    said = refusal(["report"])
+    assert f"no complete output for this config: pretrain ({runs / 'pretrain'}/" in said
+    assert (
+        ", finetune (" in said
+        and "`bertflow run CONFIG --only pretrain --only finetune --only report`" in said
+    )
+
+    earlier = runs / "pretrain" / stage_keys(cfg, earlier=True)["pretrain"]
+    earlier.mkdir()  # a complete pretraining of an earlier release: the flow reuses it
+    (earlier / "model").mkdir()
+    (earlier / "model" / "config.json").write_text("{}")
+    (earlier / "_COMPLETE.json").write_text('{"stage": "pretrain"}')
+    shutil.rmtree(runs / "pretrain" / stage_keys(cfg)["pretrain"])
+    check_flow_inputs(cfg, ["finetune"])
+
+
+def test_only_the_main_pretraining_of_a_phased_config_names_the_missing_phase_input(tmp_path: Path) -> None:
+    """A phase's stages go with their stage's `--only`: `--only pretrain` trains every phase, so it
+    needs each phase's preprocessing."""
+    from pipelines.flow_preflight import check_flow_inputs
+
+    cfg = load_config(PROJECT_ROOT / "configs" / "cpu-hour.yaml", [f"run_dir={tmp_path / 'runs'}"])
+    _mark_complete(cfg, "tokenizer", "preprocess@seq32")
+    with pytest.raises(UserError) as exc:
+        check_flow_inputs(cfg, ["pretrain"])
+    said = str(exc.value)
+    assert "no complete output for this config: preprocess (" in said and "seq32" not in said
+    assert "`bertflow run CONFIG --only preprocess --only pretrain`" in said
+    _mark_complete(cfg, "preprocess", "pretrain")
+    check_flow_inputs(cfg, ["finetune"])  # the main phase's pretraining: its phase's is not read
+    empty = load_config(PROJECT_ROOT / "configs" / "cpu-hour.yaml", [f"run_dir={tmp_path / 'other'}"])
+    with pytest.raises(
+        UserError, match=r"for this config: tokenizer \(.*\), preprocess@seq32 \(.*\), preprocess \("
+    ):
+        check_flow_inputs(empty, ["pretrain"])
+
+
+def test_bertflow_run_refuses_missing_inputs_before_prefect_and_records_no_flow_run(tmp_path: Path) -> None:
+    """`bertflow run CONFIG --only finetune` on an empty run dir: exit 2 and the one message, with
+    Prefect unimportable (so no temporary server, no flow run); nothing written, so `bertflow runs`
+    lists no flow run."""
+    runs = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--only", "finetune",
+         "--set", f"run_dir={runs}", "wandb.mode=disabled"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, env=env_forbidding(["prefect"]), timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (
+        "--only finetune needs stages that have no complete output for this config: tokenizer ("
+        in proc.stderr
+    )
+    assert "Starting temporary server" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not runs.exists()
 
 
 @pytest.mark.parametrize(

@@ -47,9 +47,14 @@ def test_verify_stage_cache_marker_and_force(tmp_path: Path, data_dir: Path) -> 
     assert len(records) == 4
     assert [json.loads(p.read_text())["stages"][0]["status"] for p in records].count("cached") == 1
 
-    # a stage whose inputs were never computed is refused, naming the missing stage
-    with pytest.raises(UserError, match="'tokenizer' has no complete output"):
+    # a stage whose inputs were never computed is refused, naming the missing stage, before the
+    # flow run records anything (a deployment's run; `bertflow run` refuses it before Prefect starts)
+    with pytest.raises(
+        UserError,
+        match="--only preprocess needs stages that have no complete output for this config: tokenizer",
+    ):
         bert_pipeline(config=None, overrides=overrides, only="preprocess")
+    assert len(list((tmp_path / "flow_runs").glob("*.json"))) == 4
 
 
 def test_stage_command_alone_writes_where_the_flow_looks(tmp_path: Path, data_dir: Path) -> None:

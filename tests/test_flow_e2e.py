@@ -330,5 +330,8 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
 
     # --- `--only finetune` on a pretraining whose model is gone: said before any unit, not later
     shutil.rmtree(new_pretrain / "model")
-    with pytest.raises(UserError, match="stage 'pretrain' has no complete output for this config"):
+    with pytest.raises(
+        UserError,
+        match=r"--only finetune needs stages that have no complete output for this config: pretrain \(",
+    ):
         bert_pipeline(config=config, overrides=six, only="finetune")

@@ -143,14 +143,16 @@ def test_days_of_pretraining_on_a_machine_without_a_gpu_are_said_before_any_stag
     assert {name for name, note in notes.items() if note} == {"bert-base-gpu.yaml", "bert-large-gpu.yaml"}
     assert "20,000 steps of 2,048 x 128 tokens of a 12-layer, 768-wide BERT" in notes["bert-base-gpu.yaml"]
     assert "days at the 0.12 TFLOP/s two CPU cores sustain" in notes["bert-base-gpu.yaml"]
-    # the flow says it before its first stage (here the missing tokenizer output then stops it)
-    runs = tmp_path / "runs"
+    # the flow says it before its first stage (here a corpus file unlike its checksum then stops it)
+    runs, sums = tmp_path / "runs", tmp_path / "SHA256SUMS"
+    sums.write_text(f"{'0' * 64}  {load_config(None).data_path('data:wiki/summaries_en.txt')}\n")
+    only = [f"--only={stage}" for stage in ("verify", "tokenizer", "preprocess", "pretrain")]
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", "--only", "pretrain",
-         "--set", f"run_dir={runs}", "pretrain.max_steps=1000000", "wandb.mode=disabled"],
+        [sys.executable, "-m", "pipelines.cli", "run", "configs/default.yaml", *only, "--set", f"run_dir={runs}",
+         "pretrain.max_steps=1000000", "wandb.mode=disabled", "verify.checksums=true", f"verify.checksum_file={sums}"],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120, env=env_forbidding(["torch"]),
     )  # fmt: skip
     said = proc.stdout + proc.stderr
     assert proc.returncode == 2, said[-3000:]
     assert "1,000,000 steps of 64 x 128 tokens of a 2-layer, 128-wide BERT" in said
-    assert said.index("no GPU is visible") < said.index("stage 'tokenizer' has no complete output")
+    assert said.index("no GPU is visible") < said.index("summaries_en.txt is corrupt")
