@@ -352,7 +352,7 @@ class UnitPool:
             if (done := stored_result(job)) is not None:
                 return done
         except UserError as exc:
-            return failed_result(job, str(exc))
+            return failed_result(job, str(exc), bad_input=True)
         for _ in range(2):
             pool = self._executor()
             try:
@@ -440,7 +440,7 @@ def _run_job(cfg: FinetuneConfig, job: Job, data_root: str | None, wandb: WandbT
     try:
         return run_finetune_unit(cfg, job, data_root, wandb)
     except UserError as exc:
-        return failed_result(job, str(exc))
+        return failed_result(job, str(exc), bad_input=True)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # a bug or a crash in one unit (a Rust panic too) must not stop the others

@@ -81,8 +81,11 @@ class Job:
         return f"{self.unit.name} [{self.label}]"
 
 
-def failed_result(job: Job, error: str) -> dict[str, Any]:
-    return {"unit": job.unit.name, "task": job.unit.task, "checkpoint_label": job.label, "error": error}
+def failed_result(job: Job, error: str, *, bad_input: bool = False) -> dict[str, Any]:
+    """A unit's failure; `bad_input`: a UserError (the flow does not retry it, as it would a lost
+    worker)."""
+    failed = {"unit": job.unit.name, "task": job.unit.task, "checkpoint_label": job.label, "error": error}
+    return {**failed, "bad_input": True} if bad_input else failed
 
 
 def finetune_units(cfg: FinetuneConfig) -> list[FinetuneUnit]:

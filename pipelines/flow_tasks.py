@@ -219,8 +219,9 @@ def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any]:
     if read_marker(job.out_dir) is None:
         mark_in_progress(job.out_dir)  # the unit's worker writes its _COMPLETE.json
     result = pool.run(job)
-    if "error" in result:  # fail the task (retried, never cached); the other units go on
-        raise TransientError(f"fine-tuning unit {job.name} failed: {result['error']}")
+    if "error" in result:  # fail the task (never cached; retried unless on bad input); the other units go on
+        failure = UserError if result.get("bad_input") else TransientError
+        raise failure(f"fine-tuning unit {job.name} failed: {result['error']}")
     shown = ", ".join(f"{k} {v:.1f}" for k, v in (result.get("metrics") or {}).items())
     get_run_logger().info("%s: %s", job.name, shown)
     return result

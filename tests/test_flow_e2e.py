@@ -16,7 +16,7 @@ import pytest
 
 from common.atomic import MARKER_NAME
 from common.errors import UserError
-from tests.flow_support import flow_log_lines, tiny_config
+from tests.flow_support import USER_TASK, flow_log_lines, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -327,6 +327,20 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     kept = sorted(fourth_finetune.parent.glob(f"units/*{new_pretrain.name}_model-*/model/model.safetensors"))
     assert len(kept) == 4 and any("4 fine-tuned model(s) kept" in line for line in said), said[-5:]
     assert any("4 finished unit(s) have no kept model" in line for line in said)  # said before they ran
+
+    # --- units that fail on bad input (a user task whose TSV has a label it does not list; verify,
+    # which reads task files, does not run under --only finetune) are not retried (flow.retries=1):
+    # until 2026-11-28 each failed unit ran again, as after a lost worker
+    bad = tmp_path / "movies.tsv"
+    bad.write_text("text\tsentiment\ngood film\tpos\nbad film\tneg\nok film\tmeh\n")
+    (tmp_path / "tasks.yaml").write_text(USER_TASK.format(tsv=bad))
+    bad_task = [*six, "flow.retries=1", "flow.retry_delay_seconds=0", "finetune.tasks=[movies]"]
+    bad_task.append(f"finetune.task_config={tmp_path / 'tasks.yaml'}")
+    with flow_log_lines() as said, pytest.raises(UserError, match="2 of 2 fine-tuning units failed") as exc:
+        bert_pipeline(config=config, overrides=bad_task, only="finetune")
+    assert str(exc.value).count(f"{bad} line 4: unknown label 'meh'") == 2
+    assert len([line for line in said if "movies-lr" in line and "FAILED" in line]) == 2, said[-10:]
+    assert not [line for line in said if " - Retry " in line], [line for line in said if " - Retry " in line]
 
     # --- `--only finetune` on a pretraining whose model is gone: said before any unit, not later
     shutil.rmtree(new_pretrain / "model")
