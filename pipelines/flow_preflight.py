@@ -18,6 +18,10 @@ def check_flow(cfg: PipelineConfig, selected: list[str]) -> None:
     from pipelines.verify_data import check_data_paths
 
     check_data_paths(cfg)
+    if "finetune" in selected and "verify" not in selected:  # else the verify stage reads them
+        from pipelines.verify_data import check_finetune_task_data
+
+        check_finetune_task_data(cfg)
     check_flow_inputs(cfg, selected)
     if "tokenizer" in selected and cfg.tokenizer.vocab:
         check_configured_vocab(cfg)

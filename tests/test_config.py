@@ -705,6 +705,16 @@ def test_a_task_files_data_mistakes_are_refused_by_verify_before_compute(
     with caplog.at_level(logging.WARNING, logger="bertflow.verify"):
         verify("ok")
     assert f"verify: task 'ok': every example of {tmp_path / 'dev.tsv'} has label 'neg'" in caplog.text
+    # `--only finetune` runs no verify stage: `bertflow run`'s preflight reads them instead (until
+    # 2026-11-28 the units found them, after the worker pool started, and the flow exited 1)
+    from pipelines.flow_preflight import check_flow
+
+    cfg = load_config(
+        None, [f"run_dir={tmp_path / 'runs'}", f"finetune.task_config={tasks}", "finetune.tasks=[wrongcol]"]
+    )
+    with pytest.raises(UserError, match=re.escape("train.tsv line 1: header has no column 'sentence'")):
+        check_flow(cfg, ["finetune"])
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
