@@ -42,6 +42,16 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
+def stop_request(exc: BaseException) -> str | None:
+    """How the user stopped a command, when `exc` is such a stop: "SIGTERM to bertflow" (`Terminated`,
+    or Prefect's flow engine's own TerminationSignal, which has the signal) or "Ctrl-C"; else None."""
+    if isinstance(exc, Terminated) or getattr(exc, "signal", None) == signal.SIGTERM:
+        return "SIGTERM to bertflow"
+    if isinstance(exc, KeyboardInterrupt):
+        return "Ctrl-C"
+    return None
+
+
 def raise_terminated(signum: int, frame: object) -> None:
     """A SIGTERM handler (`signal.signal(signal.SIGTERM, raise_terminated)`)."""
     raise Terminated()

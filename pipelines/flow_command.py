@@ -8,6 +8,7 @@ The config and the data paths are checked before Prefect starts, so a typo fails
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,12 @@ def main(args: argparse.Namespace) -> int:
         check_flow(cfg, selected)
 
     from pipelines.flow import bert_pipeline
+    from pipelines.prefect_killed_runs import cancel_stopped_runs
     from pipelines.prefect_server import start_temporary_server, stop_prefect
+    from pipelines.stage_keys import run_root
 
     # SIGTERM unwinds like Ctrl-C: the pretraining launcher's group is stopped, the flow records
-    # its crash, the temporary API stops (Prefect's flow engine passes a SIGTERM it catches on here)
+    # the stop, the temporary API stops (Prefect's flow engine passes a SIGTERM it catches on here)
     with sigterm_as_interrupt():
         summary: dict[str, Any] = {}
         try:
@@ -93,6 +96,9 @@ def main(args: argparse.Namespace) -> int:
                 from_stage=args.from_stage,
                 force=args.force,
             )
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: Prefect's engine set the flow run Crashed
+            cancel_stopped_runs(run_root(cfg), logging.getLogger("prefect").info)
+            raise
         finally:
             stop_prefect(summary.get("task_run_ids", ()))
     print()

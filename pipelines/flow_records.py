@@ -60,8 +60,10 @@ def write_record(
     units: list[str] | None = None,
     planned: list[str] | None = None,
     flow_run_id: str | None = None,
+    stopped_by: str | None = None,
 ) -> Path:
-    """`status`: running (written at the start and after each stage), completed or failed;
+    """`status`: running (written at the start and after each stage), completed, failed, or stopped
+    (by `stopped_by`: "SIGTERM to bertflow" or "Ctrl-C", `common.errors.stop_request`);
     `units`: the fine-tuning unit directories this flow run used (for `bertflow runs clean`);
     `planned`: the stage outputs it will use, which a live run's record protects from cleaning;
     `flow_run_id`: its Prefect flow run (`pipelines.prefect_killed_runs`).
@@ -82,6 +84,7 @@ def write_record(
             "units": units or [],
             "planned": planned or [],
             "writer": {"pid": os.getpid(), "host": socket.gethostname()} if status == "running" else {},
+            **({"stopped_by": stopped_by} if stopped_by else {}),
         },
     )
     return path

@@ -25,7 +25,7 @@ from prefect.futures import as_completed, wait
 from prefect.states import State
 
 from common.atomic import MARKER_NAME, read_marker, refuse_other_writer
-from common.errors import UserError
+from common.errors import UserError, stop_request
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import failed_record, stage_record, write_record
@@ -103,6 +103,7 @@ class FlowRun:
         self.started = time.time()
         self.record_path: Path | None = None
         self.status = "running"
+        self.stopped_by: str | None = None
         self.unit_dirs: list[str] = []
         self.made_here: set[str] = set()  # the outputs this flow run computed (not cached, not reused)
 
@@ -391,18 +392,21 @@ class FlowRun:
             self.root, self.run_name, self.group, self.records, self.started,
             path=self.record_path, status=self.status, units=self.unit_dirs,
             planned=[str(d) for d in self.dirs.values()], flow_run_id=self.flow_run_id,
+            stopped_by=self.stopped_by,
         )  # fmt: skip
         return self.record_path
 
     @contextmanager
     def recorded(self) -> Iterator[None]:
-        """The flow run's record from its first moment (status running), then completed or failed;
-        on completion `run_dir/latest/` points at this run's outputs."""
+        """The flow run's record from its first moment (status running), then completed, failed, or
+        stopped (SIGTERM, Ctrl-C: the user asked; `stopped_by` says which); on completion
+        `run_dir/latest/` points at this run's outputs."""
         self.write_record()
         try:
             yield
-        except BaseException:
-            self.status = "failed"
+        except BaseException as exc:
+            self.stopped_by = stop_request(exc)
+            self.status = "stopped" if self.stopped_by else "failed"
             self.write_record()
             raise
         self.status = "completed"

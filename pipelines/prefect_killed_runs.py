@@ -2,7 +2,13 @@
 cannot tell a dead client from a slow one. bertflow can: the run's record names its writer, which
 is gone (`FlowRunRecord.status` interrupted). The next flow run of that run directory sets each such
 flow run, and its task runs, that the Prefect API still holds as running to Crashed, with a message
-naming what happened; the record notes it, so later flow runs do not ask again."""
+naming what happened; the record notes it, so later flow runs do not ask again.
+
+A flow run the user stopped (SIGTERM, Ctrl-C: its record says stopped) is one that Prefect's flow
+engine sets Crashed, as it does on any BaseException ("Execution was aborted by a termination
+signal"), its stage's task run too: `bertflow run` sets both Cancelled, Prefect's state for a run
+stopped on request, as it ends (`cancel_stopped_runs`), and so does the next flow run where that
+did not happen (the API was unreachable)."""
 
 from __future__ import annotations
 
@@ -17,34 +23,56 @@ from pipelines.run_history import FlowRunRecord, flow_runs
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
+    from prefect.states import State
 
-DONE_KEY = "prefect_crashed"  # in the killed run's record: its Prefect state was set
+DONE_KEY = "prefect_crashed"  # in a killed or stopped run's record: its Prefect state was set
 
 
 def crash_killed_runs(root: Path, rerun: str, log: Callable[[str], None]) -> list[str]:
     """Set Crashed every flow run of `root` that was killed while the Prefect API still shows it
-    running (and its running task runs); returns their names. `rerun`: the flow run doing it."""
-    killed = [r for r in flow_runs(root) if _unreported(r)]
-    if not killed:
+    running (and its running task runs), and Cancelled every stopped one Prefect holds as Crashed
+    (`cancel_stopped_runs`); returns the killed ones' names. `rerun`: the flow run doing it."""
+    cancel_stopped_runs(root, log)
+    killed = [r for r in flow_runs(root) if _unreported(r, "interrupted")]
+    crashed = _settle(killed, lambda run: _crashed(run, rerun), lambda state: not state.is_final())
+    if crashed:
+        log(f"Prefect: flow run(s) {', '.join(crashed)} were killed and had stayed Running; set to Crashed")
+    return crashed
+
+
+def cancel_stopped_runs(root: Path, log: Callable[[str], None]) -> list[str]:
+    """Set Cancelled every flow run of `root` that the user stopped (SIGTERM, Ctrl-C), with its task
+    runs that Prefect holds as Crashed or not yet final; returns their names."""
+    stopped = [r for r in flow_runs(root) if _unreported(r, "stopped")]
+    cancelled = _settle(stopped, _cancelled, lambda state: state.is_crashed() or not state.is_final())
+    if cancelled:
+        log(f"Prefect: flow run(s) {', '.join(cancelled)} were stopped on request; set to Cancelled")
+    return cancelled
+
+
+def _settle(
+    runs: list[FlowRunRecord], final: Callable[[FlowRunRecord], State], unsettled: Callable[[State], bool]
+) -> list[str]:
+    """Set the flow run of each of `runs`, and each of its task runs, whose Prefect state is
+    `unsettled` to `final(run)`; returns the names of the flow runs set."""
+    if not runs:
         return []
     import httpx
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    crashed = []
+    settled = []
     with get_client(sync_client=True) as client:
-        for run in killed:
+        for run in runs:
             try:
                 flow_run = client.read_flow_run(UUID(run.data["flow_run_id"]))
-                if flow_run.state is not None and not flow_run.state.is_final():
-                    _crash(client, flow_run.id, _message(run, rerun))
-                    crashed.append(run.name)
+                if flow_run.state is not None and unsettled(flow_run.state):
+                    _set_state(client, flow_run.id, final(run), unsettled)
+                    settled.append(run.name)
             except (ObjectNotFound, httpx.HTTPError):  # another Prefect API's run (PREFECT_API_URL changed)
                 continue
             _note_done(run)
-    if crashed:
-        log(f"Prefect: flow run(s) {', '.join(crashed)} were killed and had stayed Running; set to Crashed")
-    return crashed
+    return settled
 
 
 def _note_done(run: FlowRunRecord) -> None:
@@ -55,25 +83,37 @@ def _note_done(run: FlowRunRecord) -> None:
     os.utime(run.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-def _unreported(run: FlowRunRecord) -> bool:
-    return run.status == "interrupted" and bool(run.data.get("flow_run_id")) and not run.data.get(DONE_KEY)
+def _unreported(run: FlowRunRecord, status: str) -> bool:
+    return run.status == status and bool(run.data.get("flow_run_id")) and not run.data.get(DONE_KEY)
 
 
-def _message(run: FlowRunRecord, rerun: str) -> str:
+def _crashed(run: FlowRunRecord, rerun: str) -> State:
+    from prefect.states import Crashed
+
     writer = run.data.get("writer", {})
-    return (
-        f"bertflow: the process of this flow run (pid {writer.get('pid')} on {writer.get('host')}) is gone: "
-        f"it was killed. Flow run {rerun} of the same run directory started after it; "
+    return Crashed(
+        message=f"bertflow: the process of this flow run (pid {writer.get('pid')} on {writer.get('host')}) "
+        f"is gone: it was killed. Flow run {rerun} of the same run directory started after it; "
         f"`bertflow runs show {run.name}` says what it left."
     )
 
 
-def _crash(client: SyncPrefectClient, flow_run_id: UUID, message: str) -> None:
+def _cancelled(run: FlowRunRecord) -> State:
+    from prefect.states import Cancelled
+
+    return Cancelled(
+        message=f"bertflow: stopped on request ({run.data.get('stopped_by', 'SIGTERM or Ctrl-C')}); "
+        f"rerun the same command to go on from there. `bertflow runs show {run.name}` says what it left."
+    )
+
+
+def _set_state(
+    client: SyncPrefectClient, flow_run_id: UUID, state: State, unsettled: Callable[[State], bool]
+) -> None:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.states import Crashed
 
     tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     for task in tasks:
-        if task.state is not None and not task.state.is_final():
-            client.set_task_run_state(task.id, Crashed(message=message), force=True)
-    client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+        if task.state is not None and unsettled(task.state):
+            client.set_task_run_state(task.id, state.model_copy(), force=True)
+    client.set_flow_run_state(flow_run_id, state.model_copy(), force=True)

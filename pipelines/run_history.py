@@ -40,7 +40,8 @@ class FlowRunRecord:
 
     @property
     def status(self) -> str:
-        """completed, failed, running, or interrupted: a running record whose writer is gone."""
+        """completed, failed, stopped (SIGTERM, Ctrl-C), running, or interrupted: a running record
+        whose writer is gone (killed)."""
         status = str(self.data.get("status", "completed"))
         writer = self.data.get("writer")
         if status == "running" and writer and writer_state(writer) == "interrupted":

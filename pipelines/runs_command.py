@@ -203,8 +203,9 @@ def show_run(root: Path, name: str | None) -> str:
     runs = flow_runs(root)
     run = find_run(runs, name)
     d = run.data
+    by = f" ({d['stopped_by']})" if d.get("stopped_by") else ""  # SIGTERM to bertflow, Ctrl-C
     lines = [
-        f"flow run {run.name}: {run.status}, started {d.get('started_utc', '?')} UTC, "
+        f"flow run {run.name}: {run.status}{by}, started {d.get('started_utc', '?')} UTC, "
         f"{_run_time(run, runs)}; W&B group {d.get('wandb_group', '—')}",
         f"record: {run.path}",
         f"result: {result_text(run)}",
@@ -215,11 +216,11 @@ def show_run(root: Path, name: str | None) -> str:
         out = run.local(r["out_dir"])
         now = progress_state(out) if r.get("stage") != "finetune-units" and out.exists() else (
             "present" if out.exists() else "deleted")  # fmt: skip
-        stopped = r["status"] == "running" and run.status != "running"  # the stage its killed run was in
+        ended = r["status"] == "running" and run.status != "running"  # the stage its run was in as it ended
         rows.append(
             [
                 r["stage"],
-                "interrupted" if stopped else r["status"],
+                ("stopped" if r.get("stopped") else "interrupted") if ended else r["status"],
                 _stage_time(run, r, runs),
                 now,
                 byte_size(dir_size(out)) if out.exists() else "—",

@@ -312,11 +312,12 @@ def test_a_killed_runs_stage_shows_how_long_it_ran_not_0_s(
 def test_a_stopped_runs_stage_time_is_what_its_record_knows(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SIGTERM (or Ctrl-C) of `bertflow run` during pretraining ends the flow run failed, its record
+    """SIGTERM (or Ctrl-C) of `bertflow run` during pretraining ended the flow run failed, its record
     keeping the stage it was in as running at 0.0 s. `runs show` took that stage's time from its
     output's last write, which a later `bertflow pretrain` resuming there moved on: '≥ 2 min 27 s' in
     a flow run of 30.4 s. Now the flow writes, as it stops, how long the stage ran (shown as is), and
-    an older record's stage ran at least until its flow run ended, never past it."""
+    an older record's stage ran at least until its flow run ended, never past it. Such a run and its
+    stage read `stopped` (they read failed and interrupted, though the user had stopped it)."""
     import calendar
 
     out = _stage(root, "pretrain", "p5", complete=False)
@@ -332,9 +333,15 @@ def test_a_stopped_runs_stage_time_is_what_its_record_knows(
     shown = capsys.readouterr().out
     assert shown.startswith("flow run stopped-run: failed") and "UTC, 30.4 s;" in shown
     assert re.search(r"\npretrain +interrupted +≥ 16.4 s +unfinished ", shown), shown
-    path.write_text(json.dumps({**record, "stages": [{**row, "seconds": 15.9, "stopped": True}]}))
+    # as the flow writes it now: the run and its stage read stopped, saying how, not failed
+    stopped = {**record, "status": "stopped", "stopped_by": "SIGTERM to bertflow"}
+    path.write_text(json.dumps({**stopped, "stages": [{**row, "seconds": 15.9, "stopped": True}]}))
     assert cli(["runs", "show", "stopped-run", "--run-dir", str(root)]) == 0
-    assert re.search(r"\npretrain +interrupted +15.9 s +unfinished ", capsys.readouterr().out)
+    shown = capsys.readouterr().out
+    assert shown.startswith("flow run stopped-run: stopped (SIGTERM to bertflow), started"), shown
+    assert re.search(r"\npretrain +stopped +15.9 s +unfinished ", shown), shown
+    assert cli(["runs", "--run-dir", str(root)]) == 0
+    assert re.search(r"\nstopped-run +2026-01-03 10:00:00 +stopped +30.4 s ", capsys.readouterr().out)
 
 
 def test_clean_leaves_no_dangling_latest_links(root: Path) -> None:

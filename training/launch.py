@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.child_process import die_with_parent
-from common.errors import Terminated, TransientError, UserError
+from common.errors import TransientError, UserError, stop_request
 from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
 from common.textfile import read_user_text
 from training.lost_ranks import LOST_PREFIX
@@ -274,12 +274,7 @@ def launch_failure(
 
 def stop_reason(exc: BaseException) -> str:
     """What stopped the run, as the user did it: the ranks see only the SIGTERM passed on to them."""
-    # Prefect's flow engine turns a SIGTERM into its own TerminationSignal (it has the signal)
-    if isinstance(exc, Terminated) or getattr(exc, "signal", None) == signal.SIGTERM:
-        return "SIGTERM to bertflow"
-    if isinstance(exc, KeyboardInterrupt):
-        return "Ctrl-C"
-    return f"{type(exc).__name__} in bertflow"
+    return stop_request(exc) or f"{type(exc).__name__} in bertflow"
 
 
 def _stop_group(

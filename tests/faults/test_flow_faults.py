@@ -209,6 +209,22 @@ def _stop_and_collect(proc: subprocess.Popen, sig: int, *, group: bool) -> tuple
     return seconds, alive
 
 
+def _prefect_states(home: Path, flow_run_ids: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """The state types Prefect's database in `home` holds (its API is gone with its flow run): those
+    of `flow_run_ids`, and of their task runs by name."""
+    import sqlite3
+    from uuid import UUID
+
+    ids = [UUID(i) for i in flow_run_ids]
+    with sqlite3.connect(home / "prefect.db") as db:
+        flows = {UUID(i): t for i, t in db.execute("SELECT id, state_type FROM flow_run")}
+        tasks: dict[str, list[str]] = {}
+        for flow_id, name, state in db.execute("SELECT flow_run_id, name, state_type FROM task_run"):
+            if UUID(flow_id) in ids:
+                tasks.setdefault(name, []).append(state)
+    return [flows.get(i) for i in ids], tasks
+
+
 def _sigint_as_in_a_terminal() -> None:
     """A command started from a terminal has SIGINT at its default; a suite started in the background
     of a non-interactive shell (`make test &`) passes SIGINT down as ignored, and Python keeps an
@@ -231,7 +247,8 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
 ) -> None:
     """Ctrl-C of `bertflow run` during pretraining used to take ~140 s (the terminal's SIGINT also
     stopped Prefect's temporary API server, and Prefect retried every call); `kill -TERM` left that
-    server running. Both now stop every process of the run within seconds; a rerun resumes."""
+    server running. Both now stop every process of the run within seconds; a rerun resumes. A run so
+    stopped read `failed` in `bertflow runs` and Crashed in Prefect; now `stopped`, and Cancelled."""
     pretrain = {"max_steps": 2000, "checkpoint_every": 10, "eval_every": 1000, "log_every": 2}
     cfg = tiny_config(tmp_path, data_dir, pretrain=pretrain, finetune={"tasks": ["rte"], "baselines": []})
     run_dir = tmp_path / "run"
@@ -288,10 +305,22 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
     # the time up to its output's last write, which a later run moves on: longer than the flow run)
     from pipelines.run_history import flow_runs
 
-    for stopped in flow_runs(run_dir):
+    runs = flow_runs(run_dir)
+    for stopped in runs:
         row = stopped.data["stages"][-1]
         assert row["stage"] == "pretrain" and row["status"] == "running" and row.get("stopped"), row
         assert 0 < row["seconds"] < stopped.data["seconds"], stopped.data
+    # the user stopped them: their records say stopped and how (they said failed), and Prefect holds
+    # both flow runs Cancelled, their pretrain task runs too (both were Crashed)
+    assert [(r.status, r.data.get("stopped_by")) for r in reversed(runs)] == [
+        ("stopped", "Ctrl-C"),
+        ("stopped", "SIGTERM to bertflow"),
+    ], [r.data for r in runs]
+    flows, tasks = _prefect_states(tmp_path / "prefect-home", [r.data["flow_run_id"] for r in runs])
+    assert flows == ["CANCELLED", "CANCELLED"], flows
+    assert sorted(tasks) == ["preprocess", "pretrain", "tokenizer", "verify"], tasks
+    assert tasks["pretrain"] == ["CANCELLED"] * 2, tasks
+    assert {state for name in ("verify", "tokenizer", "preprocess") for state in tasks[name]} == {"COMPLETED"}
 
 
 def test_the_prefect_server_killed_mid_flow_is_started_again_and_the_flow_finishes(
