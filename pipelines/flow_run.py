@@ -63,20 +63,33 @@ class UnitsFailed(UserError):
     exit_code = 1
 
 
-def units_failed(jobs: list[Any], futures: list[Any]) -> UnitsFailed:
-    """The flow's end when units failed (each after its retries): which, their errors and folders.
-    The finished units stay complete on disk; the next run runs only the failed ones."""
-    lines = []
+UNITS_FIX = "fix what each error names, then rerun the same command: it runs only the failed units again."
+
+
+def failed_units(jobs: list[Any], futures: list[Any]) -> list[dict[str, str]]:
+    """The units whose task runs failed (each after its retries): name, checkpoint label, what the
+    error says (its task's prefix off), folder."""
+    failed = []
     for job, future in zip(jobs, futures, strict=True):
         if not future.state.is_completed():
             error = future.state.result(raise_on_failure=False)
             said = str(error).removeprefix(f"fine-tuning unit {job.name} failed: ") or future.state.name
-            lines.append(f"- {job.name} (its folder {job.out_dir}): {said[:500]}")
-    kept = "; the other units are complete and kept" if len(lines) < len(futures) else ""
+            failed.append(
+                {"unit": job.unit.name, "checkpoint": job.label, "error": said, "out_dir": str(job.out_dir)}
+            )
+    return failed
+
+
+def units_failed(failed: list[dict[str, str]], total: int) -> UnitsFailed:
+    """The flow's end when units failed: which, their errors and folders. The finished units stay
+    complete on disk; the next run runs only the failed ones."""
+    lines = [
+        f"- {u['unit']} [{u['checkpoint']}] (its folder {u['out_dir']}): {u['error'][:500]}" for u in failed
+    ]
+    kept = "; the other units are complete and kept" if len(failed) < total else ""
     return UnitsFailed(
-        f"{len(lines)} of {len(futures)} fine-tuning units failed (the lines of their task runs above are "
-        f"their logs{kept}):\n" + "\n".join(lines) + "\nFix: fix what each error names, then rerun the "
-        "same command: it runs only the failed units again."
+        f"{len(failed)} of {total} fine-tuning units failed (the lines of their task runs above are "
+        f"their logs{kept}):\n" + "\n".join(lines) + f"\nFix: {UNITS_FIX}"
     )
 
 
@@ -246,8 +259,9 @@ class FlowRun:
         complete_before = [
             done and f is f0 for done, f, f0 in zip(complete_before, futures, first, strict=True)
         ]
-        if any(not f.state.is_completed() for f in futures):
-            raise units_failed(jobs, futures)
+        if failed := failed_units(jobs, futures):
+            self._record_failed_units(failed, len(futures), t0)
+            raise units_failed(failed, len(futures))
         self._record_units(jobs, futures, complete_before, copied, t0)
         self.outputs["units"] = futures
         self._log_kept_models(jobs)
@@ -305,6 +319,17 @@ class FlowRun:
         self.records.append(
             {**stage_record("finetune-units", units_dir, status, time.time() - t0, seconds, note), "key": "-"}
         )
+        self.write_record()
+
+    def _record_failed_units(self, failed: list[dict[str, str]], total: int, t0: float) -> None:
+        """The `finetune-units` row of a flow run whose units failed: how many, and one entry per
+        failed unit (`failed_units`: unit, checkpoint, its error's first line, folder), which
+        `bertflow runs show` lists."""
+        units_dir = self.root / "finetune" / "units"
+        error = f"{len(failed)} of {total} fine-tuning units failed. Fix: {UNITS_FIX}"
+        row = failed_record("finetune-units", units_dir, time.time() - t0, RuntimeError(error))
+        first_lines = [{**u, "error": (u["error"].strip().splitlines() or [""])[0][:500]} for u in failed]
+        self.records.append({**row, "key": "-", "failed_units": first_lines})
         self.write_record()
 
     def _log_kept_models(self, jobs: list[Any]) -> None:

@@ -229,6 +229,9 @@ def show_run(root: Path, name: str | None) -> str:
         )
     lines.append(_table(["stage", "status", "time", "now", "size", "output"], rows))
     lines += [f"\n{r['stage']} failed: {r['error']}" for r in d.get("stages", []) if r.get("error")]
+    if failed := [u for r in d.get("stages", []) for u in r.get("failed_units", [])]:
+        rows = [[u["unit"], u["checkpoint"], u["error"], str(run.local(u["out_dir"]))] for u in failed]
+        lines += ["", _table(["failed unit", "checkpoint", "error (first line)", "folder"], rows)]
     pre = run.output("pretrain")
     if pre is not None and (pre / "model").is_dir():
         lines += [

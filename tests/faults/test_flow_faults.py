@@ -394,6 +394,21 @@ def test_failed_fine_tuning_units_end_the_flow_in_one_paragraph_naming_them(
     assert f"{tsv} line 42: 3 tab-separated columns" in end, end
     assert end.rstrip().endswith("rerun the same command: it runs only the failed units again."), end
     assert "Traceback" not in said, said[-3000:]
+    # a failure, not a stop; and the run's record, which `bertflow runs show` reads, names the failed
+    # unit with its checkpoint, error and folder (it had no row for the units: only the console did)
+    from pipelines.run_history import flow_runs
+    from pipelines.runs_command import show_run
+
+    [record] = flow_runs(tmp_path / "run")
+    assert record.status == "failed" and "stopped_by" not in record.data, record.data
+    shown = show_run(tmp_path / "run", None)
+    assert re.search(r"\nfinetune-units +failed ", shown), shown
+    assert "finetune-units failed: 1 of 1 fine-tuning units failed." in shown, shown
+    label = end[end.index(f"- {unit} [") + len(f"- {unit} [") :].split("]")[0]
+    row = re.search(
+        rf"\n{re.escape(unit)} +{re.escape(label)} +(.+?) +{re.escape(str(unit_dir))}\n", shown + "\n"
+    )
+    assert row and f"{tsv} line 42: 3 tab-separated columns" in row.group(1), shown
 
 
 def test_a_flow_whose_output_reader_leaves_finishes_its_work(reader_left_run: tuple[int, Path]) -> None:
