@@ -2,7 +2,12 @@
 message naming the file or key and the fix, e.g. a full disk) or a TransientError (a lost rank or
 worker, a failed fine-tuning unit, and the way on) the traceback only buries that message: keep the
 failed task's log line (it names the stage), drop the traceback, and drop the flow run's two repeats
-of the same message (`bertflow run` ends by printing it once more)."""
+of the same message (`bertflow run` ends by printing it once more).
+
+A run the user stopped (Ctrl-C, SIGTERM) is one Prefect's engine logs as "Crash detected! Execution was
+aborted by ... signal." at ERROR, for the flow run and for the task run it stopped: said as what it
+is, at INFO, and its "Finished in state Crashed(...)" at INFO too (`bertflow run` then sets both
+Cancelled and says so, `pipelines.prefect_killed_runs`)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,10 @@ from common.errors import TransientError, UserError
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 EXPLAINED = (UserError, TransientError)  # what `pipelines.cli` prints as one paragraph
+# Prefect's Crashed message for a KeyboardInterrupt (Ctrl-C; bertflow's Terminated) and for its own
+# TerminationSignal (SIGTERM while its flow engine runs): prefect.states.exception_to_crashed_state
+STOPS = ("Execution was aborted by an interrupt signal.", "Execution was aborted by a termination signal.")
+STOPPED = "stopped on request (Ctrl-C or SIGTERM), not a crash: bertflow sets it Cancelled"
 
 
 class _UserErrorWithoutTraceback(logging.Filter):
@@ -19,6 +28,10 @@ class _UserErrorWithoutTraceback(logging.Filter):
         user_error = bool(record.exc_info and isinstance(record.exc_info[1], EXPLAINED))
         if user_error:
             record.exc_info, record.exc_text = None, None
+        if record.msg in [f"Crash detected! {said}" for said in STOPS]:
+            record.msg, record.args = STOPPED, ()
+        if record.msg in [STOPPED, *(f"Finished in state Crashed({said!r})" for said in STOPS)]:
+            record.levelno, record.levelname = logging.INFO, "INFO"
         if record.name == "prefect.flow_runs":  # "Encountered exception ...", "Finished in state Failed(...)"
             message = record.getMessage()
             return not (user_error or any(f"{name}:" in message for name in _user_error_names()))

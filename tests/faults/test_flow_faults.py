@@ -272,6 +272,9 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         assert seconds < 20, f"{signal.Signals(sig).name} took {seconds:.0f} s\n{log[-3000:]}"
         assert not leftovers, [(p.pid, p.cmdline()) for p in leftovers]
         assert "Traceback" not in log and "Error logging to API" not in log, log[-3000:]
+        # a stop, not a crash: Prefect's "Crash detected!" ERROR line is said as what it is, no ERROR line
+        assert "Crash detected!" not in log and "stopped on request (Ctrl-C or SIGTERM)" in log, log[-3000:]
+        assert "| ERROR " not in log, log[-3000:]
         return proc.returncode, log.rstrip()
 
     # Ctrl-C in a terminal: SIGINT to the whole foreground process group, once a checkpoint is saved
