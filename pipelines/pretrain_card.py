@@ -146,6 +146,21 @@ def init_from_text(init_from: str) -> str:
     return f"`{init_from}`" + (f" ({', '.join(details)})" if details else "")
 
 
+def _where_now(recorded: str | None, out_dir: Path, made_in: str | None) -> Path | None:
+    """An input the run spec names by the absolute path it had when the run was made, where it is
+    now: in a run directory moved or copied since (`out_dir` is no longer `made_in`, or the recorded
+    path is gone), its counterpart in the run directory `out_dir` lies in (`in_run_dir`)."""
+    from pipelines.run_history import in_run_dir
+
+    if not recorded:
+        return None
+    path = Path(recorded)
+    if made_in and Path(made_in) == out_dir.absolute() and path.exists():
+        return path
+    here = in_run_dir(out_dir.absolute().parent.parent, recorded)
+    return here if here.exists() else path
+
+
 def pretraining_card(
     out_dir: Path, seconds: float | None = None, name: str | None = None, step: int | None = None
 ) -> CardFacts:
@@ -161,8 +176,8 @@ def pretraining_card(
     spec = read_json_or_empty(out_dir / "run_spec.json")
     # a run still under way has no model/ yet: its shape is the one its run spec trains
     model_config = read_json_or_empty(out_dir / "model" / "config.json") or spec.get("model", {})
-    shards_dir = Path(spec["shards_dir"]) if spec.get("shards_dir") else None
-    tokenizer_dir = Path(spec["tokenizer_dir"]) if spec.get("tokenizer_dir") else None
+    shards_dir = _where_now(spec.get("shards_dir"), out_dir, spec.get("out_dir"))
+    tokenizer_dir = _where_now(spec.get("tokenizer_dir"), out_dir, spec.get("out_dir"))
     logged = read_metrics(out_dir)
     rows = [r for r in logged if step is None or int(r.get("step", 0)) <= step]
     data = _data_facts(shards_dir, model_config, tokenizer_dir) if shards_dir else None

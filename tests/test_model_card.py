@@ -293,3 +293,26 @@ def test_a_loss_just_below_the_unigram_entropy_is_not_said_to_be_not_below_it() 
     assert "is not below the unigram entropy (6.000) by more than 0.1 nats" in context_free_note(
         facts.evaluation
     )
+
+
+def test_pretraining_card_of_a_moved_run_directory_reads_the_shards_where_they_are_now(
+    tmp_path: Path, minilm_dir: Path, data_dir: Path
+) -> None:
+    """The run spec names the shards and tokenizer by the absolute paths the run had. After `mv runs
+    elsewhere` those are gone: the card (the report's, export-hf's) reads them where they are now in
+    the moved run directory, instead of failing with "no shards at <the old path>"."""
+    from pipelines.config import load_config
+    from pipelines.pretrain_card import pretraining_card
+    from tests.report_fixtures import make_stage_outputs
+
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled", "finetune.tasks=[]"])
+    dirs = make_stage_outputs(cfg, minilm_dir, data_dir)
+    moved = tmp_path / "elsewhere" / "runs"
+    moved.parent.mkdir()
+    shutil.move(tmp_path / "runs", moved)
+
+    facts = pretraining_card(moved / "pretrain" / dirs["pretrain"].name)
+    assert facts.evaluation is not None and facts.evaluation.examples == 16
+    assert facts.data is not None and facts.model_max_length == 64
+    assert facts.provenance["shards"] == f"`{moved / 'preprocess' / dirs['preprocess'].name}`"
+    assert facts.provenance["tokenizer"] == f"`{moved / 'tokenizer' / dirs['tokenizer'].name}`"
