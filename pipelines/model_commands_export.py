@@ -134,6 +134,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # through links to the directory itself: `runs/latest/model` lies in the pretraining output it
+    # links to (its card and steps), and the export names that output, not a link the next run moves
+    args.ckpt = args.ckpt.resolve()
     refuse_own_model_dir(args.ckpt, args.out_dir)
     resolved = resolve_model(args.ckpt)
     own = _fitting_own_tokenizer(args, resolved)

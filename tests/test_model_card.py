@@ -316,3 +316,30 @@ def test_pretraining_card_of_a_moved_run_directory_reads_the_shards_where_they_a
     assert facts.data is not None and facts.model_max_length == 64
     assert facts.provenance["shards"] == f"`{moved / 'preprocess' / dirs['preprocess'].name}`"
     assert facts.provenance["tokenizer"] == f"`{moved / 'tokenizer' / dirs['tokenizer'].name}`"
+
+
+def test_export_of_latest_model_carries_the_pretraining_runs_card(
+    tmp_path: Path, minilm_dir: Path, data_dir: Path
+) -> None:
+    """`runs/latest/model`, the path the flow hands out, is a link into the pretraining output: its
+    export gets the same card (data, training, held-out figures) and the same `pretraining_steps` as
+    an export of `runs/pretrain/<key>/model`, and names the output itself, not the link that the
+    next flow run moves."""
+    from model.config import BertConfig
+    from model.heads import BertForPreTraining
+    from model.hf_io import write_hf_dir
+    from pipelines.config import load_config
+    from pipelines.run_history import update_latest
+    from tests.report_fixtures import make_stage_outputs
+
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled", "finetune.tasks=[]"])
+    dirs = make_stage_outputs(cfg, minilm_dir, data_dir)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
+    write_hf_dir(model, dirs["pretrain"] / "model", dirs["tokenizer"])
+    latest = update_latest(tmp_path / "runs", dirs, None)
+
+    assert cli(["export-hf", str(latest / "model"), str(tmp_path / "hf")]) == 0
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "(300 steps, bertflow)" in card and "Measured at step 300" in card
+    assert f"- pretraining output: `{dirs['pretrain']}`" in card and "runs/latest" not in card
+    assert json.loads((tmp_path / "hf" / "_COMPLETE.json").read_text())["pretraining_steps"] == [300]
