@@ -73,6 +73,16 @@ class FlowRunRecord:
         entries = self.data.get("stages", [])
         return next((self.local(r["out_dir"]) for r in entries if r.get("stage") == stage), None)
 
+    def stage_dirs(self) -> dict[str, Path]:
+        """stage → this run's output, as `update_latest` links them: the stages it recorded (a
+        phase's as pretrain@NAME) and the others it planned (an --only run's inputs), these by their
+        folder where it holds only one of them."""
+        planned = [self.local(d) for d in self.data.get("planned", [])]
+        folders = [p.parent.name for p in planned]
+        dirs = {p.parent.name: p for p in planned if folders.count(p.parent.name) == 1}
+        recorded = [r for r in self.data.get("stages", []) if r.get("stage") != "finetune-units"]
+        return {**dirs, **{r["stage"]: self.local(r["out_dir"]) for r in recorded}}
+
     def local(self, recorded: str) -> Path:
         """A recorded output in the run directory that holds this record (`in_run_dir`)."""
         return in_run_dir(self.path.parent.parent, recorded)
@@ -250,6 +260,24 @@ def update_latest(root: Path, dirs: dict[str, Path], record: Path | None) -> Pat
     else:
         page.unlink(missing_ok=True)
     return latest
+
+
+def relink_latest(root: Path) -> None:
+    """After a clean: when the flow run `latest/` linked is gone, `latest/` links the newest
+    completed flow run left (none: nothing), as that run's end would have; no link is left pointing
+    at a deleted output."""
+    latest = root / LATEST
+    if not latest.is_dir():
+        return
+    record = latest / "flow_run.json"
+    if record.is_symlink() and not record.exists():
+        newest = next((r for r in flow_runs(root) if r.status == "completed"), None)
+        update_latest(root, newest.stage_dirs() if newest else {}, newest.path if newest else None)
+    for link in latest.iterdir():
+        if link.is_symlink() and not link.exists():
+            link.unlink()  # pointed at something just deleted
+    if not (latest / "report").exists():
+        (latest / "report.html").unlink(missing_ok=True)  # the page would open a deleted report
 
 
 REPORT_REDIRECT = """<!doctype html>

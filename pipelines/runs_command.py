@@ -27,6 +27,7 @@ from pipelines.run_history import (
     find_run,
     flow_runs,
     last_modified,
+    relink_latest,
     removal_plan,
     remove,
     stage_outputs,
@@ -278,10 +279,7 @@ def clean(root: Path, targets: list[str], incomplete: bool, yes: bool) -> str:
         )
     for p in plan:
         remove(p)
-    latest = root / LATEST
-    for link in latest.iterdir() if latest.is_dir() else []:
-        if link.is_symlink() and not link.exists():
-            link.unlink()  # pointed at something just deleted
+    relink_latest(root)
     return "\n".join(["deleted:", *lines, f"  {total} freed."])
 
 

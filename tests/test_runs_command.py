@@ -358,6 +358,31 @@ def test_clean_leaves_no_dangling_latest_links(root: Path) -> None:
     assert (latest / "tokenizer").is_dir()  # still used by first-run, and still linked
 
 
+def test_cleaning_the_newest_run_points_latest_at_the_newest_run_left(root: Path) -> None:
+    """`latest/` links to the newest flow run's outputs. Cleaning that run used to leave `latest/`
+    holding what survived of it (its shared outputs, no flow_run.json) and its `report.html`, a page
+    opening a deleted report; now `latest/` links the newest flow run left, and with none left, nothing."""
+    report = _stage(root, "report", "r2")
+    (report / "report.html").write_text("<p>second</p>")
+    second = next((root / "flow_runs").glob("*second-run.json"))
+    data = json.loads(second.read_text())
+    row = {"stage": "report", "key": "r2", "out_dir": str(report), "status": "ran", "seconds": 1.0}
+    second.write_text(json.dumps({**data, "stages": [*data["stages"], row]}))
+    dirs = {s: root / s / k for s, k in (("tokenizer", "t1"), ("pretrain", "p2"), ("finetune", "f2"))}
+    latest = update_latest(root, {**dirs, "report": report}, second)
+    assert (latest / "report.html").is_file()
+
+    assert cli(["runs", "clean", "second-run", "--run-dir", str(root), "--yes"]) == 0
+    first = next((root / "flow_runs").glob("*first-run.json"))
+    assert (latest / "flow_run.json").resolve() == first.resolve()
+    assert (latest / "pretrain").resolve() == (root / "pretrain" / "p1").resolve()
+    assert not (latest / "report.html").exists() and not (latest / "finetune").exists()
+    assert not [p.name for p in latest.iterdir() if p.is_symlink() and not p.exists()]
+
+    assert cli(["runs", "clean", "first-run", "--run-dir", str(root), "--yes"]) == 0
+    assert not list(latest.iterdir())
+
+
 def test_latest_links_follow_the_newest_flow_run(root: Path) -> None:
     (root / "pretrain" / "p2" / "model").mkdir()
     record = next((root / "flow_runs").glob("*second-run.json"))
