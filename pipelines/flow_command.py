@@ -132,11 +132,9 @@ def end_summary(summary: dict[str, Any]) -> str:
         lines.append(f"Report: {summary['report_html']}")
     root = Path(summary["run_dir"])
     if (root / "latest").is_dir():
-        from pipelines.runs_command import default_run_root
+        from pipelines.run_history import runs_cli
 
-        here = root.resolve() == default_run_root()
-        runs = "bertflow runs" if here else f"bertflow runs --run-dir {root}"
-        lines.append(f"Latest: {root / 'latest'}/  (`{runs}` lists past runs)")
+        lines.append(f"Latest: {root / 'latest'}/  (`{runs_cli(root)}` lists past runs)")
     if not all(found_complete(r["status"]) for r in stages):
         lines.append(
             f"W&B:    group {summary['wandb_group']} (offline runs: see the report for `wandb sync`)"

@@ -8,13 +8,14 @@ unsaid, next to the progress it left behind.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 from common.atomic import progress_state
 from common.errors import UserError
 from common.stage_output import newest_verified_step
-from pipelines.run_history import flow_runs
+from pipelines.run_history import flow_runs, runs_cli
 from pipelines.stage_keys import base_stage
 
 NOTED_STAGES = ("tokenizer", "preprocess", "pretrain")  # the ones that take long; later ones follow them
@@ -84,9 +85,9 @@ def changed_settings(
     return said
 
 
-def left_behind(old: Path) -> tuple[str, bool]:
-    """What the old output holds, said so that the user can get it back ('' when nothing), and
-    whether it is progress that only the old settings resume."""
+def left_behind(old: Path, root: Path) -> tuple[str, bool]:
+    """What the old output (in the run directory `root`) holds, said so that the user can get it
+    back ('' when nothing), and whether it is progress that only the old settings resume."""
     state = progress_state(old)
     if state == "complete":
         return (
@@ -98,7 +99,7 @@ def left_behind(old: Path) -> tuple[str, bool]:
         return "", False
     return (
         f"Its output under the old key, {old}, was {state} at step {step:,} and stays: only the old "
-        f"settings resume it (`bertflow runs clean {old} --yes` deletes it).",
+        f"settings resume it (`{runs_cli(root, f'clean {shlex.quote(str(old))} --yes')}` deletes it).",
         True,
     )
 
@@ -134,6 +135,6 @@ def key_change_note(
             f"{stage}: computes under a new key; since flow run {record.name} "
             f"({record.data.get('started_utc', '?')} UTC) of config {config_name!r}: {shown(changes)}."
         )
-        kept, lost = left_behind(old)
+        kept, lost = left_behind(old, root)
         return f"{said} {kept}".strip(), lost
     return "", False

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 from common.atomic import atomic_write_json
-from pipelines.run_history import FlowRunRecord, flow_runs
+from pipelines.run_history import FlowRunRecord, flow_runs, runs_cli
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
@@ -94,7 +94,7 @@ def _crashed(run: FlowRunRecord, rerun: str) -> State:
     return Crashed(
         message=f"bertflow: the process of this flow run (pid {writer.get('pid')} on {writer.get('host')}) "
         f"is gone: it was killed. Flow run {rerun} of the same run directory started after it; "
-        f"`bertflow runs show {run.name}` says what it left."
+        f"`{runs_cli(run.run_dir, 'show ' + run.name)}` says what it left."
     )
 
 
@@ -103,7 +103,8 @@ def _cancelled(run: FlowRunRecord) -> State:
 
     return Cancelled(
         message=f"bertflow: stopped on request ({run.data.get('stopped_by', 'SIGTERM or Ctrl-C')}); "
-        f"rerun the same command to go on from there. `bertflow runs show {run.name}` says what it left."
+        f"rerun the same command to go on from there. `{runs_cli(run.run_dir, 'show ' + run.name)}` "
+        "says what it left."
     )
 
 

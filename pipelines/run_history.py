@@ -83,9 +83,31 @@ class FlowRunRecord:
         recorded = [r for r in self.data.get("stages", []) if r.get("stage") != "finetune-units"]
         return {**dirs, **{r["stage"]: self.local(r["out_dir"]) for r in recorded}}
 
+    @property
+    def run_dir(self) -> Path:
+        """The run directory that holds this record (`run_dir/flow_runs/<record>.json`)."""
+        return self.path.parent.parent
+
     def local(self, recorded: str) -> Path:
         """A recorded output in the run directory that holds this record (`in_run_dir`)."""
-        return in_run_dir(self.path.parent.parent, recorded)
+        return in_run_dir(self.run_dir, recorded)
+
+
+def default_run_root() -> Path:
+    """Where `bertflow runs` looks without --run-dir or a config: the default `run_dir`, here."""
+    from pipelines.config import PipelineConfig
+
+    return Path(PipelineConfig.model_fields["run_dir"].default).resolve()
+
+
+def runs_cli(root: Path, words: str = "") -> str:
+    """The `bertflow runs WORDS` command that looks at `root` when typed here, for a hint: with
+    `--run-dir ROOT` unless `root` is the default run directory (without it, the hint of a run
+    directory given by --run-dir or a config's run_dir would list ./runs)."""
+    import shlex
+
+    cmd = f"bertflow runs {words}".rstrip()
+    return cmd if Path(root).resolve() == default_run_root() else f"{cmd} --run-dir {shlex.quote(str(root))}"
 
 
 def in_run_dir(root: Path, recorded: str) -> Path:
@@ -174,7 +196,7 @@ def find_run(runs: list[FlowRunRecord], name: str | None) -> FlowRunRecord:
 
         raise UserError(
             f"no flow run named {name!r}{did_you_mean(name, [r.name for r in runs])}.",
-            fix="`bertflow runs` lists them.",
+            fix=f"`{runs_cli(runs[0].run_dir)}` lists them.",
         )
     return match[0]
 
@@ -186,7 +208,7 @@ def _stage_output(root: Path, path: Path) -> Path:
         raise UserError(
             f"{path} is not a stage output of {root} (those are {root}/<stage>/<key> and "
             f"{root}/finetune/units/<unit>); nothing deleted.",
-            fix="`bertflow runs stages` lists them.",
+            fix=f"`{runs_cli(root, 'stages')}` lists them.",
         )
     return p
 

@@ -23,6 +23,7 @@ from finetuning.scorecard import signed_points
 from pipelines.run_history import (
     LATEST,
     FlowRunRecord,
+    default_run_root,
     dir_size,
     find_run,
     flow_runs,
@@ -30,6 +31,7 @@ from pipelines.run_history import (
     relink_latest,
     removal_plan,
     remove,
+    runs_cli,
     stage_outputs,
 )
 
@@ -67,13 +69,6 @@ def _root(args: argparse.Namespace) -> Path:
 
         return _existing_run_dir(run_root(load_config(args.config)), "run_dir", missing_ok=True)
     return _existing_run_dir(default_run_root(), "the run directory", missing_ok=True)
-
-
-def default_run_root() -> Path:
-    """Where `bertflow runs` looks without --run-dir or a config: the default `run_dir`, here."""
-    from pipelines.config import PipelineConfig
-
-    return Path(PipelineConfig.model_fields["run_dir"].default).resolve()
 
 
 def _existing_run_dir(root: Path, key: str, missing_ok: bool = False) -> Path:
@@ -194,7 +189,7 @@ def list_runs(root: Path) -> str:
     return (
         f"{root}\n"
         + _table(header, rows)
-        + f"\n\nnewest outputs: {root / LATEST}/ (`bertflow runs show` for one run)"
+        + f"\n\nnewest outputs: {root / LATEST}/ (`{runs_cli(root, 'show')}` for one run)"
     )
 
 

@@ -45,7 +45,7 @@ def test_a_changed_setting_is_named_with_what_the_old_key_keeps(tmp_path: Path) 
         + time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))
         + " UTC) of config 'default': pretrain.lr 0.001 -> 0.0005. Its output under the old key, "
         f"{old}, was interrupted at step 40 and stays: only the old settings resume it (`bertflow "
-        f"runs clean {old} --yes` deletes it)."
+        f"runs clean {old} --yes --run-dir {tmp_path}` deletes it)."
     )
     # a phase that inherits the setting from the main section says so
     note, _ = key_change_note(tmp_path, cfg.name, "pretrain", now, inputs, phase_own={"max_steps"})

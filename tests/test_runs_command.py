@@ -433,3 +433,26 @@ def test_clean_deletes_a_runs_own_finetuning_units_and_keeps_shared_ones(tmp_pat
     assert cli(["runs", "clean", "first-run", "--run-dir", str(root), "--yes"]) == 0
     assert not own.exists() and not fin1.exists()
     assert (shared / MARKER_NAME).is_file() and (fin2 / MARKER_NAME).is_file()
+
+
+def _followed(hint: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """The output of the `bertflow runs ...` command quoted in `hint`, run as printed."""
+    import shlex
+
+    command = re.search(r"`(bertflow runs[^`]*)`", hint)
+    assert command, hint
+    assert cli(shlex.split(command.group(1))[1:]) == 0
+    return capsys.readouterr().out
+
+
+def test_hints_followed_as_printed_look_at_the_same_run_directory(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The hints of `runs show nosuch`, `runs clean /nonexist` and the list's footer said `bertflow
+    runs ...` without the --run-dir given: followed, they listed ./runs ("no flow runs yet")."""
+    assert cli(["runs", "show", "nosuch", "--run-dir", str(root)]) == 2
+    assert "second-run" in _followed(capsys.readouterr().err, capsys)
+    assert cli(["runs", "clean", "/nonexist", "--run-dir", str(root)]) == 2
+    assert "second-run, first-run" in _followed(capsys.readouterr().err, capsys)  # runs stages
+    assert cli(["runs", "--run-dir", str(root)]) == 0
+    assert _followed(capsys.readouterr().out, capsys).startswith("flow run second-run: completed")
