@@ -194,8 +194,6 @@ def list_runs(root: Path) -> str:
 
 
 def show_run(root: Path, name: str | None) -> str:
-    from common.atomic import progress_state
-
     runs = flow_runs(root)
     run = find_run(runs, name)
     d = run.data
@@ -210,17 +208,13 @@ def show_run(root: Path, name: str | None) -> str:
     rows = []
     for r in d.get("stages", []):
         out = run.local(r["out_dir"])
-        now = progress_state(out) if r.get("stage") != "finetune-units" and out.exists() else (
-            "present" if out.exists() else "deleted")  # fmt: skip
         ended = r["status"] == "running" and run.status != "running"  # the stage its run was in as it ended
         rows.append(
             [
                 r["stage"],
                 ("stopped" if r.get("stopped") else "interrupted") if ended else r["status"],
                 _stage_time(run, r, runs),
-                now,
-                byte_size(dir_size(out)) if out.exists() else "—",
-                str(out),
+                *(_units_cells(run, out) if r.get("stage") == "finetune-units" else _output_cells(out)),
             ]
         )
     lines.append(_table(["stage", "status", "time", "now", "size", "output"], rows))
@@ -237,6 +231,31 @@ def show_run(root: Path, name: str | None) -> str:
         ]
     lines.append(f"report: {_report(run)}")
     return "\n".join(lines)
+
+
+def _output_cells(out: Path) -> list[str]:
+    """now, size, output of a stage output."""
+    from common.atomic import progress_state
+
+    if not out.exists():
+        return ["deleted", "—", str(out)]
+    return [progress_state(out), byte_size(dir_size(out)), str(out)]
+
+
+def _units_cells(run: FlowRunRecord, units_dir: Path) -> list[str]:
+    """now, size, output of the `finetune-units` row: the unit folders this flow run used (its
+    record's `units`), not all of `units_dir`, which holds every flow run's units. A record
+    without them (written before they were recorded) gets the whole folder, said so."""
+    if not (recorded := run.data.get("units")):
+        size = byte_size(dir_size(units_dir)) if units_dir.exists() else "—"
+        return ["present" if units_dir.exists() else "deleted", size, f"{units_dir} (all flow runs' units)"]
+    units = [run.local(u) for u in recorded]
+    left = [u for u in units if u.exists()]
+    now = f"{len(left)} of {len(units)} present" if 0 < len(left) < len(units) else "present"
+    if not left:
+        now = "deleted"
+    size = byte_size(sum(dir_size(u) for u in left)) if left else "—"
+    return [now, size, f"{units_dir} ({len(units)} units)"]
 
 
 def list_stages(root: Path) -> str:

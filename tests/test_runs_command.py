@@ -16,11 +16,12 @@ import pytest
 
 from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, mark_in_progress, progress_state, write_marker
 from common.dir_lock import exclusive_dir, lock_file_of
+from common.disk_space import byte_size
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
 from pipelines.cli import main as cli
 from pipelines.flow_run import clear
-from pipelines.run_history import update_latest
+from pipelines.run_history import dir_size, update_latest
 
 
 def _stage(root: Path, stage: str, key: str, complete: bool = True) -> Path:
@@ -456,3 +457,26 @@ def test_hints_followed_as_printed_look_at_the_same_run_directory(
     assert "second-run, first-run" in _followed(capsys.readouterr().err, capsys)  # runs stages
     assert cli(["runs", "--run-dir", str(root)]) == 0
     assert _followed(capsys.readouterr().out, capsys).startswith("flow run second-run: completed")
+
+
+def test_show_sizes_the_units_the_run_used_not_the_whole_units_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`runs show` gave `finetune-units` the size of all of `finetune/units/` (1.1 MiB for a run of
+    2 units beside another run's 28): now the size of this run's units, how many are left."""
+    root = tmp_path / "runs"
+    mine = [_stage(root, "finetune/units", f"rte-s{i}-aaaa") for i in (1, 2)]
+    other = _stage(root, "finetune/units", "sst2-s1-bbbb")
+    (other / "model.bin").write_bytes(b"x" * 100_000)
+    record = _record(
+        root, "small-run", "2026-01-01 10:00:00", {"finetune-units": root / "finetune" / "units"}
+    )
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "units": [str(u) for u in mine]}))
+    assert cli(["runs", "show", "--run-dir", str(root)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("finetune-units"))
+    assert f"{byte_size(dir_size(mine[0]) + dir_size(mine[1]))} " in row and "(2 units)" in row, row
+    shutil.rmtree(mine[0])
+    assert cli(["runs", "show", "--run-dir", str(root)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("finetune-units"))
+    assert "1 of 2 present" in row, row
