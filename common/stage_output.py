@@ -72,14 +72,43 @@ def model_dir_hint(directory: str | os.PathLike) -> str:
     return ""
 
 
+def overlap(out: Path, source: Path) -> str | None:
+    """How the folder `out` overlaps `source` (both resolved): "is" it, "lies inside" it, or "holds"
+    it; None when they are apart."""
+    if out == source:
+        return "is"
+    if source in out.parents:
+        return "lies inside"
+    return "holds" if out in source.parents else None
+
+
+def refuse_overlapping_output(out_dir: Path, inputs: dict[str, Path | None], command: str) -> None:
+    """A model command's OUT_DIR apart from what it reads (`inputs`: what → path; None skipped),
+    before any work: one inside an input wrote into the source's folder, and one holding an input
+    is replaced as a whole (`publish_model_dir`), the input with it."""
+    out = Path(out_dir).expanduser().resolve()
+    for what, path in inputs.items():
+        source = Path(path).expanduser().resolve() if path is not None else None
+        if source is None or (where := overlap(out, source)) is None:
+            continue
+        harm = {
+            "is": f"would write over the {what} it reads",
+            "lies inside": f"would write into the {what}'s folder",
+            "holds": f"would replace {out} as a whole, and the {what} in it with it",
+        }[where]
+        raise UserError(
+            f"the {command} output {out} {where} the {what} {source}; {command} {harm}.",
+            fix=f"give {command} an OUT_DIR apart from {source} (neither it, nor inside it, nor holding it).",
+        )
+
+
 def check_own_output(out_dir: str | os.PathLike, stage: str, inputs: dict[str, str | os.PathLike]) -> None:
     """Refuse an output directory that is one of the stage's inputs (or lies inside one), a model
     folder, or holds another stage's output: writing there would mix files into it or remove it."""
     out = Path(out_dir).expanduser().resolve()
     for what, path in inputs.items():
         source = Path(path).expanduser().resolve()
-        if out == source or source in out.parents:
-            where = "is" if out == source else "lies inside"
+        if (where := overlap(out, source)) in ("is", "lies inside"):
             raise UserError(
                 f"the {stage} output {out} {where} the {what} directory {source}; {stage} would write "
                 f"its files into (and clear parts of) the {what}.",

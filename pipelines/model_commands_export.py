@@ -17,6 +17,7 @@ from pathlib import Path
 from common.atomic import read_marker
 from common.console import warning_line
 from common.errors import UserError
+from common.stage_output import refuse_overlapping_output
 from model.heads import BertForPreTraining, count_parameters
 from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
 from model.model_card import CardFacts
@@ -138,6 +139,9 @@ def main(args: argparse.Namespace) -> int:
     # links to (its card and steps), and the export names that output, not a link the next run moves
     args.ckpt = args.ckpt.resolve()
     refuse_own_model_dir(args.ckpt, args.out_dir)
+    refuse_overlapping_output(
+        args.out_dir, {"checkpoint": args.ckpt, "tokenizer": args.tokenizer}, "export-hf"
+    )
     resolved = resolve_model(args.ckpt)
     own = _fitting_own_tokenizer(args, resolved)
     if args.tokenizer is not None and own is not None:

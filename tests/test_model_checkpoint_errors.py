@@ -369,8 +369,9 @@ def test_a_pretraining_output_is_not_exported_onto_its_own_model(good, tmp_path,
 
 def test_cli_subprocess_prints_one_paragraph_and_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    (tmp_path / "empty").mkdir()  # no config.json
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "import-hf", str(tmp_path), str(tmp_path / "o")],
+        [sys.executable, "-m", "pipelines.cli", "import-hf", str(tmp_path / "empty"), str(tmp_path / "o")],
         capture_output=True,
         text=True,
         env=env,
@@ -470,3 +471,38 @@ def test_export_of_a_fine_tuned_model_names_the_task_head_it_leaves_out(good, tm
     out = capsys.readouterr().out
     assert "warning: left out of the export" in out and "classifier.bias, classifier.weight" in out, out
     assert f"(BertForSequenceClassification), load {tuned} itself with transformers" in out, out
+
+
+def _tree(d: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("command", ["import-hf", "export-hf"])
+def test_an_output_inside_or_holding_its_input_is_refused_before_any_work(good, tmp_path, capsys, command):
+    """`import-hf SRC SRC/sub` (and export-hf) wrote a model into the source checkpoint's folder;
+    an OUT_DIR holding the source (a finished model directory) is replaced as a whole, the source
+    with it. Both are refused naming both paths, and nothing is written."""
+    vocab = SPECIALS + "".join(f"w{i}\n" for i in range(59))  # the 64 rows of `good`
+    src = copy_dir(good, tmp_path / "src")
+    (src / "vocab.txt").write_text(vocab)  # export-hf needs a tokenizer
+    before = _tree(src)
+    for out in (src / "sub", src):
+        if command == "export-hf" and out == src:
+            continue  # export-hf's own message for its checkpoint itself (refuse_own_model_dir)
+        where = "is" if out == src else "lies inside"
+        expect_cli_error(
+            [command, str(src), str(out)], capsys, f"output {out} {where} the", str(src), "OUT_DIR"
+        )
+        assert _tree(src) == before and not (src / "sub").exists()
+    holder = tmp_path / "holder"
+    assert cli(["import-hf", str(good), str(holder)]) == 0  # a finished model directory
+    inner = copy_dir(src, holder / "src")
+    expect_cli_error([command, str(inner), str(holder)], capsys, f"output {holder} holds the", str(inner))
+    assert inner.is_dir() and _tree(inner) == before
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "vocab.txt").write_text(vocab)
+    expect_cli_error(
+        [command, str(good), str(tok / "model"), "--tokenizer", str(tok)], capsys, "the tokenizer", str(tok)
+    )
+    assert sorted(p.name for p in tok.iterdir()) == ["vocab.txt"]
