@@ -244,6 +244,15 @@ def finetune_command(model_dir: Path) -> str:
     return f"bertflow finetune --checkpoint {shlex.quote(str(model_dir))} --tasks sst2,mrpc --output {shlex.quote(f'finetune-{name}')}"
 
 
+def _heads_note(f: CardFacts) -> str:
+    """What AutoModel leaves out of the directory: nothing when it holds the encoder only."""
+    return (
+        ": the encoder, all this directory holds"
+        if f.encoder_only
+        else ": the pretraining heads are not loaded"
+    )
+
+
 def _usage(f: CardFacts, model_dir: Path) -> list[str]:
     path = str(model_dir)
     fill = [
@@ -259,7 +268,7 @@ def _usage(f: CardFacts, model_dir: Path) -> list[str]:
         *(fill if f.mlm_head_trained else ["from transformers import AutoModel, AutoTokenizer"]),
         "",
         f'tokenizer = AutoTokenizer.from_pretrained("{path}")',
-        f'encoder = AutoModel.from_pretrained("{path}")  # BertModel: the pretraining heads are not loaded',
+        f'encoder = AutoModel.from_pretrained("{path}")  # BertModel{_heads_note(f)}',
         "```",
         "",
     ]

@@ -24,7 +24,7 @@ from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker, sha256_file, wri
 from common.errors import UserError
 from common.jsonfile import read_json_object
 from model.heads import BertForPreTraining
-from model.hf_io import load_checkpoint, write_hf_dir
+from model.hf_io import load_checkpoint, saved_parameter_count, write_hf_dir
 from model.model_card import CardFacts, write_model_card
 
 
@@ -83,8 +83,8 @@ def publish_model_dir(
     try:
         model_max_length = card.model_max_length if card else None
         write_hf_dir(model, tmp, tokenizer_dir, encoder_only=encoder_only, model_max_length=model_max_length)
-        facts = card or basic_card(model, tmp, info or {})
-        write_model_card(tmp, dataclasses.replace(facts, encoder_only=encoder_only), final_dir=out)
+        facts = described_as_written(card or basic_card(model, tmp, info or {}), tmp, encoder_only)
+        write_model_card(tmp, facts, final_dir=out)
         reloaded = load_checkpoint(tmp).model.state_dict()
         for name, tensor in model.state_dict().items():
             if encoder_only and not name.startswith("bert."):
@@ -92,6 +92,8 @@ def publish_model_dir(
             if not torch.equal(reloaded[name], tensor.detach().cpu()):
                 raise RuntimeError(f"written {tmp / 'model.safetensors'} differs from the model at {name}")
         payload = {"model.safetensors": sha256_file(tmp / "model.safetensors"), **(info or {})}
+        if isinstance(payload.get("fresh"), list):  # those the directory holds (encoder-only: no heads)
+            payload["fresh"] = held_weights(payload["fresh"], encoder_only)
         write_marker(tmp, payload)
         _make_readable(tmp)
         if out.exists():
@@ -105,6 +107,22 @@ def publish_model_dir(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def described_as_written(facts: CardFacts, model_dir: Path, encoder_only: bool) -> CardFacts:
+    """The card facts of the directory as written: its saved parameters (an encoder-only export
+    holds no pretraining heads, so their weights are neither counted nor listed as untrained)."""
+    return dataclasses.replace(
+        facts,
+        encoder_only=encoder_only,
+        parameters=saved_parameter_count(model_dir),
+        fresh_weights=held_weights(facts.fresh_weights, encoder_only),
+    )
+
+
+def held_weights(names: list[str], encoder_only: bool) -> list[str]:
+    """Those of the weights `names` that a directory written with(out) `encoder_only` holds."""
+    return [name for name in names if not encoder_only or name.startswith("bert.")]
 
 
 def replaced_model_note(previous: dict[str, Any] | None, out: Path) -> str | None:

@@ -18,7 +18,7 @@ from common.atomic import read_marker
 from common.console import warning_line
 from common.errors import UserError
 from common.stage_output import refuse_overlapping_output
-from model.heads import BertForPreTraining, count_parameters
+from model.heads import BertForPreTraining
 from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
 from model.model_card import CardFacts
 from model.model_dir import publish_model_dir, replaced_model_note
@@ -152,9 +152,7 @@ def main(args: argparse.Namespace) -> int:
             f"{args.ckpt} has no tokenizer (vocab.txt or tokenizer.json); a Hugging Face directory needs one.",
             fix="pass --tokenizer DIR, e.g. the tokenizer stage's output directory.",
         )
-    card = pretraining_card_of(args.ckpt, resolved.tag)
-    if card is not None and card.parameters is None:  # a run under way: no model/ to count yet
-        card.parameters = count_parameters(resolved.model)
+    card = pretraining_card_of(args.ckpt, resolved.tag)  # its parameters: those written (publish_model_dir)
     previous = read_marker(args.out_dir)
     out = publish_model_dir(
         resolved.model,

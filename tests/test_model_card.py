@@ -343,3 +343,26 @@ def test_export_of_latest_model_carries_the_pretraining_runs_card(
     assert "(300 steps, bertflow)" in card and "Measured at step 300" in card
     assert f"- pretraining output: `{dirs['pretrain']}`" in card and "runs/latest" not in card
     assert json.loads((tmp_path / "hf" / "_COMPLETE.json").read_text())["pretraining_steps"] == [300]
+
+
+def test_an_encoder_only_card_describes_the_directory_it_sits_in(tmp_path: Path) -> None:
+    """`export-hf --encoder-only` drops the pretraining heads: its card counted them (1.6M parameters
+    for 1.5M saved; MiniLM 22.9M for 22.7M), listed an import's fresh `cls.*` heads as "Not trained"
+    and said AutoModel does not load the heads the directory does not have."""
+    from model.config import BertConfig
+    from model.heads import BertForPreTraining, count_parameters
+    from model.hf_io import saved_parameter_count
+    from model.model_dir import publish_model_dir
+
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=8192))
+    fresh = ["bert.pooler.dense.weight", "cls.predictions.bias", "cls.seq_relationship.weight"]
+    info = {"source": "somewhere", "command": "export-hf", "fresh": fresh}
+    for name, card in (("pretrained", _facts(5.0, True)), ("imported", None)):
+        out = publish_model_dir(model, tmp_path / name, None, info=info, encoder_only=True, card=card)
+        text = (out / "README.md").read_text()
+        saved = saved_parameter_count(out)
+        assert saved is not None and f"{saved / 1e6:.1f}M" != f"{count_parameters(model) / 1e6:.1f}M"
+        assert f"{saved / 1e6:.1f}M parameters" in text, text
+        assert "cls." not in text and "pretraining heads are not loaded" not in text, text
+        assert json.loads((out / "_COMPLETE.json").read_text())["fresh"] == ["bert.pooler.dense.weight"]
+    assert "`bert.pooler.dense.weight`" in text  # the import's fresh weights the directory holds
