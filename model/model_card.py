@@ -62,7 +62,8 @@ class EvalFacts:
     metrics: dict[str, float]  # val_mlm_acc, val_mlm_loss, val_nsp_acc, ...
     baselines: dict[str, float]  # most_frequent_token_acc, unigram_entropy, nsp_majority_acc
     beats_unigram: bool
-    examples: int | None = None
+    examples: int | None = None  # the split's first ones (pretrain.eval_batches global batches)
+    split_examples: int | None = None  # in the whole validation split (what `bertflow evaluate` reads)
     nsp_at_chance: bool | None = None  # NSP accuracy within noise of the majority label (finetuning.chance)
 
     @property
@@ -146,10 +147,9 @@ def steps_text(steps: list[int]) -> str:
 def quality_lines(e: EvalFacts) -> list[str]:
     """The held-out figures next to the context-free baselines, and what they mean (markdown)."""
     m, b = e.metrics, e.baselines
-    on = f"{e.examples:,} held-out examples" if e.examples else "the held-out validation shards"
     lines = [
-        f"Measured at step {e.step:,} on {on} (documents never trained on), next to what a model that "
-        "ignores the context scores on the same examples:",
+        f"Measured at step {e.step:,} on {_held_out(e)} (documents never trained on), next to what a "
+        "model that ignores the context scores on the same examples:",
         "",
         "| | this model | without context |",
         "|---|---:|---:|",
@@ -167,7 +167,28 @@ def quality_lines(e: EvalFacts) -> list[str]:
             f"| next-sentence accuracy | {_pct(m['val_nsp_acc'])}{chance} | "
             f"{_pct(b.get('nsp_majority_acc'))} (majority label) |"
         )
+    if e.examples and e.split_examples and e.examples < e.split_examples:
+        lines += [
+            "",
+            f"`bertflow evaluate` reads all {e.split_examples:,} held-out examples; with `--max-examples "
+            f"{e.examples}` it measures these {e.examples:,}.",
+        ]
     return [*lines, "", verdict(e), ""]
+
+
+def _held_out(e: EvalFacts) -> str:
+    """Which held-out examples the figures are of: the validation split's first `examples`
+    (`pretrain.eval_batches` global batches), of `split_examples` in all."""
+    if not e.examples:
+        return "the held-out validation shards"
+    if not e.split_examples:
+        return f"{e.examples:,} held-out examples"
+    if e.examples >= e.split_examples:
+        return f"all {e.split_examples:,} held-out examples"
+    return (
+        f"the first {e.examples:,} (`pretrain.eval_batches` global batches) of the "
+        f"{e.split_examples:,} held-out examples"
+    )
 
 
 def verdict(e: EvalFacts) -> str:

@@ -33,7 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--shards", type=Path, required=True, help="shard directory written by `bertflow preprocess`"
     )
     p.add_argument("--split", default="validation", help="train or validation (default: validation)")
-    p.add_argument("--max-examples", type=int, default=None, help="evaluate only the first N examples")
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        default=None,
+        help="evaluate only the first N examples (a pretraining's held-out figures, in its model card, "
+        "are those of the first N it names)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="examples per forward pass")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
 
@@ -75,7 +81,8 @@ def evaluate_checkpoint(
         "checkpoint_kind": resolved.kind,
         "shards": str(shards),
         "split": split,
-        "examples": n,
+        "examples": n,  # the split's first n
+        "split_examples": len(store),
         "masked_tokens": int(sums.mlm_count),
         "metrics": metrics,
         "baselines": reference,
@@ -178,7 +185,7 @@ def format_result(r: dict[str, Any]) -> str:
     m, b = r["metrics"], r["baselines"]
     lines = [
         f"{r['checkpoint']}{f' ({kind})' if (kind := r.get('checkpoint_kind')) else ''} on {r['shards']} "
-        f"({r['split']}, {r['examples']:,} examples, "
+        f"({r['split']}, {_which_examples(r)}, "
         f"{r['masked_tokens']:,} masked tokens):",
         f"  masked LM   accuracy {m['val_mlm_acc']:.4f}   loss {m['val_mlm_loss']:.4f} nats",
         f"  next sent.  accuracy {m['val_nsp_acc']:.4f}   loss {m['val_nsp_loss']:.4f} nats"
@@ -201,6 +208,14 @@ def format_result(r: dict[str, Any]) -> str:
             "predicting token frequencies without context (chance level)."
         )
     return "\n".join(lines)
+
+
+def _which_examples(r: dict[str, Any]) -> str:
+    """'all 167 examples', or 'the first 128 of 167 examples' (`--max-examples`)."""
+    n, total = r["examples"], r.get("split_examples")
+    if total is None:
+        return f"{n:,} examples"
+    return f"all {total:,} examples" if n >= total else f"the first {n:,} of {total:,} examples"
 
 
 def _finite_or_null(value: Any) -> Any:

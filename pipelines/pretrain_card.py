@@ -114,6 +114,7 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
         baselines=baselines.as_dict(),
         beats_unigram=beats_unigram(metrics, baselines),
         examples=n or None,
+        split_examples=len(store),
         nsp_at_chance=nsp_at_chance(metrics, baselines.as_dict(), n),
     )
 

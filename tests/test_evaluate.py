@@ -153,6 +153,20 @@ def test_max_examples_limits_the_figures_and_the_baselines(shards_and_tokenizer,
     assert result["baselines"] != mlm_baselines(store, counts).as_dict()  # those of all examples differ
 
 
+def test_the_output_says_which_of_the_splits_examples_it_measured(shards_and_tokenizer, model_dir):
+    """A pretraining's card measures the split's first examples (pretrain.eval_batches), evaluate the
+    whole split: each says how many of how many, so two held-out losses of one model compare."""
+    from pipelines.evaluate_command import format_result
+
+    shards, _ = shards_and_tokenizer
+    total = len(load_split(shards, "validation"))
+    part = evaluate_checkpoint(model_dir, shards, max_examples=5)
+    assert part["split_examples"] == total > 5
+    assert f"(validation, the first 5 of {total:,} examples, " in format_result(part)
+    whole = evaluate_checkpoint(model_dir, shards)
+    assert f"(validation, all {total:,} examples, " in format_result(whole)
+
+
 def test_a_checkpoint_without_an_nsp_head_reports_no_nsp_figures(shards_and_tokenizer, tmp_path):
     """A Hugging Face BertForMaskedLM has no next-sentence layer: the one loaded in its place is
     random, so its accuracy is not a figure of the checkpoint and is left out."""
@@ -507,6 +521,6 @@ def test_evaluating_a_deepspeed_checkpoint_keeps_deepspeeds_lines_off_the_consol
     for noise in ("accelerator", "[WARNING]", "[INFO]", "Loading checkpoint shards"):
         assert noise not in console, console
     assert res.stdout.startswith(
-        f"{run} (DeepSpeed checkpoint global_step1) on {shards} (validation, 8 examples"
+        f"{run} (DeepSpeed checkpoint global_step1) on {shards} (validation, the first 8 of "
     )
     assert "NOTE: the checkpoint has no vocab.txt or tokenizer.json" in res.stdout  # the command's own

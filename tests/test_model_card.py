@@ -207,7 +207,10 @@ def test_pretraining_card_reads_the_runs_facts(tmp_path: Path, minilm_dir: Path,
     assert "300 optimizer steps × 64 sequences = 19,200 sequences, about 969,600 tokens" in text
     assert "precision bf16; DeepSpeed ZeRO stage 2 on 2 process(es)" in text
     assert "20% of tokens masked" in text
-    assert "Measured at step 300 on 16 held-out examples" in text
+    total = facts.evaluation.split_examples
+    assert total is not None and total > 16
+    assert f"on the first 16 (`pretrain.eval_batches` global batches) of the {total:,} held-out" in text
+    assert f"`bertflow evaluate` reads all {total:,} held-out examples; with `--max-examples 16`" in text
 
 
 def test_card_of_a_continued_pretraining_names_the_model_it_started_from(
@@ -265,7 +268,7 @@ def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
 
     at_200 = (tmp_path / "hf200" / "README.md").read_text()
     assert "(200 steps, bertflow)" in at_200 and "for 200 steps (12,800 sequences" in at_200
-    assert "Measured at step 200 on 16 held-out examples" in at_200
+    assert "Measured at step 200 on the first 16 (`pretrain.eval_batches` global batches) of the " in at_200
     assert "200 optimizer steps × 64 sequences" in at_200 and "## Data" in at_200
     assert "- checkpoint: `global_step200` (step 200 of the run)" in at_200
     # the export's marker keeps the steps, so a scorecard names it as the model bertflow pretrained
