@@ -7,7 +7,8 @@ where the key (`common.fingerprint`) covers everything that determines its resul
 task, lr and seed, the fine-tuning settings, the task definition and its data, the checkpoint
 and the tokenizer, each by content, not by place. So a finished unit is found again by any plan
 that needs it (adding a task, an lr or a seed; a flow run after `bertflow finetune CONFIG`; the
-checkpoint's run directory moved or copied: its result then names the checkpoint where it is now),
+checkpoint's run directory moved or copied: the result it gives the scorecard then names the
+checkpoint where it is now, `as_job_result`; its stored result.json keeps the path it was trained from),
 and a changed setting or a model retrained in place never reuses a stale result. Random init of a
 model directory's shape (random:DIR) takes DIR's architecture only, so its units also carry a `random_init_key` without DIR's path and
 weights: `reuse_random_init_units` copies such a unit's result from an earlier pretraining run's
