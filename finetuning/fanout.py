@@ -112,13 +112,26 @@ def plan(
             if units_dir.is_dir() and not (units_dir / f"{slug}-{key}").exists():
                 older = (unit_key(cfg, unit, checkpoint, tokenizer, data_root, s) for s in KEY_SCHEMES[1:])
                 key = next((k for k in older if (units_dir / f"{slug}-{k}").is_dir()), key)
+            out_dir = units_dir / f"{slug}-{key}"
+            if not out_dir.exists() and not is_random(checkpoint):  # random:DIR: reuse_random_init_units
+                out_dir = _finished_under_another_label(units_dir, unit, key) or out_dir
             shared = random_init_key(cfg, unit, checkpoint, tokenizer, data_root)
-            jobs.append(Job(unit, checkpoint, label, tokenizer, units_dir / f"{slug}-{key}", key, shared))
+            jobs.append(Job(unit, checkpoint, label, tokenizer, out_dir, key, shared))
     return jobs
 
 
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _finished_under_another_label(units_dir: Path, unit: FinetuneUnit, key: str) -> Path | None:
+    """A finished directory of `unit` under `key` named after another checkpoint label: the key
+    holds the model's content, not its name, so a model copied or moved to a folder of another
+    name (`--checkpoint COPY`) finds the units trained from the original."""
+    if not units_dir.is_dir():
+        return None
+    found = sorted(units_dir.glob(f"{_slug(unit.name)}__*-{key}"))
+    return next((d for d in found if read_marker(d) is not None), None)
 
 
 def reuse_random_init_units(jobs: list[Job]) -> int:

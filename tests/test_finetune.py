@@ -331,6 +331,14 @@ def test_a_moved_run_finds_its_units_and_its_scorecard_names_the_new_path(tmp_pa
     same_dir = dataclasses.replace(again[0], out_dir=jobs[0].out_dir)
     assert _cache_key(None, {"job": same_dir}) != _cache_key(None, {"job": jobs[0]})
 
+    # the same model copied under another folder name (`--checkpoint COPY`, same --output): its
+    # label, in the unit directories' names, is new, its units are those finished above
+    copy = Path(shutil.copytree(moved, tmp_path / "my-model"))
+    [renamed] = plan(cfg, [str(copy)], tmp_path / "elsewhere" / "finetune")
+    assert (renamed.label, renamed.out_dir) == ("my-model", again[0].out_dir)
+    result = run_finetune_unit(cfg, renamed)  # found finished, not retrained
+    assert (result["checkpoint"], result["checkpoint_label"]) == (str(copy), "my-model")
+
 
 def test_a_model_retrained_in_place_gets_new_unit_keys_a_touched_one_does_not(tmp_path, minilm_dir):
     cfg = FinetuneConfig(tasks=["sst2", "rte"])
