@@ -21,6 +21,7 @@ from common.textfile import read_user_text
 from common.yamlfile import read_user_yaml
 
 BUILTIN_TASKS_FILE = Path(__file__).with_name("tasks.yaml")
+TASK_CONFIG = "--task-config / finetune.task_config"  # the flag of `bertflow finetune`, the key of a config
 METRICS_BY_KIND = {
     "classification": {"accuracy", "f1", "mcc"},
     "regression": {"pearson", "spearman"},
@@ -133,8 +134,7 @@ def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
         raise UserError(
             f"task config {path} defines no task (it is empty or only comments); the built-in "
             "definitions would run in place of yours.",
-            fix="define your tasks in it (finetuning/tasks.yaml shows the schema), or drop "
-            "--task-config / finetune.task_config.",
+            fix=f"define your tasks in it (finetuning/tasks.yaml shows the schema), or drop {TASK_CONFIG}.",
         )
     if not isinstance(raw, dict):
         raise UserError(
@@ -176,7 +176,13 @@ def load_task_specs(task_config: str | None = None) -> dict[str, TaskSpec]:
     specs = dict(_task_file(BUILTIN_TASKS_FILE, "builtin"))
     if task_config:
         path = Path(task_config).expanduser()
-        check_input_file(path, "task config", fix="pass an existing YAML file to --task-config.")
+        where = "" if path.is_absolute() else f" (relative to the current directory, {Path.cwd()})"
+        check_input_file(
+            path,
+            "task config",
+            fix=f"pass an existing YAML file to {TASK_CONFIG}.",
+            missing=f"task config {path} does not exist{where}.",
+        )
         specs.update(_task_file(path, str(path)))
     return specs
 
@@ -198,7 +204,7 @@ def get_task(name: str, task_config: str | None = None) -> TaskSpec:
     if name not in specs:
         raise UserError(
             f"unknown task {name!r}.",
-            fix=f"use one of {', '.join(sorted(specs))} or add it with --task-config.",
+            fix=f"use one of {', '.join(sorted(specs))} or add it with {TASK_CONFIG}.",
         )
     return specs[name]
 

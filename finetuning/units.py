@@ -40,7 +40,7 @@ from finetuning.keep import (
     save_unit_model,
     write_predictions,
 )
-from finetuning.tasks import TaskSpec, get_task, load_task_specs
+from finetuning.tasks import TASK_CONFIG, TaskSpec, get_task, load_task_specs
 from finetuning.trainer import TrainStats, predict, train
 from model.config import BertConfig
 from preprocessing.wordpiece import load_tokenizer, pad_id
@@ -95,7 +95,7 @@ def finetune_units(cfg: FinetuneConfig) -> list[FinetuneUnit]:
     if unknown:
         raise UserError(
             f"unknown task(s) {unknown}.",
-            fix=f"use some of {', '.join(sorted(specs))}, or define them in a --task-config file.",
+            fix=f"use some of {', '.join(sorted(specs))}, or define them in a task file ({TASK_CONFIG}).",
         )
     if not cfg.tasks:
         raise UserError("no tasks to run.", fix="name at least one task, e.g. --tasks sst2.")

@@ -295,3 +295,23 @@ def test_an_empty_task_config_is_refused_not_read_as_no_change(tmp_path, text):
     path.write_text(text)
     with pytest.raises(UserError, match=rf"task config {re.escape(str(path))} defines no task .*Fix: define"):
         get_task("sst2", str(path))
+
+
+def test_task_config_messages_name_the_config_key_too(tmp_path, monkeypatch):
+    """`bertflow run` has no --task-config flag: its messages told a user of `finetune.task_config`
+    to pass one (`bertflow run: error: unrecognized arguments` when followed), and a relative path
+    did not say where it was looked for."""
+    from finetuning.config import FinetuneConfig
+    from finetuning.units import finetune_units
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        UserError, match=re.escape(f"relative to the current directory, {tmp_path}")
+    ) as missing:
+        load_task_specs("ut/tasks.yaml")
+    with pytest.raises(UserError) as unknown_task:
+        get_task("nope")
+    with pytest.raises(UserError) as unknown_tasks:
+        finetune_units(FinetuneConfig(tasks=["nope"]))
+    for exc in (missing, unknown_task, unknown_tasks):
+        assert "--task-config / finetune.task_config" in str(exc.value)
