@@ -213,12 +213,18 @@ def first_pass(cfg: FinetuneConfig, jobs: list[Any]) -> list[Any]:
     return [dataclasses.replace(j, keep_model=read_marker(j.out_dir) is None) for j in jobs]
 
 
-def to_retrain(cfg: FinetuneConfig, jobs: list[Any], results: list[dict[str, Any]]) -> list[Any]:
+def to_retrain(
+    cfg: FinetuneConfig,
+    jobs: list[Any],
+    results: list[dict[str, Any]],
+    among: list[dict[str, Any]] | None = None,
+) -> list[Any]:
     """Under `best`, once every unit is done: the best lr's units that have no model (made before,
-    without the setting, or not the best when they trained), to train again keeping it."""
+    without the setting, or not the best when they trained), to train again keeping it. The best lr
+    is chosen among `among` (default `results`; `bertflow finetune --unit`: the plan's finished units)."""
     if cfg.save_models != "best":
         return []
-    best = best_units(results)
+    best = best_units(results if among is None else among)
     return [
         dataclasses.replace(j, keep_model=True)
         for j, r in zip(jobs, results, strict=True)

@@ -270,19 +270,23 @@ def result_line(job: Job, result: dict) -> str:
     return line + (f"; model kept: {job.out_dir / MODEL_DIR}" if job.keep_model else "")
 
 
-def _keep_models(cfg: FinetuneConfig, jobs: list[Job], results: list[dict], **run_options: Any) -> list[dict]:
+def _keep_models(
+    cfg: FinetuneConfig, jobs: list[Job], results: list[dict], others: list[dict], **run_options: Any
+) -> list[dict]:
     """`finetune.save_models: best`, once every unit is done: the best lr's units without a model
-    train again keeping it, and the others' models are removed (`finetuning.keep`)."""
+    train again keeping it, and the others' models are removed (`finetuning.keep`). `others`: the
+    finished results of the plan's units not run here (`--unit`), which the best lr is chosen among
+    too, as the scorecard does."""
     from finetuning import fanout, keep
 
-    again = keep.to_retrain(cfg, jobs, results)
+    again = keep.to_retrain(cfg, jobs, results, among=results + others)
     if again:
         print(f"bertflow finetune: {keep.retrain_best_note(len(again))}", flush=True)
         report = run_options.pop("report")
         redone = dict(zip(again, fanout.run(cfg, again, **run_options, on_result=report), strict=True))
         by_dir = {j.out_dir: r for j, r in redone.items()}
         results = [by_dir.get(j.out_dir, r) for j, r in zip(jobs, results, strict=True)]
-    if removed := keep.prune(cfg, jobs, results):
+    if removed := keep.prune(cfg, jobs, results + others):
         print(f"bertflow finetune: {keep.removed_note(removed)}", flush=True)
     return results
 
@@ -315,9 +319,10 @@ def main(args: argparse.Namespace) -> int:
         )
 
     results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)
-    results = _keep_models(cfg, selected, results, data_root=cfg_all.data_root, wandb=wandb, report=report)
     others = [j for j in jobs if j not in selected]  # --unit: the plan's others, finished ones as theirs
-    results += [as_job_result(j, r) for j in others if (r := finished_result(j.out_dir)) is not None]
+    others_done = [as_job_result(j, r) for j in others if (r := finished_result(j.out_dir)) is not None]
+    keep_options = {"data_root": cfg_all.data_root, "wandb": wandb, "report": report}
+    results = _keep_models(cfg, selected, results, others_done, **keep_options) + others_done
     _build_scorecard(cfg, results, output, wandb, group)
     print()
     print((output / "scorecard.md").read_text())

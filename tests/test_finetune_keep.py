@@ -153,3 +153,12 @@ def test_best_keeps_the_best_lrs_model_of_each_seed_and_removes_the_others(tmp_p
     assert all((d / keep.PREDICTIONS_FILE).is_file() for d in results)  # predictions stay
     assert "removed the models of 1 unit(s)" in proc.stdout
     assert f"model kept: {next(d for d, r in results.items() if r['lr'] == best) / 'model'}" in proc.stdout
+
+    # `--unit` of the other lr: the best is the plan's, not that one unit's (it was: the unit, alone
+    # in its run, was "the best lr", trained again to keep its model, which the scorecard did not pick)
+    [other] = [d for d, r in results.items() if r["lr"] != best]
+    mtime = (other / "result.json").stat().st_mtime_ns
+    proc = _cli(*common, "--set", "finetune.save_models=best", "--unit", f"sst2-lr{results[other]['lr']}-s42")
+    assert proc.returncode == 0, proc.stderr
+    assert keep.kept_model(other) is None and (other / "result.json").stat().st_mtime_ns == mtime
+    assert "training them again" not in proc.stdout
