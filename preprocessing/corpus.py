@@ -46,6 +46,8 @@ REPLACED_KEY = "utf8_replaced_lines:"  # utf8_replaced_lines:PATH = lines with i
 TEXT_LINES_KEY = "text_lines:"  # text_lines:PATH = its non-blank lines (counted only beside the above)
 BINARY_KEY = "binary:"  # binary:PATH = 1, a file with NUL bytes in its head (skipped)
 BAD_JSON_KEY = "bad_json:"  # bad_json:PATH = its JSONL lines that are not JSON (skipped)
+NO_TEXT_KEY = "no_text:"  # no_text:PATH = its JSONL lines without a string `text` (skipped)
+NO_TEXT_FIRST_KEY = "no_text_first:"  # no_text_first:["PATH", "what its first such line holds"] = 1
 LONG_ONLY_KEY = "long_lines_only:"  # long_lines_only:PATH = its lines, all over 1 MiB (skipped)
 BINARY_FIX = (
     "the corpus is read as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)"
@@ -277,9 +279,10 @@ def _utf8_name(path: str) -> str:
 def corpus_file_warnings(counts: Mapping[str, int]) -> list[str]:
     """One line per corpus file of another encoding than UTF-8 (a UTF-16/32 file, skipped; or a
     meaningful share of lines with invalid UTF-8, replaced), naming it and the iconv command; one
-    per binary file (skipped), per JSONL file with lines that are not JSON (skipped) and per file
-    whose every line is over 1 MiB (skipped)."""
+    per binary file (skipped), per JSONL file with lines that are not JSON or hold no string `text`
+    (skipped) and per file whose every line is over 1 MiB (skipped)."""
     found = []
+    firsts = dict(json.loads(k[len(NO_TEXT_FIRST_KEY) :]) for k in counts if k.startswith(NO_TEXT_FIRST_KEY))
     for key, n in sorted(counts.items()):
         if key.startswith(NOT_UTF8_KEY):
             encoding, path = key[len(NOT_UTF8_KEY) :].split(":", 1)
@@ -291,6 +294,13 @@ def corpus_file_warnings(counts: Mapping[str, int]) -> list[str]:
             found.append(
                 f"{key[len(BAD_JSON_KEY) :]}: {n} line{' is' if n == 1 else 's are'} not valid JSON, skipped (each line of a "
                 'JSONL file must be one JSON object, double-quoted: {"text": "..."}).'
+            )
+        elif key.startswith(NO_TEXT_KEY):
+            path = key[len(NO_TEXT_KEY) :]
+            found.append(
+                f'{path}: {n} line{" has" if n == 1 else "s have"} no string "text" field, skipped '
+                f"(the first {firsts.get(path, 'is not a JSON object')}); each line of a JSONL file must be "
+                'one JSON object with its document in "text": {"text": "..."}.'
             )
         elif key.startswith(LONG_ONLY_KEY):
             found.append(
@@ -479,8 +489,26 @@ def _read_jsonl(
         text = obj.get(field) if isinstance(obj, dict) else None
         if not isinstance(text, str):
             counts["jsonl_lines_skipped_no_text_field"] += 1
+            counts[f"{NO_TEXT_KEY}{path}"] += 1
+            if counts[f"{NO_TEXT_KEY}{path}"] == 1:
+                counts[NO_TEXT_FIRST_KEY + json.dumps([str(path), _no_text_line(obj, field)])] = 1
             continue
         yield text.split("\n")
+
+
+def _no_text_line(obj: object, field: str) -> str:
+    """What a JSONL line without a string `field` holds, for the warning that names its file."""
+    if not isinstance(obj, dict):
+        return f"is a JSON {_json_type(obj)}, not an object"
+    if field in obj:
+        return f'has "{field}" as a JSON {_json_type(obj[field])}, not a string'
+    keys = ", ".join(f'"{k}"' for k in list(obj)[:5])
+    return f"has the fields {keys}" if keys else "is an empty object"
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return names.get(type(value), "null")
 
 
 def iter_texts(paths: list[Path], counts: Counter, quiet: bool = False) -> Iterator[str]:

@@ -59,12 +59,31 @@ def test_jsonl(tmp_path):
     assert [d.paragraphs for d in docs] == [["First doc. Two sentences."], ["Line one.", "Line two."]]
     assert counts["jsonl_lines_skipped_no_text_field"] == 2
     assert counts["jsonl_lines_skipped_invalid_json"] == 1
-    # lines that are not JSON (a Python dict's single quotes) are said, naming the file: they were a
-    # count in stats.json only, and half a corpus could go that way unseen
+    # lines that are not JSON (a Python dict's single quotes) or hold no string "text" (another field
+    # name) are said, naming the file: they were a count in stats.json only, and half a corpus could
+    # go that way unseen
     assert corpus_file_warnings(counts) == [
         f"{path}: 1 line is not valid JSON, skipped (each line of a JSONL file must be one JSON "
-        'object, double-quoted: {"text": "..."}).'
+        'object, double-quoted: {"text": "..."}).',
+        f'{path}: 2 lines have no string "text" field, skipped (the first has the fields "id"); each '
+        'line of a JSONL file must be one JSON object with its document in "text": {"text": "..."}.',
     ]
+
+
+def test_jsonl_without_text_field_says_what_the_lines_hold(tmp_path):
+    """A corpus whose JSONL names its field "content" is refused with the field the lines have; a
+    non-string "text" and a line that is not an object are named as such."""
+    for rows, first in [
+        ([{"content": "A doc.", "id": 1}] * 3, 'has the fields "content", "id"'),
+        ([{"text": ["A doc."]}, {"text": "Kept."}], 'has "text" as a JSON array, not a string'),
+        (["A doc.", {"text": "Kept."}], "is a JSON string, not an object"),
+    ]:
+        path = tmp_path / "c.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        counts: Counter = Counter()
+        list(read_documents(path, counts))
+        [warning] = corpus_file_warnings(counts)
+        assert f"skipped (the first {first});" in warning and warning.startswith(str(path))
 
 
 def test_split_sentences_on_real_text(data_dir):

@@ -267,17 +267,27 @@ def test_binary_only_corpus_is_a_clear_error(tmp_path, minilm_dir):
 
 
 def test_a_corpus_without_documents_names_the_config_key_and_the_flag(tmp_path, minilm_dir):
-    """Inside `bertflow run CONFIG` the user set preprocess.input, not --input: the fix names both."""
-    corpus = tmp_path / "c.jsonl"
-    corpus.write_text("\n".join(json.dumps({"body": f"Sentence {i}. Another one."}) for i in range(5)) + "\n")
+    """Inside `bertflow run CONFIG` the user set preprocess.input, not --input: the fix names both.
+    A JSONL corpus whose lines name their field otherwise is refused naming the field they have."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("   \n\n \t \n")
     cfg = PreprocessConfig(input=[str(corpus)], workers=1, num_shards=1)
     with pytest.raises(UserError) as exc:
         run_preprocess_stage(cfg, minilm_dir, tmp_path / "o")
-    assert "the corpus has no documents" in str(exc.value) and "jsonl_lines_skipped_no_text_field" in str(
-        exc.value
-    )
+    assert "the corpus has no documents" in str(exc.value) and "files_empty" in str(exc.value)
     assert "Fix: check preprocess.input (--input): " in str(exc.value) and "JSONL a 'text' field" in str(
         exc.value
+    )
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"body": f"Sentence {i}. Another one."}) for i in range(5)) + "\n")
+    with pytest.raises(UserError) as exc:
+        run_preprocess_stage(
+            PreprocessConfig(input=[str(jsonl)], workers=1, num_shards=1), minilm_dir, tmp_path / "o"
+        )
+    assert "jsonl_lines_skipped_no_text_field" in str(exc.value)
+    assert (
+        f'Fix: {jsonl}: 5 lines have no string "text" field, skipped (the first has the fields "body")'
+        in str(exc.value)
     )
     assert read_marker(tmp_path / "o") is None
 

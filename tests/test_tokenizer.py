@@ -144,15 +144,24 @@ def test_missing_vocab_and_empty_corpus_are_user_errors(tmp_path):
 
 
 def test_a_corpus_without_documents_names_the_config_key_and_the_flag(tmp_path):
-    """Inside `bertflow run CONFIG` the user set tokenizer.input, not --input: the fix names both, and
-    a JSONL whose lines lack the 'text' field is said to need one (as the preprocess stage says)."""
-    corpus = tmp_path / "c.jsonl"
-    corpus.write_text("\n".join(json.dumps({"body": f"Sentence {i}. Another one."}) for i in range(5)) + "\n")
+    """Inside `bertflow run CONFIG` the user set tokenizer.input, not --input: the fix names both; a
+    JSONL whose lines lack the 'text' field is said by name with the field they have (as the
+    preprocess stage says it)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("   \n\n \t \n")
     with pytest.raises(UserError) as exc:
         run_tokenizer_stage(TokenizerConfig(input=[str(corpus)], vocab_size=100), tmp_path / "t")
     assert f"the corpus {corpus} holds no documents" in str(exc.value)
     assert "Fix: check tokenizer.input (--input): " in str(exc.value) and "JSONL a 'text' field" in str(
         exc.value
+    )
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"body": f"Sentence {i}. Another one."}) for i in range(5)) + "\n")
+    with pytest.raises(UserError) as exc:
+        run_tokenizer_stage(TokenizerConfig(input=[str(jsonl)], vocab_size=100), tmp_path / "t")
+    assert (
+        f'Fix: {jsonl}: 5 lines have no string "text" field, skipped (the first has the fields "body")'
+        in str(exc.value)
     )
 
 
