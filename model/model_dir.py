@@ -23,6 +23,7 @@ import torch
 from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker, sha256_file, write_marker
 from common.errors import UserError
 from common.jsonfile import read_json_object
+from common.stage_output import stage_of
 from model.heads import BertForPreTraining
 from model.hf_io import load_checkpoint, saved_parameter_count, write_hf_dir
 from model.model_card import CardFacts, write_model_card
@@ -51,9 +52,16 @@ def check_finite(
 
 def prepare_target(out: Path) -> None:
     """OUT_DIR may be absent, empty, or a finished model directory (replaced); anything else is
-    the user's data and is left alone. Leftovers of killed runs (`.tmp-NAME.*`) are removed."""
+    the user's data and is left alone: a folder without our marker, and a stage's output (its
+    marker names the stage). Leftovers of killed runs (`.tmp-NAME.*`) are removed."""
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is a file.", fix="choose another output directory.")
+    if out.is_dir() and (stage := stage_of(out)) is not None:
+        raise UserError(
+            f"output directory {out} holds a bertflow {stage} output, not a model directory; writing the "
+            "model there would replace the folder as a whole, and everything in it.",
+            fix="choose a new output directory.",
+        )
     if out.is_dir() and any(out.iterdir()) and read_marker(out) is None:
         holds_model = (out / "config.json").is_file()  # e.g. a pretraining's model/: never to be removed
         raise UserError(

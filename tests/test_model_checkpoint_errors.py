@@ -336,6 +336,34 @@ def test_replacing_a_finished_model_directory_with_another_model_is_said(minilm_
     assert json.loads((out / "_COMPLETE.json").read_text())["source"] == str(other.absolute())
 
 
+def test_a_stage_output_is_not_replaced_by_an_exported_model(minilm_dir, tmp_path, capsys):
+    """export-hf / import-hf onto a tokenizer output, or onto a pretraining output that also held
+    the user's corpus, took their _COMPLETE.json for a finished model directory's and replaced the
+    folder as a whole ("held another model (bertflow, other weights)"): the vocabulary, the
+    checkpoints and the corpus were gone. Now refused, naming the stage, and nothing is touched."""
+    from pipelines.stage_tokenizer import run_tokenizer_stage
+    from preprocessing.config import TokenizerConfig
+
+    ckpt = tmp_path / "ckpt"
+    write_hf_dir(BertForPreTraining(BertConfig.from_preset("tiny")), ckpt, minilm_dir)
+    tok = run_tokenizer_stage(TokenizerConfig(vocab=str(minilm_dir / "vocab.txt")), tmp_path / "tok")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "corpus.txt").write_text("precious")
+    (run / "run_spec.json").write_text("{}")
+    write_marker(run, {"stage": "pretrain"})
+    for out, stage in ((tok, "tokenizer"), (run, "pretrain")):
+        before = {f.name: f.read_bytes() for f in out.iterdir()}
+        for command, source in (("export-hf", ckpt), ("import-hf", minilm_dir)):
+            expect_cli_error(
+                [command, str(source), str(out)],
+                capsys,
+                f"{out} holds a bertflow {stage} output",
+                "new output",
+            )
+            assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+
+
 def test_a_pretraining_output_is_not_exported_onto_its_own_model(good, tmp_path, capsys):
     """export-hf RUN RUN/model said the finished model 'is not a finished bertflow model directory
     ... remove this one': now it is refused as nothing to export, and no fix suggests deleting it."""
