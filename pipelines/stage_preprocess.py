@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import logging
 import math
+import re
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -79,6 +80,30 @@ def work_dir_for(out_dir: str, temp_location: str | None) -> str:
         tag = hashlib.sha256(out_dir.encode()).hexdigest()[:12]
         return storage.join(temp_location, f"bertflow-preprocess-{tag}")
     return storage.join(out_dir, WORK_DIR)
+
+
+_OWN_SPLIT_FILE = re.compile(r"^shard-\d+-of-\d+\.parquet$")
+
+
+def _refuse_foreign_split_files(out_dir: Path) -> None:
+    """A local `--output` whose train/ or validation/ holds files no preprocess run writes (the
+    user's own data) is refused before any work: writing the shards clears those folders."""
+    for split in SPLITS:
+        folder = out_dir / split
+        if not folder.is_dir():
+            continue
+        foreign = sorted(
+            p.name
+            for p in folder.iterdir()
+            if not (_OWN_SPLIT_FILE.match(p.name) or p.name.startswith(TMP_PREFIX))
+        )
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise UserError(
+                f"the preprocess output {out_dir} has a {split}/ folder holding files that are not bertflow "
+                f"shards ({shown}); preprocess clears {split}/ to write its shards there, so they would be deleted.",
+                fix="choose an --output folder of its own (a new or empty one).",
+            )
 
 
 def _clear_outputs(out_dir: str, work_dir: str) -> None:
@@ -300,6 +325,7 @@ def run_preprocess_stage(
     local = not storage.is_remote(out_dir)  # an object store has no locks: one writer is up to the user
     if local:
         check_own_output(out_dir, "preprocess", {"tokenizer": Path(tokenizer_path)})
+        _refuse_foreign_split_files(Path(out_dir))
     options = _job_options(cfg, beam_args, out_dir)
     files = _corpus_files(cfg, data_root)
     tok, _ = load_tokenizer(tokenizer_path)

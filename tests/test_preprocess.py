@@ -541,3 +541,25 @@ def test_sequences_longer_than_the_configs_model_are_refused_before_the_job(tmp_
     assert "preprocess.max_seq_length 1024 exceeds the model's 512 positions" in err
     assert not (tmp_path / "o").exists()
     assert cli_main([*command, "--set", "model.max_position_embeddings=1024"]) == 0
+
+
+def test_an_output_whose_split_folder_holds_the_users_files_is_refused(tmp_path, minilm_dir, capsys):
+    """`bertflow preprocess --output DIR` where DIR/train/ held the user's own files (a data folder
+    with train/ and validation/) cleared that folder to write the shards: the files were deleted
+    unsaid, the corpus too when it lay there. Now refused before any work, naming the folder and
+    its files; nothing touched."""
+    from pipelines.cli import main as cli_main
+
+    out = tmp_path / "data"
+    (out / "train").mkdir(parents=True)
+    corpus = out / "train" / "corpus.txt"
+    corpus.write_text("One sentence here. Another one follows.\n\nA second document. It has two.\n")
+    (out / "validation").mkdir()
+    command = ["preprocess", "--input", str(corpus), "--vocab", str(minilm_dir), "--output", str(out)]
+    assert cli_main([*command, "--num-shards", "1", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"the preprocess output {out} has a train/ folder holding files that are not bertflow shards" in err
+    )
+    assert "(corpus.txt)" in err and "Fix: choose an --output folder of its own" in err
+    assert sorted(p.name for p in out.rglob("*")) == ["corpus.txt", "train", "validation"]
