@@ -48,11 +48,11 @@ def _check_declared_case(source: Path, lowercase: bool) -> None:
     declared = declared_lowercase(source)
     if declared is not None and declared != lowercase:
         said, want = str(declared).lower(), str(lowercase).lower()
+        flag = " (leave out --cased, which sets it to false)" if declared else " (or --cased)"
         raise UserError(
             f"{source} comes with a tokenizer_config.json that says do_lower_case {said}, but "
             f"tokenizer.lowercase is {want}: the vocabulary would be read with the other casing.",
-            fix=f"set tokenizer.lowercase: {said}{' (or --cased)' if not declared else ''}, or remove the "
-            "tokenizer_config.json if it is wrong.",
+            fix=f"set tokenizer.lowercase: {said}{flag}, or remove the tokenizer_config.json if it is wrong.",
         )
 
 

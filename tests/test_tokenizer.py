@@ -118,6 +118,21 @@ def test_a_vocab_whose_config_declares_the_other_casing_is_refused_before_any_wo
     assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is False
 
 
+def test_cased_next_to_an_uncased_vocab_names_the_flag_to_drop(tmp_path, minilm_dir, capsys):
+    """`bertflow tokenizer --vocab V --cased` of an uncased vocabulary said only "set
+    tokenizer.lowercase: true": a user who followed it with --set kept --cased, which overrides it,
+    and got the same refusal. The fix names --cased; without it the vocabulary loads."""
+    from pipelines.cli import main as cli
+
+    out = tmp_path / "tok"
+    vocab = ["--vocab", str(minilm_dir / "vocab.txt"), "--output", str(out)]
+    assert cli(["tokenizer", *vocab, "--cased", "--set", "tokenizer.lowercase=true"]) == 2
+    err = capsys.readouterr().err
+    assert "says do_lower_case true, but tokenizer.lowercase is false" in err
+    assert "(leave out --cased, which sets it to false)" in err and not out.exists()
+    assert cli(["tokenizer", *vocab]) == 0 and load_tokenizer(out)[1] is True
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
