@@ -495,3 +495,13 @@ def test_a_master_port_in_use_is_refused_before_a_rank_starts(data, tmp_path):
             )
     assert not any(line.startswith("launch:") for line in lines)
     assert not out.exists()
+
+
+def test_a_tokenizer_directory_that_does_not_exist_is_said_so(data, tmp_path):
+    """`--tokenizer /no/such/dir` said the directory 'has no vocab.txt', sending the user to look
+    inside a folder that is not there; an existing folder without one still says that."""
+    shards, _ = data
+    missing, empty = tmp_path / "no" / "such", tmp_path / "empty"
+    empty.mkdir()
+    _fails(config(), shards, missing, tmp_path / "run", rf"tokenizer directory {missing} does not exist\.")
+    _fails(config(), shards, empty, tmp_path / "run", rf"tokenizer directory {empty} has no vocab\.txt\.")

@@ -39,8 +39,9 @@ SHAPE_KEYS = (
 def read_vocab(tokenizer_dir: Path) -> list[str]:
     path = tokenizer_dir / "vocab.txt"
     if not path.is_file():
+        what = "has no vocab.txt" if tokenizer_dir.is_dir() else "does not exist"
         raise UserError(
-            f"tokenizer directory {tokenizer_dir} has no vocab.txt.",
+            f"tokenizer directory {tokenizer_dir} {what}.",
             fix="pass the output dir of `bertflow tokenizer` (or an HF model dir with vocab.txt).",
         )
     vocab = read_user_text(path, "vocabulary").splitlines()
