@@ -382,6 +382,13 @@ def test_muon_and_dynamic_masks_kill_9_then_rerun_with_other_run_only_settings_r
     lines: list[str] = []
     run_pretrain_stage(config(*muon, *run_only), shards, tok, out, log_line=lines.append)
     assert any("resumed from" in ln and "global_step8" in ln for ln in lines)
+    # keep_checkpoints 2: each older one is removed once the new one is saved and verified, and said
+    # in that order (the removal was said first, as if it came before the save)
+    said = [re.search(r"(saved checkpoint|removed old checkpoint) .*?(global_step\d+)$", ln) for ln in lines]
+    assert [f"{m[1]} {m[2]}" for m in said if m] == [
+        "saved checkpoint global_step9", "removed old checkpoint global_step4",
+        "saved checkpoint global_step12", "removed old checkpoint global_step8",
+    ], lines  # fmt: skip
     launches = [ln for ln in lines if ln.startswith("launch:")]
     assert "deepspeed.launcher.runner" in launches[0]  # the killed run ran under torchrun
     resumed = losses(out)

@@ -720,9 +720,9 @@ def _save_checkpoint(engine: Any, spec: RunSpec, step: int, plan: BatchPlan, ran
                 **checkpoint.master_weight_names(engine),
             },
         )
+        log0(f"saved checkpoint {tag_dir}")  # verified: only now are older ones removed
         for gone in checkpoint.prune(root, spec.pretrain.keep_checkpoints):
             log0(f"removed old checkpoint {gone.name}")
-        log0(f"saved checkpoint {tag_dir}")
     dist.barrier()
     return tag_dir
 
