@@ -270,7 +270,9 @@ def check_preprocess_settings(cfg: PreprocessConfig, beam_args: list[str] | None
         raise UserError(
             f"preprocess.max_predictions_per_seq={cfg.max_predictions_per_seq} exceeds the "
             f"{cfg.max_seq_length - 3} maskable tokens of max_seq_length={cfg.max_seq_length}.",
-            fix="use 20 at 128 or 80 at 512.",
+            fix=f"set it to at most {cfg.max_seq_length - 3}; about max_seq_length × masked_lm_prob positions "
+            f"are masked ({math.ceil(cfg.max_seq_length * cfg.masked_lm_prob)} here; BERT used 20 at 128 and "
+            "80 at 512).",
         )
     return pipeline_options(cfg.runner, cfg.workers, [*cfg.beam_options, *(beam_args or [])])
 

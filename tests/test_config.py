@@ -476,7 +476,8 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
         ("preprocess.runner=FooRunner", "preprocess.runner 'FooRunner' is not a Beam runner"),
         (
             "phases.seq32.preprocess.max_predictions_per_seq=40",
-            "phase seq32: preprocess.max_predictions_per_seq=40 exceeds the 29 maskable tokens",
+            "phase seq32: preprocess.max_predictions_per_seq=40 exceeds the 29 maskable tokens of max_seq_length=32. "
+            "Fix: set it to at most 29; about max_seq_length × masked_lm_prob positions are masked (5 here;",
         ),
         ("tokenizer.vocab=NO_MASK/vocab.txt", "the vocabulary lacks the special tokens [MASK]"),
         (
