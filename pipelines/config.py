@@ -261,6 +261,21 @@ def bad_flag_value(flag: str, value: Any, exc: ValidationError, key: str, kept: 
     )
 
 
+def section_flag_error(
+    exc: ValidationError, section: str, flagged: dict[str, Any], kept: dict[str, Any]
+) -> UserError:
+    """A stage command's settings refused by `section`'s schema: said as the flag's (`bad_flag_value`,
+    `--key-name`) where a flag gave the refused value (`flagged`: key → the flag's value; `kept`: the
+    section's values without the flags), else as the section's."""
+    for err in exc.errors():
+        key = str(err["loc"][0]) if err["loc"] else ""
+        if key in flagged:
+            return bad_flag_value(
+                f"--{key.replace('_', '-')}", flagged[key], exc, f"{section}.{key}", kept.get(key)
+            )
+    return UserError(f"invalid {section} settings: {validation_message(exc, section)}")
+
+
 def validation_message(exc: ValidationError, section: str | None = None) -> str:
     """A pydantic error as one line per key: `section.key: reason (got value)`, joined by '; '.
     An unknown key names the closest known key of its section when one is near."""

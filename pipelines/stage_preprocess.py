@@ -572,7 +572,7 @@ def refuse_misread_config(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from pipelines.config import load_config, validation_message
+    from pipelines.config import load_config, section_flag_error
 
     command_logging()
     try:
@@ -599,7 +599,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         pcfg = PreprocessConfig.model_validate(section)
     except ValidationError as exc:
-        raise UserError(f"invalid preprocess settings: {validation_message(exc, 'preprocess')}") from None
+        given = {k: v for k, v in flags.items() if v is not None}
+        raise section_flag_error(exc, "preprocess", given, cfg.preprocess.model_dump()) from None
     if not cfg.pretrain.init_from:  # as `bertflow run` checks it: not after hours of Beam, at pretraining
         from pipelines.stage_pretrain import check_positions
 

@@ -221,7 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from pipelines.config import load_config, validation_message
+    from pipelines.config import load_config, section_flag_error
 
     command_logging()
     cfg = load_config(args.config, args.set)
@@ -237,7 +237,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         tcfg = TokenizerConfig.model_validate(section)
     except ValidationError as exc:
-        raise UserError(f"invalid tokenizer settings: {validation_message(exc, 'tokenizer')}") from None
+        given = {"input": args.input, "vocab_size": args.vocab_size, "vocab": args.vocab}
+        flagged = {k: v for k, v in given.items() if v is not None}
+        raise section_flag_error(exc, "tokenizer", flagged, cfg.tokenizer.model_dump()) from None
     refuse_training_flags(args, tcfg)
     flow_cfg = cfg.model_copy(update={"tokenizer": tcfg})
     out = Path(args.output) if args.output else stage_dir(flow_cfg, "tokenizer")  # or where the flow puts it

@@ -5,6 +5,7 @@ setting added later is covered without touching it."""
 
 from __future__ import annotations
 
+import re
 import typing
 
 import pytest
@@ -111,3 +112,25 @@ def test_finetune_flags_are_checked_the_same_way() -> None:
     ]:
         with pytest.raises(UserError, match=named):
             apply_flags(cfg, parser.parse_args(flag))
+
+
+@pytest.mark.parametrize(
+    "command, flags, named",
+    [
+        ("preprocess", ["--dupe-factor", "0"], "bad flag value --dupe-factor 0: preprocess.dupe_factor"),
+        ("preprocess", ["--workers", "0"], "bad flag value --workers 0: preprocess.workers"),
+        ("tokenizer", ["--vocab-size", "0"], "bad flag value --vocab-size 0: tokenizer.vocab_size"),
+    ],
+)
+def test_preprocess_and_tokenizer_flags_are_named_as_pretrains_are(command, flags, named) -> None:
+    """`bertflow preprocess --dupe-factor 0` said 'invalid preprocess settings: preprocess.dupe_factor:
+    ...' with no flag and no fix, where `bertflow pretrain --max-steps -1` names the flag and the fix."""
+    import argparse
+    import importlib
+
+    module = importlib.import_module(f"pipelines.stage_{command}")
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    with pytest.raises(UserError, match=re.escape(named)) as exc:
+        module.main(parser.parse_args(flags))
+    assert f"Fix: give {flags[0]} a value" in str(exc.value)
