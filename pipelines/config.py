@@ -269,7 +269,7 @@ def section_flag_error(
     section's values without the flags), else as the section's."""
     for err in exc.errors():
         key = str(err["loc"][0]) if err["loc"] else ""
-        if key in flagged:
+        if key in flagged and not isinstance(flagged[key], list):  # (a list's own message names its entry)
             return bad_flag_value(
                 f"--{key.replace('_', '-')}", flagged[key], exc, f"{section}.{key}", kept.get(key)
             )
