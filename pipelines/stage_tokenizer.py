@@ -56,6 +56,28 @@ def _check_declared_case(source: Path, lowercase: bool) -> None:
         )
 
 
+def _same_loaded_vocabulary(out_dir: Path, done: dict, cfg: TokenizerConfig, source: Path | None) -> bool:
+    """A finished --output holding a loaded vocabulary (its marker records no settings) is kept:
+    True for the same tokenizer again (nothing to do); another one, loaded or trained, is refused
+    (the shards made with the old one would match no tokenizer)."""
+    from preprocessing.wordpiece import load_tokenizer
+
+    old = f"{done.get('vocab_source') or 'a vocabulary'} (tokenizer sha256 {str(done.get('tokenizer_sha256'))[:12]})"
+    if source is not None:
+        tok, _ = load_tokenizer(source, lowercase=cfg.lowercase)
+        sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
+        if sha == done.get("tokenizer_sha256"):
+            return _files_intact(out_dir, done.get("files"))
+        new = f"--vocab {source} (tokenizer sha256 {sha[:12]}: another vocabulary or casing)"
+    else:
+        new = "a vocabulary trained from --input"
+    raise UserError(
+        f"{out_dir} holds a finished tokenizer output loaded from {old}; bertflow tokenizer would "
+        f"replace it with {new}, and shards made with the old one would match no tokenizer.",
+        fix=f"choose another --output for this vocabulary, or delete {out_dir} first to replace it.",
+    )
+
+
 def vocab_source(cfg: TokenizerConfig, data_root: str | None) -> Path:
     """The file `tokenizer.vocab` names, its declared casing checked against `tokenizer.lowercase`."""
     source = resolve_data_path(cfg.vocab, data_root)
@@ -127,6 +149,10 @@ def run_tokenizer_stage(
         from pipelines.key_change import refuse_replacing
 
         refuse_replacing(out_dir, "tokenizer", done["identity"], identity or {"config": cfg.model_dump()})
+    if not replace and done is not None and done.get("identity") is None:
+        if _same_loaded_vocabulary(out_dir, done, cfg, source if cfg.vocab else None):
+            log.info("tokenizer in %s is up to date (the same vocabulary)", out_dir)
+            return out_dir
     if identity is not None and done is not None and done.get("identity") == identity:
         if _files_intact(out_dir, done.get("files")):
             log.info("tokenizer in %s is up to date", out_dir)
@@ -156,6 +182,7 @@ def run_tokenizer_stage(
             {
                 "stage": "tokenizer",
                 "identity": identity,
+                "vocab_source": str(source) if cfg.vocab else None,
                 "files": {name: sha256_file(out_dir / name) for name in OUTPUT_FILES},
                 "vocab_size": tok.get_vocab_size(),
                 "tokenizer_sha256": sha,

@@ -487,3 +487,34 @@ def test_a_model_folder_is_not_a_tokenizer_output(tmp_path, data_dir, minilm_dir
     assert f"the tokenizer output {model} is a model folder (it holds config.json)" in capsys.readouterr().err
     assert (model / "vocab.txt").read_bytes() == (minilm_dir / "vocab.txt").read_bytes()
     assert sorted(p.name for p in model.iterdir()) == ["config.json", "vocab.txt"]
+
+
+def test_a_loaded_vocabulary_in_a_named_output_is_not_replaced_by_another(
+    tmp_path, data_dir, minilm_dir, capsys
+):
+    """`bertflow tokenizer --vocab OTHER --output T` over T's finished loaded vocabulary replaced it
+    silently (`wrote T`): a loaded vocabulary's marker records no settings to compare. Now refused,
+    naming both vocabularies and the fix, nothing touched; the same vocabulary again is a no-op."""
+    from pipelines.cli import main as cli
+
+    out = tmp_path / "tok"
+    assert cli(["tokenizer", "--vocab", str(minilm_dir / "vocab.txt"), "--output", str(out)]) == 0
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = tmp_path / "other" / "vocab.txt"
+    other.parent.mkdir()
+    other.write_text("".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]))
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 400)), encoding="utf-8")
+    marked = (out / "_COMPLETE.json").stat().st_mtime_ns
+    for command, new in (
+        (["--vocab", str(other)], f"replace it with --vocab {other} (tokenizer sha256 "),
+        (["--input", str(src), "--vocab-size", "500"], "replace it with a vocabulary trained from --input"),
+    ):
+        assert cli(["tokenizer", *command, "--output", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"{out} holds a finished tokenizer output loaded from {minilm_dir / 'vocab.txt'}" in err
+        assert new in err and f"or delete {out} first" in err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    assert cli(["tokenizer", "--vocab", str(minilm_dir / "vocab.txt"), "--output", str(out)]) == 0
+    assert (out / "_COMPLETE.json").stat().st_mtime_ns == marked  # the same vocabulary: nothing redone
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
