@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from common.atomic import read_marker
+from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, TMP_PREFIX, read_marker
 from common.errors import UserError
 
 # a pretraining checkpoint: OUT/checkpoints/global_stepN/, verified once it holds VERIFIED_NAME
@@ -125,4 +125,32 @@ def check_own_output(out_dir: str | os.PathLike, stage: str, inputs: dict[str, s
         raise UserError(
             f"the {stage} output {out} holds a bertflow {other} output; {stage} would overwrite it.",
             fix="choose an --output folder of its own.",
+        )
+
+
+def _written_by_bertflow(out: Path) -> bool:
+    """Signs that a stage wrote `out` before (a killed run, a deleted marker): its `_IN_PROGRESS.json`,
+    `.tmp-` leftovers of its writes, or its lock file beside it (`PARENT/.NAME.lock`, kept)."""
+    from common.dir_lock import lock_file_of
+
+    leftovers = any(out.glob(TMP_PREFIX + "*"))
+    return (out / IN_PROGRESS_NAME).is_file() or leftovers or lock_file_of(out).is_file()
+
+
+def refuse_foreign_files(out_dir: str | os.PathLike, stage: str, written: tuple[str, ...]) -> None:
+    """An output folder holding files `stage` writes or clears (names in `written`) that is not that
+    stage's own output (no `_COMPLETE.json`, no sign of a killed run: `_written_by_bertflow`) holds
+    the user's files: refused before any work, naming a few of them. An empty folder, or one holding
+    only other files, is used as it is (the stage never touches them)."""
+    out = Path(out_dir)
+    if not out.is_dir() or read_marker(out) is not None or _written_by_bertflow(out):
+        return
+    clash = sorted(n for n in written if (out / n).exists())
+    if clash:
+        shown = ", ".join(clash[:4]) + (f" and {len(clash) - 4} more" if len(clash) > 4 else "")
+        raise UserError(
+            f"the {stage} output {out} already holds {shown}, and it is not a bertflow {stage} output "
+            f"(no {MARKER_NAME}, no {IN_PROGRESS_NAME} of a killed run); {stage} writes files of those names there, so "
+            "they would be overwritten or mixed with the run's.",
+            fix=f"choose an --output folder of its own (a new or empty one), or move {shown} out of {out}.",
         )

@@ -13,13 +13,20 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.atomic import MARKER_NAME, read_marker, remove_temp_files, sha256_file, write_marker
+from common.atomic import (
+    MARKER_NAME,
+    mark_in_progress,
+    read_marker,
+    remove_temp_files,
+    sha256_file,
+    write_marker,
+)
 from common.console import command_logging
 from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.fingerprint import content_stamp
 from common.paths import resolve_data_path
-from common.stage_output import check_own_output
+from common.stage_output import check_own_output, refuse_foreign_files
 from pipelines.stage_keys import code_change_note, stage_code, stage_dir, stage_key_inputs, write_stage_key
 from preprocessing.config import TokenizerConfig
 from preprocessing.corpus import corpus_file_warnings, expand_inputs, iter_texts
@@ -138,6 +145,7 @@ def run_tokenizer_stage(
 
     out_dir = Path(out_dir)
     check_own_output(out_dir, "tokenizer", {})
+    refuse_foreign_files(out_dir, "tokenizer", OUTPUT_FILES)
     if cfg.vocab:
         source = vocab_source(cfg, data_root)
         identity = None  # loading is cheap: always redone
@@ -161,6 +169,7 @@ def run_tokenizer_stage(
             return out_dir
         log.warning("tokenizer files in %s differ from their checksums: retraining", out_dir)
     with exclusive_dir(out_dir, "the tokenizer stage"):
+        mark_in_progress(out_dir)  # a killed run's files are its own to rewrite, not the user's
         (out_dir / MARKER_NAME).unlink(missing_ok=True)
         remove_temp_files(out_dir)  # leftovers of a killed run's writes
         counts: Counter = Counter()

@@ -518,3 +518,37 @@ def test_a_loaded_vocabulary_in_a_named_output_is_not_replaced_by_another(
     assert cli(["tokenizer", "--vocab", str(minilm_dir / "vocab.txt"), "--output", str(out)]) == 0
     assert (out / "_COMPLETE.json").stat().st_mtime_ns == marked  # the same vocabulary: nothing redone
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+
+
+def test_a_folder_holding_the_users_tokenizer_files_is_refused(tmp_path, data_dir, capsys):
+    """`bertflow tokenizer --output D` where D held the user's own vocab.txt and tokenizer.json
+    (no marker: not a bertflow output) replaced both silently. Now refused before any work, naming
+    the folder and the files; an empty folder, or one of unrelated files, is used; a killed run's
+    leftovers (its _IN_PROGRESS.json) are rewritten."""
+    from common.atomic import IN_PROGRESS_NAME
+    from pipelines.cli import main as cli
+
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 400)), encoding="utf-8")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("vocab.txt", "tokenizer.json", "notes.md"):
+        (mine / name).write_text("mine\n")
+    command = ["tokenizer", "--input", str(src), "--vocab-size", "500", "--output"]
+    assert cli([*command, str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert f"the tokenizer output {mine} already holds tokenizer.json, vocab.txt, and it is not" in err
+    assert "choose an --output folder of its own" in err
+    assert all((mine / n).read_text() == "mine\n" for n in ("vocab.txt", "tokenizer.json", "notes.md"))
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.md", "tokenizer.json", "vocab.txt"]
+    (mine / "vocab.txt").unlink()
+    (mine / "tokenizer.json").unlink()
+    assert cli([*command, str(mine)]) == 0  # only unrelated files: used, and they are kept
+    assert (mine / "notes.md").read_text() == "mine\n" and read_marker(mine) is not None
+    killed = tmp_path / "killed"  # what a run killed after writing vocab.txt leaves
+    killed.mkdir()
+    (killed / "vocab.txt").write_text("[PAD]\n")
+    (killed / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 1, "host": "gone"}))
+    assert cli([*command, str(killed)]) == 0
+    assert (killed / "vocab.txt").read_bytes() == (mine / "vocab.txt").read_bytes()
+    assert not (killed / IN_PROGRESS_NAME).exists()

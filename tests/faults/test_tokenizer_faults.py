@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker
+from common.dir_lock import lock_file_of
 from common.paths import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow  # four real trainings plus the killed starts: ~40 s on 2 busy cores
@@ -69,8 +70,10 @@ def reference(reference_run) -> tuple[dict[str, bytes], float]:
 
 
 def finished_copy(reference_run: tuple[Path, float], out: Path) -> None:
-    """`out` as the same command leaves it finished (a copy of the reference run, not another training)."""
+    """`out` as the same command leaves it finished (a copy of the reference run, not another training),
+    its lock file beside it included."""
     shutil.copytree(reference_run[0], out)
+    shutil.copy(lock_file_of(reference_run[0]), lock_file_of(out))
 
 
 def kill_when(cmd: list[str], ready) -> int:
