@@ -137,13 +137,18 @@ def _written_by_bertflow(out: Path) -> bool:
     return (out / IN_PROGRESS_NAME).is_file() or leftovers or lock_file_of(out).is_file()
 
 
-def refuse_foreign_files(out_dir: str | os.PathLike, stage: str, written: tuple[str, ...]) -> None:
+def refuse_foreign_files(
+    out_dir: str | os.PathLike, stage: str, written: tuple[str, ...], own: tuple[str, ...] = ()
+) -> None:
     """An output folder holding files `stage` writes or clears (names in `written`) that is not that
-    stage's own output (no `_COMPLETE.json`, no sign of a killed run: `_written_by_bertflow`) holds
-    the user's files: refused before any work, naming a few of them. An empty folder, or one holding
-    only other files, is used as it is (the stage never touches them)."""
+    stage's own output (no `_COMPLETE.json`, no sign of a killed run: `_written_by_bertflow`, or a
+    file in `own` that only the stage writes, first) holds the user's files: refused before any
+    work, naming a few of them. An empty folder, or one holding only other files, is used as it is
+    (the stage never touches them)."""
     out = Path(out_dir)
     if not out.is_dir() or read_marker(out) is not None or _written_by_bertflow(out):
+        return
+    if any((out / name).is_file() for name in own):
         return
     clash = sorted(n for n in written if (out / n).exists())
     if clash:

@@ -32,7 +32,7 @@ from common.atomic import MARKER_NAME, mark_in_progress, read_marker, write_mark
 from common.console import warning_line
 from common.dir_lock import exclusive_dir
 from common.errors import UserError, sigterm_as_interrupt
-from common.stage_output import check_own_output, has_model
+from common.stage_output import check_own_output, has_model, newest_verified_step, refuse_foreign_files
 from common.tracking import WandbTarget
 from model.config import BertConfig
 from pipelines.config import PipelineConfig, bad_flag_value, load_config, parse_overrides
@@ -52,6 +52,17 @@ if TYPE_CHECKING:
     from model.model_card import CardFacts, EvalFacts
     from training.config import PretrainConfig
     from training.run_spec import RunSpec
+
+# what a pretraining run writes (or clears) in its output directory, besides its markers
+OUTPUT_NAMES = (
+    "run_spec.json",
+    "metrics.jsonl",
+    "launcher.log",
+    "model",
+    "checkpoints",
+    "wandb_files",
+    "data_cache",
+)
 
 
 def _device_caps() -> tuple[bool, bool]:
@@ -83,6 +94,8 @@ def run_pretrain_stage(
     out_dir = Path(out_dir).resolve()  # the launcher runs in the project root, not the caller's directory
     cfg = with_phase_init(cfg)  # a phase after the first starts from the one before's model
     check_own_output(out_dir, "pretrain", {"shards": shards_dir, "tokenizer": tokenizer_dir})
+    if newest_verified_step(out_dir) is None:  # a verified checkpoint, like run_spec.json, is a run's
+        refuse_foreign_files(out_dir, "pretrain", OUTPUT_NAMES, own=("run_spec.json",))
     on_gpu, bf16_ok = _device_caps()
     asked = cfg.pretrain
     p = resolve_ranks(asked, visible_gpus())

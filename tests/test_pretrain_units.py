@@ -666,3 +666,43 @@ def test_consumed_tokens_of_a_resumed_run_start_from_the_real_tokens_of_the_step
             for plan in plans
         )
         assert tokens_before(plans[0], store, steps) == expected
+
+
+def test_an_output_holding_the_users_files_is_refused_before_any_work(tmp_path, capsys) -> None:
+    """`bertflow pretrain --output D` onto a folder of the user's (no bertflow output) overwrote
+    their metrics.jsonl and mixed their files in model/ and checkpoints/ with the run's. Refused
+    before any work, naming the files; a folder of only unrelated files, or a killed run's
+    (its _IN_PROGRESS.json), passes the check."""
+    from common.atomic import IN_PROGRESS_NAME
+    from common.stage_output import refuse_foreign_files
+    from pipelines.cli import main as cli
+
+    mine = tmp_path / "mine"
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "weights.bin").write_text("mine")
+    (mine / "metrics.jsonl").write_text("mine\n")
+    before = sorted(str(p.relative_to(mine)) for p in mine.rglob("*"))
+    command = ["pretrain", "--shards", str(tmp_path / "s"), "--tokenizer", str(tmp_path / "t")]
+    assert (
+        cli(
+            [*command, "--output", str(mine), "--preset", "tiny", "--max-steps", "10", "--num-processes", "1"]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert f"the pretrain output {mine} already holds metrics.jsonl, model, and it is not" in err
+    assert "choose an --output folder of its own" in err
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == before
+    assert (mine / "metrics.jsonl").read_text() == "mine\n"
+    (mine / "metrics.jsonl").unlink()
+    (mine / "model" / "weights.bin").unlink()
+    (mine / "model").rmdir()
+    (mine / "notes.md").write_text("mine")
+    from pipelines.stage_pretrain import OUTPUT_NAMES
+
+    refuse_foreign_files(mine, "pretrain", OUTPUT_NAMES)  # only unrelated files: used
+    killed = tmp_path / "killed"
+    (killed / "checkpoints").mkdir(parents=True)
+    (killed / "run_spec.json").write_text("{}")
+    (killed / IN_PROGRESS_NAME).write_text("{}")
+    refuse_foreign_files(killed, "pretrain", OUTPUT_NAMES)  # a killed run's: resumed
