@@ -24,7 +24,7 @@ from common.console import command_logging
 from common.dir_lock import exclusive_dir
 from common.disk_space import disk_full_error, full_disk_path
 from common.errors import TransientError, UserError
-from common.stage_output import check_own_output
+from common.stage_output import check_own_output, refuse_foreign_files
 from pipelines.preprocess_progress import watch_preprocess
 from pipelines.stage_keys import (
     code_change_note,
@@ -328,6 +328,7 @@ def run_preprocess_stage(
     if local:
         check_own_output(out_dir, "preprocess", {"tokenizer": Path(tokenizer_path)})
         _refuse_foreign_split_files(Path(out_dir))
+        refuse_foreign_files(out_dir, "preprocess", (MANIFEST_NAME, STATS_NAME, WORK_DIR))
     options = _job_options(cfg, beam_args, out_dir)
     files = _corpus_files(cfg, data_root)
     tok, _ = load_tokenizer(tokenizer_path)

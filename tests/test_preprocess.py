@@ -563,3 +563,28 @@ def test_an_output_whose_split_folder_holds_the_users_files_is_refused(tmp_path,
     )
     assert "(corpus.txt)" in err and "Fix: choose an --output folder of its own" in err
     assert sorted(p.name for p in out.rglob("*")) == ["corpus.txt", "train", "validation"]
+
+
+def test_an_output_holding_the_users_manifest_or_stats_is_refused(tmp_path, minilm_dir, capsys):
+    """`bertflow preprocess --output DIR` where DIR held the user's own manifest.json and stats.json
+    (no bertflow output) replaced both with the run's. Now refused before any work, naming them;
+    a folder of unrelated files is used and they are kept."""
+    from pipelines.cli import main as cli_main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("One sentence here. Another one follows.\n\nA second document. It has two.\n")
+    out = tmp_path / "mine"
+    out.mkdir()
+    for name in ("manifest.json", "stats.json", "notes.md"):
+        (out / name).write_text("mine\n")
+    command = ["preprocess", "--input", str(corpus), "--vocab", str(minilm_dir), "--output", str(out)]
+    command += ["--num-shards", "1", "--workers", "1"]
+    assert cli_main(command) == 2
+    err = capsys.readouterr().err
+    assert f"the preprocess output {out} already holds manifest.json, stats.json, and it is not" in err
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.md", "stats.json"]
+    assert all((out / n).read_text() == "mine\n" for n in ("manifest.json", "stats.json", "notes.md"))
+    (out / "manifest.json").unlink()
+    (out / "stats.json").unlink()
+    assert cli_main(command) == 0
+    assert (out / "notes.md").read_text() == "mine\n" and (out / "_COMPLETE.json").is_file()
