@@ -90,8 +90,16 @@ class TaskSpec(BaseModel):
                 raise ValueError("format tsv is for classification or regression")
             if self.text_a is None or self.label is None:
                 raise ValueError("format tsv needs `text_a` and `label` columns")
-            if not self.header and not all(isinstance(c, int) for c in self.columns()):
+            by_number = all(isinstance(c, int) for c in self.columns())
+            if not self.header and not by_number:
                 raise ValueError("without a header, columns must be 0-based indices")
+            if by_number and "header" not in self.model_fields_set:
+                # the first line was read as a header and skipped: a header-less file lost a row
+                raise ValueError(
+                    "columns are given by number but `header` is not set, so the file's first line "
+                    "would be skipped as a header; add `header: false` for a file without a header "
+                    "line (or `header: true` if its first line is one)"
+                )
         if self.kind == "token_classification":
             # entity F1 reads IOB2 chunks (finetuning.metrics.entity_spans): an E- or S- tag was
             # read as O, so BIOES labels scored far below seqeval's figure

@@ -286,6 +286,33 @@ def test_integer_labels_are_read_as_their_text(tmp_path, data_dir):
     assert [e.label for e in read_tsv_examples(spec, spec.path("train"))] == [1, 0]
 
 
+NUMBERED_TASK = """mine:
+  format: tsv
+  kind: classification
+  train: t.tsv
+  dev: t.tsv
+  HEADERtext_a: 0
+  label: 1
+  labels: [neg, pos]
+  metrics: [accuracy]
+"""
+
+
+def test_columns_by_number_without_header_set_are_refused_not_read_losing_a_row(tmp_path):
+    """`text_a: 0, label: 1` with no `header:` line read a header-less file's first row as a header
+    and skipped it (two rows trained on one), unsaid. Refused with the fix; `header: false` reads
+    every row and `header: true` skips the first line as before."""
+    (tmp_path / "t.tsv").write_text("good film\tpos\nbad film\tneg\n")
+    cfg = tmp_path / "tasks.yaml"
+    cfg.write_text(NUMBERED_TASK.replace("HEADER", ""))
+    with pytest.raises(UserError, match=r"task 'mine' is invalid: .*`header` is not set.*`header: false`"):
+        load_task_specs(str(cfg))
+    for header, rows in (("false", ["good film", "bad film"]), ("true", ["bad film"])):
+        cfg.write_text(NUMBERED_TASK.replace("HEADER", f"header: {header}\n  "))
+        spec = load_task_specs(str(cfg))["mine"]
+        assert [e.text_a for e in read_tsv_examples(spec, spec.path("train"))] == rows
+
+
 @pytest.mark.parametrize("text", ["", "# my tasks, to be written\n\n"])
 def test_an_empty_task_config_is_refused_not_read_as_no_change(tmp_path, text):
     """An empty --task-config (a file saved empty, or only comments) was read as no definitions, so
