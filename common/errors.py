@@ -6,8 +6,9 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 
@@ -23,6 +24,12 @@ class UserError(Exception):
         if fix:
             parts.append(f"Fix: {fix}")
         super().__init__(" ".join(parts))
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """' (did you mean PREFIX+X?)' for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
 class TransientError(Exception):

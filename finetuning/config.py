@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 from pydantic_core import PydanticCustomError
 
 from common.settings import Section, Seed
@@ -30,6 +30,18 @@ class FinetuneConfig(Section):
         description="finetuning/tasks.yaml names (GLUE, conll2003, squad) or task_config's",
     )
     task_config: str | None = Field(None, description="YAML with extra task definitions")
+    # where `tasks` came from, for a message about an unknown task name (not a setting): set by
+    # pipelines.config.load_config and by `bertflow finetune --tasks`
+    _tasks_from: str = PrivateAttr("finetune.tasks")
+
+    @property
+    def tasks_from(self) -> str:
+        return self._tasks_from
+
+    @tasks_from.setter
+    def tasks_from(self, where: str) -> None:
+        self._tasks_from = where
+
     baselines: list[str] = Field(
         default_factory=lambda: ["random"], description="other checkpoints to score: 'random' or an HF dir"
     )

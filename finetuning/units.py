@@ -28,7 +28,7 @@ from common.atomic import (
     write_marker,
 )
 from common.dir_lock import exclusive_dir
-from common.errors import UserError
+from common.errors import UserError, did_you_mean
 from common.tracking import METRICS_FILE, Tracker, WandbTarget
 from common.version import source_digests
 from finetuning.config import UNIT_CODE, FinetuneConfig
@@ -93,8 +93,9 @@ def finetune_units(cfg: FinetuneConfig) -> list[FinetuneUnit]:
     specs = load_task_specs(cfg.task_config)
     unknown = [t for t in cfg.tasks if t not in specs]
     if unknown:
+        named = ", ".join(f"{t!r}{did_you_mean(t, specs)}" for t in unknown)
         raise UserError(
-            f"unknown task(s) {unknown}.",
+            f"{cfg.tasks_from}: unknown task(s) {named}.",
             fix=f"use some of {', '.join(sorted(specs))}, or define them in a task file ({TASK_CONFIG}).",
         )
     if not cfg.tasks:

@@ -8,11 +8,9 @@ a pretraining phase's setting by the phase's name: `phases.seq32.pretrain.max_st
 
 from __future__ import annotations
 
-import difflib
 import os
 import types
 import typing
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +18,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from common.errors import UserError
+from common.errors import UserError, did_you_mean
 from common.paths import check_input_file, data_root, resolve_data_path
 from common.settings import DataPath, Section
 from common.tracking import WandbTarget
@@ -240,12 +238,6 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
-    """' (did you mean PREFIX+X?)' for the closest of `choices`, or '' when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {prefix}{close[0]}?)" if close else ""
-
-
 def _known_keys(keys: list[str]) -> list[str]:
     """The field names of the config section at `keys` ([] = the top level)."""
     model = PipelineConfig if not keys else _field_annotation(keys)
@@ -388,6 +380,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         blamed = _blamed(_failed_keys(exc, raw), where, overrides)
         raise UserError(f"{blamed} is invalid: {validation_message(exc)}") from None
     _check_phases(cfg, where, overrides)
+    # an unknown task is found where units are planned (finetuning.units): it names this source
+    tasks_where = f"finetune.tasks in {where}" if path else "finetune.tasks"
+    cfg.finetune.tasks_from = _blamed(["finetune.tasks"], tasks_where, overrides)
     if cfg.pretrain.init_from and "preset" not in cfg.model.model_fields_set:
         cfg.model.preset = None  # the model is init_from's; the record must not name a default preset
     if cfg.model.preset is None and not cfg.pretrain.init_from:

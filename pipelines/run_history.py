@@ -192,7 +192,7 @@ def find_run(runs: list[FlowRunRecord], name: str | None) -> FlowRunRecord:
         return runs[0]
     match = [r for r in runs if name in (r.name, r.path.stem, r.path.name)]
     if not match:
-        from pipelines.config import did_you_mean
+        from common.errors import did_you_mean
 
         raise UserError(
             f"no flow run named {name!r}{did_you_mean(name, [r.name for r in runs])}.",

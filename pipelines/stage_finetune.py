@@ -158,9 +158,11 @@ def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig
                 flag, getattr(args, arg), exc, f"finetune.{setting}", getattr(cfg, setting)
             ) from None
     try:
-        return FinetuneConfig.model_validate({**cfg.model_dump(), **flags})
+        out = FinetuneConfig.model_validate({**cfg.model_dump(), **flags})
     except ValidationError as exc:  # flags valid alone but not together
         raise UserError(f"bad flag values: {validation_message(exc, 'finetune')}.") from None
+    out.tasks_from = "--tasks" if "tasks" in flags else cfg.tasks_from
+    return out
 
 
 def check_flow_finetune(cfg: PipelineConfig) -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from common.errors import UserError
 from common.paths import PROJECT_ROOT, data_root, resolve_data_path
@@ -313,6 +314,24 @@ def _cpu_hour_refusal(runs: Path, setting: str) -> str:
     return str(exc.value)
 
 
+def test_an_unknown_task_says_the_key_the_config_file_and_the_closest_name(tmp_path: Path) -> None:
+    """`finetune: {tasks: [rtee]}` in a config file was `unknown task(s) ['rtee']`: no key, no file,
+    no "did you mean rte"; the same from --set named no --set item either."""
+    from pipelines.flow_preflight import check_flow
+    from pipelines.stage_plan import plan_stages
+
+    raw = yaml.safe_load((PROJECT_ROOT / "configs" / "cpu-hour.yaml").read_text())
+    raw["finetune"]["tasks"] = ["sst2", "rtee"]
+    config = tmp_path / "mine.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with pytest.raises(UserError) as exc:
+        check_flow(load_config(config, [f"run_dir={tmp_path / 'runs'}"]), plan_stages(None, None, None)[0])
+    said = f"finetune.tasks in config file {config}: unknown task(s) 'rtee' (did you mean rte?)."
+    assert said in str(exc.value)
+    refused = _cpu_hour_refusal(tmp_path / "runs", "finetune.tasks=[rtee]")
+    assert "--set finetune.tasks=[rtee]: unknown task(s) 'rtee' (did you mean rte?)." in refused
+
+
 def test_a_missing_init_from_is_refused_before_any_stage(tmp_path: Path) -> None:
     proc = _run_cpu_hour(tmp_path / "runs", f"pretrain.init_from={tmp_path / 'phase1'}")
     assert proc.returncode == 2, proc.stderr
@@ -464,7 +483,10 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
             "model.max_position_embeddings=64",
             "preprocess.max_seq_length 128 exceeds the model's 64 positions",
         ),
-        ("finetune.tasks=[sst-2]", "unknown task(s) ['sst-2']"),
+        (
+            "finetune.tasks=[sst-2]",
+            "--set finetune.tasks=[sst-2]: unknown task(s) 'sst-2' (did you mean sst2?)",
+        ),
         (
             "finetune.max_seq_length=600",
             "finetune.max_seq_length 600 exceeds the 512 positions of the pretrained model",

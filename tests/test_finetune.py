@@ -709,7 +709,7 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir, capsys):
 
     assert cli_main(["finetune", *common, "--tasks", "sst2,nope", "--output", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "unknown task(s) ['nope']" in err and "Traceback" not in err
+    assert "--tasks: unknown task(s) 'nope'." in err and "Traceback" not in err
 
 
 @pytest.mark.slow
