@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from finetuning.chance import majority_metrics
+from finetuning.chance import best_constant
 from finetuning.metrics import classification_metrics, regression_metrics
 from finetuning.tasks import TaskSpec, TextExample, label_warnings, read_tsv_examples, redefined_builtin_note
 from model.config import BertConfig
@@ -66,9 +66,17 @@ class SequenceTask:
         return classification_metrics(self.spec.metrics, per_feature, labels)
 
     def chance_metrics(self) -> dict[str, float | None]:
-        """Majority class (the best constant prediction, `chance.majority_metrics`) for
-        classification; 0 for correlations."""
+        """The best constant prediction's metrics (`chance.best_constant`) for classification; 0
+        for correlations."""
         if self.spec.kind == "regression":
             return {m: 0.0 for m in self.spec.metrics}
+        return self._best_constant()[1]
+
+    def chance_prediction(self) -> str | None:
+        """The label that `chance_metrics` always predicts (None for a regression)."""
+        label = None if self.spec.kind == "regression" else self._best_constant()[0]
+        return None if label is None else (self.spec.labels or [])[label]
+
+    def _best_constant(self) -> tuple[int | None, dict[str, float | None]]:
         train = [f["label"] for f in self.train_features]
-        return majority_metrics(self.spec.metrics, train, [f["label"] for f in self.eval_features])
+        return best_constant(self.spec.metrics, train, [f["label"] for f in self.eval_features])

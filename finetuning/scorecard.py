@@ -1,6 +1,6 @@
 """The fine-tuning scorecard: one row per checkpoint, one column per task metric, the GLUE-style
-average, a "pretrained − random init" delta row, the chance level of every task (majority class,
-`finetuning/chance.py`) and the BERT paper's BERT-base figures as a reference row. With several lrs
+average, a "pretrained − random init" delta row, the chance level of every task (the best constant
+prediction, named in its row, `finetuning/chance.py`) and the BERT paper's BERT-base figures as a reference row. With several lrs
 the best lr per (checkpoint, task) is chosen by mean dev score over seeds; the table shows that
 lr's seed-mean (± the standard deviation over seeds when there are several). A score that evaluation
 noise alone could reach from the chance level is marked "(chance)", and the headline says how many
@@ -97,6 +97,7 @@ def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "score_std": _std([r["score"] for r in rs]),
             "seed_scores": {str(r["seed"]): r["score"] for r in rs},
             "chance_metrics": chance,
+            "chance_prediction": first.get("chance_prediction"),
             "at_chance": is_at_chance(lr_scores[best_lr], chance, first["n_eval"])
             if chance and lr_scores[best_lr] is not None
             else None,
@@ -318,17 +319,21 @@ def _margin(noise: SeedNoise | None) -> float | None:
 
 
 def _chance_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """task/metric -> chance value (majority class; None where the dev set cannot define the
-    metric), from the first row that recorded it."""
+    """task/metric -> chance value (the best constant prediction's; None where the dev set cannot
+    define the metric) and task -> the label that prediction always answers, from the first row
+    that recorded them."""
     values: dict[str, float | None] = {}
+    predictions: dict[str, str] = {}
     for row in rows:
         for t, info in row["tasks"].items():
             for m, v in (info.get("chance_metrics") or {}).items():
                 values.setdefault(f"{t}/{m}", v)
+            if info.get("chance_prediction") is not None:
+                predictions.setdefault(t, info["chance_prediction"])
     name = "best constant prediction (chance)"
     if any(k.endswith("/exact_match") for k in values):
         name = "chance: best constant prediction; SQuAD: the context sentence sharing most words with the question"
-    return {"name": name, "values": values}
+    return {"name": name, "values": values, "predictions": predictions}
 
 
 def _headline(rows: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -578,10 +583,14 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
         table.append([f"Δ {d.get('name', d['checkpoint'])} − {versus}", *cells, average])
     chance = card.get("chance", {}).get("values", {})
     if chance:
+        said = card["chance"].get("predictions", {})
         cells = [
-            "undefined"
-            if f"{t}/{m}" in chance and chance[f"{t}/{m}"] is None
-            else _fmt(chance.get(f"{t}/{m}"))
+            (
+                "undefined"
+                if f"{t}/{m}" in chance and chance[f"{t}/{m}"] is None
+                else _fmt(chance.get(f"{t}/{m}"))
+            )
+            + (f" (always {said[t]})" if t in said and f"{t}/{m}" in chance else "")
             for t, m in columns
         ]
         table.append([card["chance"]["name"], *cells, "—"])
@@ -643,10 +652,12 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
     header, table = table_rows(card, columns)
     lines = [
         "Dev-set scores (0-100); the best lr by dev score when several were run, mean ± standard deviation "
-        "over seeds. (chance): not above the best constant prediction's score (the majority class, or "
-        "for a metric like F1 the class it favours; for SQuAD the no-learning answer: the context sentence "
-        "sharing most words with the question) by more than evaluation noise on this many examples "
-        "(one-sided 95%; `finetuning/chance.py`). Δ rows: the difference of the seed means "
+        "over seeds. Chance row: the scores of the constant answer (`always LABEL`) whose dev score (the mean "
+        "of the task's metrics) is best: the majority class for accuracy alone, but beside F1 (of the "
+        "positive label) often the positive label even where it is the minority; for SQuAD the no-learning "
+        "answer, the context sentence sharing most words with the question. (chance): a dev score not above "
+        "that constant answer's dev score by more than evaluation noise on this many examples (one-sided "
+        "95%; `finetuning/chance.py`), so a metric can exceed the chance row's and still be marked. Δ rows: the difference of the seed means "
         "± its seed-noise margin (standard error × Student's t at 95%, Welch; `finetuning/seed_noise.py`); "
         "a task counts as ahead or behind only beyond that margin.",
         "",

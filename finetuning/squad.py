@@ -263,6 +263,10 @@ class SquadTask:
         )
         return {m: scores[m] for m in self.spec.metrics}
 
+    def chance_prediction(self) -> None:
+        """No constant answer: `chance_metrics` is the overlap sentence of each question."""
+        return None
+
 
 def overlap_sentence_answers(examples: list[QAExample]) -> dict[str, str]:
     """A no-learning baseline, after the SQuAD paper's sliding window: each question answered with

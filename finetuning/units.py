@@ -320,6 +320,7 @@ def _unit_result(
         "score": unit_score(metrics),
         "diverged": not math.isfinite(stats.final_loss),
         "chance_metrics": task.chance_metrics(),
+        "chance_prediction": task.chance_prediction(),
         "lr": unit.lr,
         "seed": unit.seed,
         "checkpoint": checkpoint,

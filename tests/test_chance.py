@@ -8,7 +8,10 @@ import math
 import pytest
 
 from finetuning.chance import chance_threshold, is_at_chance, majority_metrics
+from finetuning.glue import SequenceTask
 from finetuning.scorecard import build_scorecard
+from finetuning.tasks import load_task_specs
+from preprocessing.wordpiece import load_tokenizer
 
 
 def test_majority_class_metrics_like_mrpc():
@@ -250,3 +253,33 @@ def test_a_single_class_dev_set_has_an_undefined_chance_score_not_a_crash(tmp_pa
     build_scorecard(results, tmp_path)
     md = (tmp_path / "scorecard.md").read_text()
     assert "| best constant prediction (chance) | undefined | — |" in md
+
+
+def test_the_chance_row_names_its_constant_answer_which_can_be_the_minority_class(tmp_path, minilm_dir):
+    """A task scored by accuracy and F1 on 11 `pos` of 30 dev rows: the best constant answer by the
+    mean of the two is always `pos` (36.7 / 53.7, mean 45.2; always `neg`: 63.3 / 0). The legend
+    said "the majority class", so a model answering all `neg` (63.3, above the row's 36.7) looked
+    wrongly marked "(chance)". The row now names the answer per metric and the legend the rule."""
+    rows = ["good film\tpos"] * 11 + ["bad film\tneg"] * 19
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (tmp_path / "tasks.yaml").write_text(
+        "mine: {format: tsv, kind: classification, train: dev.tsv, dev: dev.tsv, text_a: sentence, "
+        "label: label, labels: [neg, pos], metrics: [accuracy, f1]}\n"
+    )
+    spec = load_task_specs(str(tmp_path / "tasks.yaml"))["mine"]
+    task = SequenceTask(spec, load_tokenizer(minilm_dir)[0], 16, None, None, None)
+    chance = task.chance_metrics()
+    assert chance == pytest.approx({"accuracy": 100 * 11 / 30, "f1": 100 * 22 / 41})
+    assert task.chance_prediction() == "pos"
+    results = [
+        {**_unit(label, kind, "mine", 1, {"accuracy": 63.3, "f1": 0.0}, chance), "glue": False, "n_eval": 30,
+         "chance_prediction": task.chance_prediction()}
+        for label, kind in (("ours", "pretrained"), ("random:tiny", "random"))
+    ]  # fmt: skip
+    build_scorecard(results, tmp_path / "card")
+    md = (tmp_path / "card" / "scorecard.md").read_text()
+    assert "| best constant prediction (chance) | 36.7 (always pos) | 53.7 (always pos) | — |" in md
+    assert "| ours | 63.3 (chance) | 0.0 (chance) |" in md
+    assert (
+        "the constant answer (`always LABEL`) whose dev score (the mean of the task's metrics) is best" in md
+    )
