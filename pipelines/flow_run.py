@@ -178,7 +178,7 @@ class FlowRun:
         elif read_marker(out) is not None and not complete(name, out):  # the stage resumes and exports it
             (out / MARKER_NAME).unlink()
         key_inputs = stage_key_inputs(self.cfg)[name]
-        if not complete(name, out):
+        if not complete(name, out) and name != "finetune":  # finetune's is said by fan_out, before its units
             self._key_change_note(name, out, key_inputs)
         out.mkdir(parents=True, exist_ok=True)
         write_stage_key(out, key_inputs)
@@ -248,6 +248,8 @@ class FlowRun:
         from finetuning.fanout import UnitPool
 
         pretrain, tokenizer = self.upstream(upstream["pretrain"]), self.upstream(upstream["tokenizer"])
+        if not complete("finetune", out := self.dirs["finetune"]):  # why the units train again
+            self._key_change_note("finetune", out, stage_key_inputs(self.cfg)["finetune"])
         jobs, copied = self._prepare_units(pretrain, tokenizer)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
         complete_before = [keep.unit_complete(job) for job in jobs]

@@ -18,7 +18,8 @@ from common.stage_output import newest_verified_step
 from pipelines.run_history import flow_runs, runs_cli
 from pipelines.stage_keys import base_stage
 
-NOTED_STAGES = ("tokenizer", "preprocess", "pretrain")  # the ones that take long; later ones follow them
+# the ones that take long (fine-tuning: every unit trains again); the report follows them
+NOTED_STAGES = ("tokenizer", "preprocess", "pretrain", "finetune")
 SHOWN_CHANGES = 4
 
 

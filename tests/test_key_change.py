@@ -8,21 +8,24 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from common.atomic import IN_PROGRESS_NAME, write_marker
 from pipelines.config import load_config
 from pipelines.flow_records import stage_record, write_record
 from pipelines.key_change import key_change_note
 from pipelines.stage_keys import stage_dirs, stage_key_inputs
+from tests.flow_support import flow_log_lines, tiny_config
 
 
-def flow_run_of(cfg, sets: list[str], run_name: str, started: float) -> Path:
-    """The output dir a flow run of `cfg` with `sets` used for pretrain, recorded as that run."""
+def flow_run_of(cfg, sets: list[str], run_name: str, started: float, stage: str = "pretrain") -> Path:
+    """The output dir a flow run of `cfg` with `sets` used for `stage`, recorded as that run."""
     old = load_config(None, [f"run_dir={cfg.run_dir}", *sets])
-    out = stage_dirs(old)["pretrain"]
+    out = stage_dirs(old)[stage]
     out.mkdir(parents=True)
-    (out / "stage_key.json").write_text(json.dumps(stage_key_inputs(old)["pretrain"]))
+    (out / "stage_key.json").write_text(json.dumps(stage_key_inputs(old)[stage]))
     root = Path(cfg.run_dir)
-    records = [stage_record("pretrain", out, "ran", 1.0, 1.0)]
+    records = [stage_record(stage, out, "ran", 1.0, 1.0)]
     write_record(root, run_name, f"{cfg.name}-{run_name}", records, started, status="completed")
     return out
 
@@ -62,3 +65,35 @@ def test_a_changed_setting_is_named_with_what_the_old_key_keeps(tmp_path: Path) 
     assert key_change_note(tmp_path, "other", "pretrain", now, inputs) == ("", False)
     assert key_change_note(tmp_path, cfg.name, "pretrain", old, inputs) == ("", False)
     assert key_change_note(tmp_path, cfg.name, "finetune", now, inputs) == ("", False)
+
+
+def test_a_fine_tuning_setting_that_moved_the_key_is_named(tmp_path: Path) -> None:
+    """README says the flow names the settings that moved a stage's key since the config's last
+    flow run, but only tokenizer, preprocess and pretrain were noted: a rerun with
+    `--set finetune.epochs=2` retrained every unit without naming the setting."""
+    cfg = load_config(None, [f"run_dir={tmp_path}", "finetune.epochs=2"])
+    old = flow_run_of(cfg, [], "calm-owl", time.time() - 60, stage="finetune")
+    write_marker(old, {"stage": "finetune"})
+    note, lost = key_change_note(
+        tmp_path, cfg.name, "finetune", stage_dirs(cfg)["finetune"], stage_key_inputs(cfg)["finetune"]
+    )
+    assert not lost and note.startswith("finetune: computes under a new key; since flow run calm-owl (")
+    assert "of config 'default': finetune.epochs 3.0 -> 2.0." in note
+
+
+@pytest.mark.slow
+def test_the_flow_says_why_its_units_train_again_once_before_they_train(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    from pipelines.flow import bert_pipeline
+
+    config = tiny_config(tmp_path, data_dir, finetune={"tasks": ["rte"], "seeds": [1], "baselines": []})
+    first = bert_pipeline(config=str(config))
+    with flow_log_lines() as said:
+        bert_pipeline(config=str(config), overrides=["finetune.epochs=2"])
+    notes = [i for i, line in enumerate(said) if line.startswith("finetune: computes under a new key")]
+    assert len(notes) == 1, said
+    assert f"since flow run {first['flow_run']} (" in said[notes[0]]
+    assert "finetune.epochs 1.0 -> 2.0. Its output under the old key" in said[notes[0]]
+    [plan] = [i for i, line in enumerate(said) if line.startswith("finetune: 1 units, 0 already complete")]
+    assert notes[0] < plan, said  # said before the units train, not after them beside the scorecard
