@@ -137,6 +137,13 @@ def _written_by_bertflow(out: Path) -> bool:
     return (out / IN_PROGRESS_NAME).is_file() or leftovers or lock_file_of(out).is_file()
 
 
+def _holds_a_file(path: Path) -> bool:
+    """`path` is a file, or a folder with a file somewhere below it."""
+    if path.is_file():
+        return True
+    return path.is_dir() and any(p.is_file() for p in path.rglob("*"))
+
+
 def refuse_foreign_files(
     out_dir: str | os.PathLike, stage: str, written: tuple[str, ...], own: tuple[str, ...] = ()
 ) -> None:
@@ -144,13 +151,14 @@ def refuse_foreign_files(
     stage's own output (no `_COMPLETE.json`, no sign of a killed run: `_written_by_bertflow`, or a
     file in `own` that only the stage writes, first) holds the user's files: refused before any
     work, naming a few of them. An empty folder, or one holding only other files, is used as it is
-    (the stage never touches them)."""
+    (the stage never touches them), and so is an empty folder of a written name (`checkpoints/`: a
+    mount point of its own disk)."""
     out = Path(out_dir)
     if not out.is_dir() or read_marker(out) is not None or _written_by_bertflow(out):
         return
     if any((out / name).is_file() for name in own):
         return
-    clash = sorted(n for n in written if (out / n).exists())
+    clash = sorted(n for n in written if _holds_a_file(out / n))
     if clash:
         shown = ", ".join(clash[:4]) + (f" and {len(clash) - 4} more" if len(clash) > 4 else "")
         raise UserError(

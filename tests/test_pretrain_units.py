@@ -701,6 +701,8 @@ def test_an_output_holding_the_users_files_is_refused_before_any_work(tmp_path, 
     from pipelines.stage_pretrain import OUTPUT_NAMES
 
     refuse_foreign_files(mine, "pretrain", OUTPUT_NAMES)  # only unrelated files: used
+    (mine / "checkpoints").mkdir()  # an empty folder of a written name (its own disk mounted there): used
+    refuse_foreign_files(mine, "pretrain", OUTPUT_NAMES)
     killed = tmp_path / "killed"
     (killed / "checkpoints").mkdir(parents=True)
     (killed / "run_spec.json").write_text("{}")
