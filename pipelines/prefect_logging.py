@@ -28,13 +28,21 @@ class _UserErrorWithoutTraceback(logging.Filter):
         user_error = bool(record.exc_info and isinstance(record.exc_info[1], EXPLAINED))
         if user_error:
             record.exc_info, record.exc_text = None, None
+        if record.name == "prefect.flow_runs":  # "Encountered exception ...", "Finished in state Failed(...)"
+            message = record.getMessage()
+            return not (user_error or any(f"{name}:" in message for name in _user_error_names()))
+        return True
+
+
+class _StopNotCrash(logging.Filter):
+    """Prefect's "Crash detected!" for a run the user stopped said as a stop, at INFO, and its
+    "Finished in state Crashed(...)" at INFO too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
         if record.msg in [f"Crash detected! {said}" for said in STOPS]:
             record.msg, record.args = STOPPED, ()
         if record.msg in [STOPPED, *(f"Finished in state Crashed({said!r})" for said in STOPS)]:
             record.levelno, record.levelname = logging.INFO, "INFO"
-        if record.name == "prefect.flow_runs":  # "Encountered exception ...", "Finished in state Failed(...)"
-            message = record.getMessage()
-            return not (user_error or any(f"{name}:" in message for name in _user_error_names()))
         return True
 
 
@@ -50,8 +58,9 @@ def _user_error_names() -> list[str]:
 
 
 def drop_user_error_tracebacks() -> None:
-    """Install the filter on Prefect's task and flow run loggers (idempotent)."""
+    """Install the filters on Prefect's task and flow run loggers (idempotent)."""
     for name in RUN_LOGGERS:
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _UserErrorWithoutTraceback) for f in logger.filters):
-            logger.addFilter(_UserErrorWithoutTraceback())
+        for kind in (_StopNotCrash, _UserErrorWithoutTraceback):
+            if not any(isinstance(f, kind) for f in logger.filters):
+                logger.addFilter(kind())
