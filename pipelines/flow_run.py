@@ -57,40 +57,46 @@ def value_of(output: Any) -> Any:
 
 
 class UnitsFailed(UserError):
-    """Fine-tuning units failed in a flow run: the CLI says which, as one paragraph; exit 1, as
-    `bertflow finetune` exits when a unit failed."""
+    """Fine-tuning units failed in a flow run: the CLI says which, as one paragraph; exit 2 when every
+    one failed on bad input (a rerun as it is fails again), else 1, as `bertflow finetune` exits."""
 
-    exit_code = 1
+    def __init__(self, failed: list[dict[str, Any]], total: int) -> None:
+        self.failed, self.total = failed, total
+        self.exit_code = 2 if all(u["bad_input"] for u in failed) else 1
+        lines = [
+            f"- {u['unit']} [{u['checkpoint']}] (its folder {u['out_dir']}): {u['error']}" for u in failed
+        ]
+        kept = "; the other units are complete and kept" if len(failed) < total else ""
+        super().__init__(
+            f"{len(failed)} of {total} fine-tuning units failed (the lines of their task runs above are "
+            f"their logs{kept}):\n" + "\n".join(lines) + f"\nFix: {UNITS_FIX}"
+        )
+
+    def record_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The `finetune-units` row of the flow-run record: the count and the fix as its error, and
+        one entry per failed unit (its error's first line), which `bertflow runs show` lists."""
+        first_lines = [{**u, "error": (u["error"].strip().splitlines() or [""])[0]} for u in self.failed]
+        error = f"{len(self.failed)} of {self.total} fine-tuning units failed. Fix: {UNITS_FIX}"
+        return {**row, "error": error, "failed_units": first_lines}
 
 
 UNITS_FIX = "fix what each error names, then rerun the same command: it runs only the failed units again."
 
 
-def failed_units(jobs: list[Any], futures: list[Any]) -> list[dict[str, str]]:
+def failed_units(jobs: list[Any], futures: list[Any]) -> list[dict[str, Any]]:
     """The units whose task runs failed (each after its retries): name, checkpoint label, what the
-    error says (its task's prefix off), folder."""
+    error says (its task's prefix off, its first 500 characters), folder, and whether it was bad
+    input (a UserError: not retried, and a rerun as it is fails again)."""
     failed = []
     for job, future in zip(jobs, futures, strict=True):
         if not future.state.is_completed():
             error = future.state.result(raise_on_failure=False)
             said = str(error).removeprefix(f"fine-tuning unit {job.name} failed: ") or future.state.name
             failed.append(
-                {"unit": job.unit.name, "checkpoint": job.label, "error": said, "out_dir": str(job.out_dir)}
-            )
+                {"unit": job.unit.name, "checkpoint": job.label, "error": said[:500], "out_dir": str(job.out_dir),
+                 "bad_input": isinstance(error, UserError)}
+            )  # fmt: skip
     return failed
-
-
-def units_failed(failed: list[dict[str, str]], total: int) -> UnitsFailed:
-    """The flow's end when units failed: which, their errors and folders. The finished units stay
-    complete on disk; the next run runs only the failed ones."""
-    lines = [
-        f"- {u['unit']} [{u['checkpoint']}] (its folder {u['out_dir']}): {u['error'][:500]}" for u in failed
-    ]
-    kept = "; the other units are complete and kept" if len(failed) < total else ""
-    return UnitsFailed(
-        f"{len(failed)} of {total} fine-tuning units failed (the lines of their task runs above are "
-        f"their logs{kept}):\n" + "\n".join(lines) + f"\nFix: {UNITS_FIX}"
-    )
 
 
 class FlowRun:
@@ -183,21 +189,12 @@ class FlowRun:
         out.mkdir(parents=True, exist_ok=True)
         write_stage_key(out, key_inputs)
         wait_for = [self.outputs[s] for s in after if s in self.outputs]
-        t0 = time.time()
         options = self._options(read_marker(out) is not None)
-        self.records.append(stage_record(name, out, "running", 0.0, 0.0))  # what a killed run was doing
-        self.write_record()
-        try:
+        with self._row(name, out) as t0:
             state = task_fn.with_options(task_run_name=name, **options)(
                 stage=name, out_dir=str(out), **inputs, **params, wait_for=wait_for, return_state=True
             )
             value = state.result()  # raises the stage's exception if it failed (after retries)
-        except Exception as exc:
-            self.records[-1] = failed_record(name, out, time.time() - t0, exc)
-            raise
-        except BaseException:  # stopped (SIGTERM, Ctrl-C): still the stage it was in, and for how long
-            self.records[-1] = {**stage_record(name, out, "running", time.time() - t0, 0.0), "stopped": True}
-            raise
         status = "reused" if value.get("status") == "reused" else _cache_status(state)
         if status == "ran":
             self.made_here.add(name)
@@ -253,17 +250,18 @@ class FlowRun:
         jobs, copied = self._prepare_units(pretrain, tokenizer)
         wait_for = [o for o in (pretrain, tokenizer) if isinstance(o, State)]
         complete_before = [keep.unit_complete(job) for job in jobs]
-        t0 = time.time()
-        with UnitPool(self.cfg.finetune, len(jobs), data_root=self.cfg.data_root, wandb=self.wandb) as pool:
-            first = self._submit_bounded(task_fn, jobs, complete_before, pool, wait_for)
-            futures = self._keep_models(task_fn, jobs, first, pool, wait_for)
+        with self._row("finetune-units", self.root / "finetune" / "units", key="-") as t0:
+            with UnitPool(
+                self.cfg.finetune, len(jobs), data_root=self.cfg.data_root, wandb=self.wandb
+            ) as pool:
+                first = self._submit_bounded(task_fn, jobs, complete_before, pool, wait_for)
+                futures = self._keep_models(task_fn, jobs, first, pool, wait_for)
+            if failed := failed_units(jobs, futures):
+                raise UnitsFailed(failed, len(futures))
         # a unit trained again for its model ran here
         complete_before = [
             done and f is f0 for done, f, f0 in zip(complete_before, futures, first, strict=True)
         ]
-        if failed := failed_units(jobs, futures):
-            self._record_failed_units(failed, len(futures), t0)
-            raise units_failed(failed, len(futures))
         self._record_units(jobs, futures, complete_before, copied, t0)
         self.outputs["units"] = futures
         self._log_kept_models(jobs)
@@ -318,20 +316,10 @@ class FlowRun:
         note = self._code_note(
             "finetune", [j.out_dir for j, done in zip(jobs, complete_before, strict=True) if done]
         )
-        self.records.append(
-            {**stage_record("finetune-units", units_dir, status, time.time() - t0, seconds, note), "key": "-"}
-        )
-        self.write_record()
-
-    def _record_failed_units(self, failed: list[dict[str, str]], total: int, t0: float) -> None:
-        """The `finetune-units` row of a flow run whose units failed: how many, and one entry per
-        failed unit (`failed_units`: unit, checkpoint, its error's first line, folder), which
-        `bertflow runs show` lists."""
-        units_dir = self.root / "finetune" / "units"
-        error = f"{len(failed)} of {total} fine-tuning units failed. Fix: {UNITS_FIX}"
-        row = failed_record("finetune-units", units_dir, time.time() - t0, RuntimeError(error))
-        first_lines = [{**u, "error": (u["error"].strip().splitlines() or [""])[0][:500]} for u in failed]
-        self.records.append({**row, "key": "-", "failed_units": first_lines})
+        self.records[-1] = {
+            **stage_record("finetune-units", units_dir, status, time.time() - t0, seconds, note),
+            "key": "-",
+        }
         self.write_record()
 
     def _log_kept_models(self, jobs: list[Any]) -> None:
@@ -412,6 +400,28 @@ class FlowRun:
             finished(future)
         wait(futures)
         return futures
+
+    @contextmanager
+    def _row(self, name: str, out: Path, **extra: str) -> Iterator[float]:
+        """A stage's row while it runs (`running`: what a killed flow run was doing; yields its start
+        time): failed when it raises, still `running` and `stopped` with the seconds it ran when the
+        user stops it (SIGTERM, Ctrl-C). The caller replaces the row once the stage is done."""
+        t0 = time.time()
+        self.records.append({**stage_record(name, out, "running", 0.0, 0.0), **extra})
+        self.write_record()
+        try:
+            yield t0
+        except Exception as exc:
+            row = {**failed_record(name, out, time.time() - t0, exc), **extra}
+            self.records[-1] = exc.record_row(row) if isinstance(exc, UnitsFailed) else row
+            raise
+        except BaseException:
+            self.records[-1] = {
+                **stage_record(name, out, "running", time.time() - t0, 0.0),
+                **extra,
+                "stopped": True,
+            }
+            raise
 
     def write_record(self) -> Path:
         """What this flow run did so far, stage by stage (rewritten in place on later calls)."""

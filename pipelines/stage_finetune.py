@@ -7,7 +7,7 @@ finished ones are reused on a rerun. Without --checkpoint it fine-tunes the flow
 CONFIG exactly as the flow does (`flow_plan`), writing where the flow looks: its units into
 `run_dir/finetune/units/` and the scorecard into the finetune stage directory, so the flow reuses
 them and vice versa. Exit code 1 when any unit failed (the others still ran and their results are
-kept).
+kept), 2 when every failed unit failed on bad input (a rerun as it is would fail again).
 """
 
 from __future__ import annotations
@@ -333,7 +333,7 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"bertflow finetune: {len(failed)} of {len(results)} unit(s) failed (see above).", file=sys.stderr
         )
-        return 1
+        return 2 if all(r.get("bad_input") for r in failed) else 1  # 2: a rerun as it is fails again
     if not args.checkpoint and not args.unit:  # the flow's finetune stage, complete
         write_marker(output, {"stage": "finetune", "by": "bertflow finetune", "code": stage_code("finetune")})
         write_stage_key(output, stage_key_inputs(cfg_all.model_copy(update={"finetune": cfg}))["finetune"])

@@ -711,6 +711,15 @@ def test_cli_user_task_and_failed_unit(tmp_path, minilm_dir, data_dir, capsys):
     err = capsys.readouterr().err
     assert "--tasks: unknown task(s) 'nope'." in err and "Traceback" not in err
 
+    # a unit that fails on bad input (here its folder holds a finished result of other settings) ends
+    # the command with exit 2, as a refusal does: a rerun as it is fails again (it exited 1, which a
+    # flow or a wrapper retries as a lost worker)
+    marker = movies / "_COMPLETE.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "key": "other-settings"}))
+    assert cli_main(["finetune", *common, "--tasks", "movies", "--output", str(out)]) == 2
+    said = capsys.readouterr()
+    assert "1 of 1 unit(s) failed" in said.err and "made with different settings" in said.out, said
+
 
 @pytest.mark.slow
 def test_pretrained_beats_random_init_on_sst2(tmp_path, minilm_dir):

@@ -480,3 +480,30 @@ def test_show_sizes_the_units_the_run_used_not_the_whole_units_folder(
     assert cli(["runs", "show", "--run-dir", str(root)]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("finetune-units"))
     assert "1 of 2 present" in row, row
+
+
+def test_a_flow_run_stopped_while_its_units_train_has_a_stopped_units_row(
+    tmp_path: Path, data_dir: Path, capsys
+) -> None:
+    """A flow run stopped (Ctrl-C, SIGTERM) while its fine-tuning units trained left no
+    `finetune-units` row: its record ended at the stage before, so `runs show` could not say what
+    it was doing. The units now have a row from their start, as every stage has (`FlowRun._row`),
+    which a stop leaves `stopped` with the seconds they ran, and a failure leaves failed."""
+    from pipelines.config import load_config
+    from pipelines.flow_run import FlowRun
+    from tests.flow_support import tiny_config
+
+    cfg = load_config(tiny_config(tmp_path, data_dir))
+    run = FlowRun(cfg, "stopped-in-units", None, None, None)
+    units = run.root / "finetune" / "units"
+    with pytest.raises(KeyboardInterrupt), run.recorded(), run._row("finetune-units", units, key="-"):
+        [row] = json.loads(run.record_path.read_text())["stages"]
+        assert row["stage"] == "finetune-units" and row["status"] == "running", row  # a kill -9 here
+        raise KeyboardInterrupt
+    record = json.loads(run.record_path.read_text())
+    assert record["status"] == "stopped" and record["stopped_by"] == "Ctrl-C", record
+    [row] = record["stages"]
+    assert row["status"] == "running" and row["stopped"] and row["key"] == "-", row
+    assert cli(["runs", "show", "stopped-in-units", "--run-dir", str(run.root)]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"\nfinetune-units +stopped +\d", shown), shown

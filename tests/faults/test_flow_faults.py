@@ -362,7 +362,8 @@ def test_failed_fine_tuning_units_end_the_flow_in_one_paragraph_naming_them(
     """A fine-tuning unit that fails mid-flow (here its task's TSV gets a broken line once the
     flow's checks passed) ended `bertflow run` in 'RuntimeError: 1 of 1 fine-tuning units failed'
     with a Python traceback. Now the flow's last words are one paragraph naming the failed unit,
-    its error and its folder, and the way on; exit 1."""
+    its error and its folder, and the way on; exit 2, since the unit failed on bad input (it was exit 1,
+    as for a lost worker, which a wrapper retries to the same end)."""
     rows = (data_dir / "glue/SST-2/dev.tsv").read_text().splitlines()[1:41]
     tsv = tmp_path / "movies.tsv"
     tsv.write_text(
@@ -388,7 +389,7 @@ def test_failed_fine_tuning_units_end_the_flow_in_one_paragraph_naming_them(
         if proc.poll() is None:
             proc.kill()
     said = log_path.read_text()
-    assert proc.returncode == 1, said[-3000:]
+    assert proc.returncode == 2, said[-3000:]
     [unit_dir] = (tmp_path / "run" / "finetune" / "units").iterdir()
     end = said[said.rindex("bertflow run: error: ") :]
     assert end.startswith("bertflow run: error: 1 of 1 fine-tuning units failed"), said[-3000:]
