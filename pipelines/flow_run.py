@@ -125,6 +125,7 @@ class FlowRun:
         self.stopped_by: str | None = None
         self.unit_dirs: list[str] = []
         self.made_here: set[str] = set()  # the outputs this flow run computed (not cached, not reused)
+        self.noted: set[str] = set()  # the stages whose key change this flow run has said
 
     def task_run_ids(self) -> list[str]:
         """The task runs this flow run has made so far: one per stage that ran, one per unit."""
@@ -184,7 +185,7 @@ class FlowRun:
         elif read_marker(out) is not None and not complete(name, out):  # the stage resumes and exports it
             (out / MARKER_NAME).unlink()
         key_inputs = stage_key_inputs(self.cfg)[name]
-        if not complete(name, out) and name != "finetune":  # finetune's is said by fan_out, before its units
+        if not complete(name, out):  # finetune's was said by fan_out, before its units
             self._key_change_note(name, out, key_inputs)
         out.mkdir(parents=True, exist_ok=True)
         write_stage_key(out, key_inputs)
@@ -213,7 +214,10 @@ class FlowRun:
 
     def _key_change_note(self, stage: str, out: Path, key_inputs: dict[str, Any]) -> None:
         """Say why `stage` computes again, and what the last flow run of this config left under the
-        old key (a warning when that is progress only the old settings resume)."""
+        old key (a warning when that is progress only the old settings resume); once a flow run."""
+        if stage in self.noted:
+            return
+        self.noted.add(stage)
         phase = stage.partition("@")[2]
         own = next((ph for ph in self.cfg.phases if ph.name == phase), None)
         phase_own = set(getattr(own, base_stage(stage))) if own is not None else None
