@@ -73,8 +73,9 @@ class FlowRunRecord:
         entries = self.data.get("stages", [])
         return next((self.local(r["out_dir"]) for r in entries if r.get("stage") == stage), None)
 
-    def stage_dirs(self) -> dict[str, Path]:
-        """stage → this run's output, as `update_latest` links them: the stages it recorded (a
+    def recorded_stage_dirs(self) -> dict[str, Path]:
+        """stage → this run's output as its record says (`stage_keys.stage_dirs` computes them from a
+        config), as `update_latest` links them: the stages it recorded (a
         phase's as pretrain@NAME) and the others it planned (an --only run's inputs), these by their
         folder where it holds only one of them."""
         planned = [self.local(d) for d in self.data.get("planned", [])]
@@ -294,7 +295,7 @@ def relink_latest(root: Path) -> None:
     record = latest / "flow_run.json"
     if record.is_symlink() and not record.exists():
         newest = next((r for r in flow_runs(root) if r.status == "completed"), None)
-        update_latest(root, newest.stage_dirs() if newest else {}, newest.path if newest else None)
+        update_latest(root, newest.recorded_stage_dirs() if newest else {}, newest.path if newest else None)
     for link in latest.iterdir():
         if link.is_symlink() and not link.exists():
             link.unlink()  # pointed at something just deleted
