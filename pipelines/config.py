@@ -9,13 +9,14 @@ a pretraining phase's setting by the phase's name: `phases.seq32.pretrain.max_st
 from __future__ import annotations
 
 import os
+import shlex
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from common.errors import UserError, did_you_mean
@@ -112,6 +113,16 @@ class PipelineConfig(Section):
     )
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     report: ReportSection = Field(default_factory=ReportSection)
+    # what `load_config` read: the config file (None: none, the built-in defaults) and the --set items
+    _source: tuple[str | None, tuple[str, ...]] | None = PrivateAttr(None)
+
+    def command_line(self, command: str, *args: str) -> str:
+        """`bertflow COMMAND CONFIG ARGS --set ITEMS` for this config, quoted for a shell: the config
+        file and `--set` items `load_config` was given, so that a hint pasted runs this config (its
+        stage keys, its run directory); CONFIG where there was no file (a config built in code)."""
+        path, overrides = self._source or (None, ())
+        words = ["bertflow", command, path or "CONFIG", *args]
+        return shlex.join(words + (["--set", *overrides] if overrides else []))
 
     def data_path(self, path: str) -> Path:
         return resolve_data_path(path, self.data_root)
@@ -391,4 +402,5 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             "pretrain.init_from is not set.",
             fix="name a preset (tiny, mini, small, medium, base, large) or set pretrain.init_from.",
         )
+    cfg._source = (None if path is None else str(path), tuple(overrides or ()))
     return cfg

@@ -100,8 +100,10 @@ def check_flow_init_vocabulary(cfg: PipelineConfig) -> None:
 
     init_dir = check_init_from(cfg.pretrain.init_from)
     if cfg.tokenizer.vocab:
-        check_init_vocabulary(init_dir, vocab_source(cfg.tokenizer, cfg.data_root), cfg.tokenizer.lowercase)
+        check_init_vocabulary(
+            init_dir, vocab_source(cfg.tokenizer, cfg.data_root), cfg, cfg.tokenizer.lowercase
+        )
         return
     trained = stage_dir(cfg, "tokenizer")
     if read_marker(trained) is not None:
-        check_init_vocabulary(init_dir, trained)
+        check_init_vocabulary(init_dir, trained, cfg)

@@ -235,7 +235,7 @@ class FlowRun:
 
     def _code_note(self, stage: str, out_dirs: list[Path]) -> str:
         """The warning when complete outputs this run reuses were made by other code ('' if none)."""
-        note = code_change_note(stage, out_dirs)
+        note = code_change_note(stage, out_dirs, cfg=self.cfg)
         if note:
             get_run_logger().warning(note)
         return note

@@ -70,10 +70,12 @@ def code_change_note(
     stage: str,
     out_dirs: Sequence[str | os.PathLike],
     read: Callable[[Any], dict[str, Any] | None] = read_marker,
+    cfg: PipelineConfig | None = None,
 ) -> str:
     """'' when every complete output in `out_dirs` (a stage directory, or fine-tuning units) was made
     by this code, else one line saying which were made by other code, which files differ, and how
-    to recompute them. `read`: how to read an output's marker (None: not complete)."""
+    to recompute them (the flow command of `cfg`, the config whose outputs they are; None: one
+    with CONFIG for its file). `read`: how to read an output's marker (None: not complete)."""
     current = stage_code(stage)
     markers = [m for m in map(read, out_dirs) if m is not None]
     # per complete output: the files changed since it was made, or None when it recorded no code
@@ -89,7 +91,7 @@ def code_change_note(
     what = str(out_dirs[0]) if len(out_dirs) == 1 else f"{len(stale)} of {len(markers)} complete outputs"
     return (
         f"{stage}: reusing {what} made by {made_by}; "
-        f"to recompute with this code: bertflow run CONFIG --force {stage}"
+        f"to recompute with this code: {(cfg or PipelineConfig()).command_line('run', '--force', stage)}"
     )
 
 
@@ -304,8 +306,8 @@ def with_phase_init(cfg: PipelineConfig) -> PipelineConfig:
     if not (previous.parent / MARKER_NAME).is_file():
         raise UserError(
             f"this pretraining starts from the model of phase {name!r}, which has none yet ({previous}).",
-            fix=f"run that phase first: `bertflow pretrain CONFIG --phase {name}` (after `bertflow preprocess "
-            f"CONFIG --phase {name}`), or the whole flow: `bertflow run CONFIG`.",
+            fix=f"run that phase first: `{cfg.command_line('pretrain', '--phase', name)}` (after "
+            f"`{cfg.command_line('preprocess', '--phase', name)}`), or the whole flow: `{cfg.command_line('run')}`.",
         )
     return cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"init_from": str(previous)})})
 
@@ -408,12 +410,13 @@ def complete(stage: str, out: Path) -> bool:
     return is_complete(out) and (base_stage(stage) != "pretrain" or has_model(out))
 
 
-def flow_input(directory: Path, stage: str, flag: str) -> Path:
-    """A stage command's default input: the flow's output of `stage` for its CONFIG, which must be
-    complete (a UserError says how to make it, or which flag names another)."""
+def flow_input(cfg: PipelineConfig, directory: Path, stage: str, flag: str) -> Path:
+    """A stage command's default input: the flow's output of `stage` for its config `cfg`, which must
+    be complete (a UserError says how to make it, or which flag names another)."""
     if not is_complete(directory):
         raise UserError(
             f"the flow has no complete {stage} output for this config ({directory}).",
-            fix=f"run `bertflow run CONFIG --only {stage}` (or the stages before it) first, or pass {flag} DIR.",
+            fix=f"run `{cfg.command_line('run', '--only', stage)}` (or the stages before it) first, "
+            f"or pass {flag} DIR.",
         )
     return directory

@@ -95,8 +95,8 @@ def refuse_missing_inputs(cfg: PipelineConfig, selected: list[str], dirs: dict[s
     them = "them" if len(missing) > 1 else "it"
     raise UserError(
         f"{only_flags(selected)} needs stages that have no complete output for this config: {shown}.",
-        fix=f"run {them} in the same command: `bertflow run CONFIG {only_flags(names)}`, or the whole "
-        "flow: `bertflow run CONFIG` (it reuses every complete stage).",
+        fix=f"run {them} in the same command: `{cfg.command_line('run', *only_flags(names).split())}`, or "
+        f"the whole flow: `{cfg.command_line('run')}` (it reuses every complete stage).",
     )
 
 

@@ -609,7 +609,7 @@ def main(args: argparse.Namespace) -> int:
     # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
 
     flow = stage_dirs(cfg.model_copy(update={"preprocess": pcfg}))
-    vocab = Path(args.vocab) if args.vocab else flow_input(flow["tokenizer"], "tokenizer", "--vocab")
+    vocab = Path(args.vocab) if args.vocab else flow_input(cfg, flow["tokenizer"], "tokenizer", "--vocab")
     if args.vocab and not args.output and vocab.resolve() != flow["tokenizer"].resolve():
         # the flow's shard directory is keyed by the flow's own tokenizer
         raise UserError(

@@ -531,9 +531,13 @@ def _run(args: argparse.Namespace, flags: list[tuple[str, str, str]]) -> int:
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)
     flow = stage_dirs(cfg)
     tokenizer = (
-        Path(args.tokenizer) if args.tokenizer else flow_input(flow["tokenizer"], "tokenizer", "--tokenizer")
+        Path(args.tokenizer)
+        if args.tokenizer
+        else flow_input(cfg, flow["tokenizer"], "tokenizer", "--tokenizer")
     )
-    shards = Path(args.shards) if args.shards else flow_input(flow["preprocess"], "preprocess", "--shards")
+    shards = (
+        Path(args.shards) if args.shards else flow_input(cfg, flow["preprocess"], "preprocess", "--shards")
+    )
     others = [
         flag
         for flag, path, own in (

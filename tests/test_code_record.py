@@ -134,7 +134,7 @@ def test_a_flow_run_records_and_prints_a_reuse_across_a_code_change(tmp_path: Pa
     assert row["status"] == "cached"
     assert row["code_note"] == (
         f"verify: reusing {out} made by other code (changed since: pipelines/verify_data.py); "
-        "to recompute with this code: bertflow run CONFIG --force verify"
+        f"to recompute with this code: bertflow run CONFIG --force verify --set run_dir={tmp_path}"
     )
     assert json.loads(Path(second["record"]).read_text())["stages"][0]["code_note"] == row["code_note"]
     assert f"  WARNING {row['code_note']}" in end_summary(second).splitlines()

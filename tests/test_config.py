@@ -192,11 +192,11 @@ def test_init_froms_own_vocabulary_is_named_as_the_file_tokenizer_vocab_takes(
     (model / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nof\n")
     (model / "tokenizer" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nof\nthe\n")
     with pytest.raises(UserError) as exc:
-        check_init_vocabulary(model, model / "tokenizer" / "vocab.txt")
+        check_init_vocabulary(model, model / "tokenizer" / "vocab.txt", load_config(None))
     said = str(exc.value)
     assert f"tokenizer.vocab: {model / 'vocab.txt'}, and its tokenizer" in said, said
     assert f"`bertflow pretrain CONFIG --tokenizer {model} --shards NEW_SHARDS --output OUT`" in said, said
-    check_init_vocabulary(model, model / "vocab.txt")  # the fix, followed
+    check_init_vocabulary(model, model / "vocab.txt", load_config(None))  # the fix, followed
     assert model / "vocab.txt" in check_data_paths(
         load_config(None, [f"tokenizer.vocab={model / 'vocab.txt'}"])
     )
@@ -392,7 +392,7 @@ def test_only_a_stage_whose_inputs_are_missing_is_refused_naming_every_one_and_t
         "preprocess",
         "pretrain",
     ]
-    suggested = re.search(r"`bertflow run CONFIG ((--only \w+ ?)+)`", said).group(1).split()[1::2]
+    suggested = re.search(r"`bertflow run CONFIG ((--only \w+ ?)+)--set", said).group(1).split()[1::2]
     assert suggested == ["tokenizer", "preprocess", "pretrain", "finetune"]
     check_flow_inputs(cfg, plan_stages(suggested, None, None)[0])
     for selection in ([None, None], [None, "finetune"]):  # the whole flow, --from: they make every input
@@ -405,7 +405,8 @@ def test_only_a_stage_whose_inputs_are_missing_is_refused_naming_every_one_and_t
     assert f"no complete output for this config: pretrain ({runs / 'pretrain'}/" in said
     assert (
         ", finetune (" in said
-        and "`bertflow run CONFIG --only pretrain --only finetune --only report`" in said
+        and f"`bertflow run CONFIG --only pretrain --only finetune --only report --set run_dir={runs}`"
+        in said
     )
 
     earlier = runs / "pretrain" / stage_keys(cfg, earlier=True)["pretrain"]
@@ -428,7 +429,8 @@ def test_only_the_main_pretraining_of_a_phased_config_names_the_missing_phase_in
         check_flow_inputs(cfg, ["pretrain"])
     said = str(exc.value)
     assert "no complete output for this config: preprocess (" in said and "seq32" not in said
-    assert "`bertflow run CONFIG --only preprocess --only pretrain`" in said
+    hint = f"`bertflow run {PROJECT_ROOT / 'configs' / 'cpu-hour.yaml'} --only preprocess --only pretrain --set run_dir="
+    assert hint in said
     _mark_complete(cfg, "preprocess", "pretrain")
     check_flow_inputs(cfg, ["finetune"])  # the main phase's pretraining: its phase's is not read
     empty = load_config(PROJECT_ROOT / "configs" / "cpu-hour.yaml", [f"run_dir={tmp_path / 'other'}"])
@@ -586,7 +588,10 @@ def test_a_stage_command_before_the_flow_made_its_input_says_which_stage_to_run(
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert f"the flow has no complete {stage} output for this config" in proc.stderr
-    assert f"bertflow run CONFIG --only {stage}" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        f"bertflow run configs/default.yaml --only {stage} --set run_dir={tmp_path / 'runs'}" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
 
 
@@ -777,3 +782,63 @@ def test_a_warmup_longer_than_the_run_is_refused():
         {"max_steps": 8, "warmup_steps": 1000}, context={"recorded": True}
     )
     assert recorded.warmup_steps == 1000
+
+
+def _pasted(hint: str) -> list:
+    """Each `bertflow ...` command in a hint, as the CLI parses it when pasted into a shell."""
+    import shlex
+
+    from pipelines.cli import build_parser
+
+    commands = re.findall(r"`(bertflow [^`]+)`|: (bertflow .+)$", hint)
+    words = [shlex.split(a or b) for a, b in commands]
+    return [build_parser(w[1]).parse_args(w[1:]) for w in words]
+
+
+def test_a_fix_hint_pasted_runs_this_config_with_its_set_items(tmp_path: Path) -> None:
+    """The hints that name a command to run said `bertflow run CONFIG ...` without the user's
+    --set items: pasted, they ran a config file named CONFIG, and the --set items left out gave
+    other stage keys (another run). They now name the config file and every --set item, quoted
+    for a shell; parsed by the CLI and loaded, the command's config has this config's keys."""
+    from pipelines.flow_preflight import check_flow_inputs
+    from pipelines.stage_keys import code_change_note, flow_input, stage_keys, with_phase_init
+    from training.preflight import own_tokenizer_fix
+
+    items = [f"run_dir={tmp_path / 'my runs'}", "finetune.tasks=[sst2, mrpc]", "pretrain.lr=0.0005"]
+    cfg = load_config(PROJECT_ROOT / "configs" / "cpu-hour.yaml", items)
+    keys = stage_keys(cfg)
+
+    def same_config(args, phase: str | None = None) -> bool:
+        pasted = load_config(args.config, args.overrides if args.command == "run" else args.set)
+        return stage_keys(pasted.phase_config(pasted.phase_index(phase))) == stage_keys(
+            cfg.phase_config(cfg.phase_index(phase))
+        )
+
+    with pytest.raises(UserError) as exc:
+        check_flow_inputs(cfg, ["pretrain"])
+    only, whole = _pasted(str(exc.value))
+    assert only.only == ["tokenizer", "preprocess", "pretrain"] and whole.only is None
+    assert same_config(only) and same_config(whole)
+    with pytest.raises(UserError) as exc:
+        flow_input(cfg, tmp_path / "none", "tokenizer", "--vocab")
+    [run] = _pasted(str(exc.value))
+    assert run.only == ["tokenizer"] and same_config(run)
+    with pytest.raises(UserError) as exc:
+        with_phase_init(cfg)
+    pretrain, preprocess, whole = _pasted(str(exc.value))
+    assert (pretrain.command, preprocess.command, whole.command) == ("pretrain", "preprocess", "run")
+    assert all(same_config(args, "seq32") for args in (pretrain, preprocess)) and same_config(whole)
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "_COMPLETE.json").write_text('{"stage": "pretrain"}')  # made before code was recorded
+    [force] = _pasted(code_change_note("pretrain", [out], cfg=cfg))
+    assert force.force == ["pretrain"] and same_config(force)
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    _, preprocess, pretrain = _pasted(own_tokenizer_fix(init, cfg))  # (the first: `bertflow run`)
+    assert (preprocess.vocab, pretrain.tokenizer) == (str(init), str(init))
+    assert same_config(preprocess) and same_config(pretrain)
+    assert keys == stage_keys(cfg)
+    # a config built in code has no file to name: the hint keeps the placeholder
+    assert code_change_note("pretrain", [out]).endswith("bertflow run CONFIG --force pretrain")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -175,23 +176,31 @@ def test_init_from_a_model_of_another_vocabulary_size_says_to_make_the_shards_ag
     )
     shape = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512}
     (init / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 64, **shape}))
-    fix = (
-        "Fix: pretrain with init_from's own tokenizer, on shards made with it (shards hold the token ids of "
-        f"the tokenizer that made them): in the flow (`bertflow run`), set tokenizer.vocab: {init / 'vocab.txt'}, "
-        "and its tokenizer and preprocess stages run again for that vocabulary; with the stage commands, "
-        f"`bertflow preprocess CONFIG --vocab {init} --output NEW_SHARDS`, then "
-        f"`bertflow pretrain CONFIG --tokenizer {init} --shards NEW_SHARDS --output OUT`."
-    )
+
+    def fix(*extra: str) -> str:  # the stage commands with the config's --set items
+        items = shlex.join(settings(*extra))
+        return (
+            "Fix: pretrain with init_from's own tokenizer, on shards made with it (shards hold the token ids of "
+            f"the tokenizer that made them): in the flow (`bertflow run`), set tokenizer.vocab: {init / 'vocab.txt'}, "
+            "and its tokenizer and preprocess stages run again for that vocabulary; with the stage commands, "
+            f"`bertflow preprocess CONFIG --vocab {init} --output NEW_SHARDS --set {items}`, then "
+            f"`bertflow pretrain CONFIG --tokenizer {init} --shards NEW_SHARDS --output OUT --set {items}`."
+        )
+
     cfg = config(f"pretrain.init_from={init}")
     _fails(
         cfg,
         shards,
         tok,
         tmp_path / "out",
-        r"has vocab_size 64, the tokenizer .* has 30522\. " + re.escape(fix),
+        r"has vocab_size 64, the tokenizer .* has 30522\. " + re.escape(fix(f"pretrain.init_from={init}")),
     )
     flow = config(f"pretrain.init_from={init}", f"tokenizer.vocab={tok / 'vocab.txt'}")
-    with pytest.raises(UserError, match=r"another vocabulary than .*" + re.escape(fix)):
+    with pytest.raises(
+        UserError,
+        match=r"another vocabulary than .*"
+        + re.escape(fix(f"pretrain.init_from={init}", f"tokenizer.vocab={tok / 'vocab.txt'}")),
+    ):
         check_flow_init_vocabulary(flow)
 
 

@@ -202,10 +202,11 @@ def shorter_init_length(init_from: str | None, seq: int | None) -> int | None:
     return trained if trained is not None and trained < seq else None
 
 
-def own_tokenizer_fix(init_dir: Path) -> str:
+def own_tokenizer_fix(init_dir: Path, cfg: Any) -> str:
     """How to pretrain `init_dir` with its own tokenizer: the shards hold the token ids of the
     tokenizer that made them, so they are made again with it; in the flow, `tokenizer.vocab` does
-    that (the tokenizer and preprocess stages are keyed by the vocabulary and run again)."""
+    that (the tokenizer and preprocess stages are keyed by the vocabulary and run again). `cfg`:
+    the pipeline config (pipelines/config.py), whose stage commands the fix names."""
     from model.hf_io import TOKENIZER_FILES
 
     own = next((init_dir / n for n in TOKENIZER_FILES if (init_dir / n).is_file()), None)
@@ -218,15 +219,16 @@ def own_tokenizer_fix(init_dir: Path) -> str:
         "pretrain with init_from's own tokenizer, on shards made with it (shards hold the token ids "
         f"of the tokenizer that made them): in the flow (`bertflow run`), set tokenizer.vocab: {own}, "
         "and its tokenizer and preprocess stages run again for that vocabulary; with the stage commands, "
-        f"`bertflow preprocess CONFIG --vocab {init_dir} --output NEW_SHARDS`, then "
-        f"`bertflow pretrain CONFIG --tokenizer {init_dir} --shards NEW_SHARDS --output OUT`."
+        f"`{cfg.command_line('preprocess', '--vocab', str(init_dir), '--output', 'NEW_SHARDS')}`, then "
+        f"`{cfg.command_line('pretrain', '--tokenizer', str(init_dir), '--shards', 'NEW_SHARDS', '--output', 'OUT')}`."
     )
 
 
-def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | None = None) -> None:
+def check_init_vocabulary(init_dir: Path, tokenizer: Path, cfg: Any, lowercase: bool | None = None) -> None:
     """The rows of init_from's embeddings are the ids of its own vocabulary: a tokenizer with other
     tokens, the same ones in another order, or another casing would train them on the wrong words.
-    `lowercase`: the casing `tokenizer` is read with (a bare vocab.txt: tokenizer.lowercase)."""
+    `cfg`: the pipeline config; `lowercase`: the casing `tokenizer` is read with (a bare vocab.txt:
+    tokenizer.lowercase)."""
     from model.hf_io import has_tokenizer, read_config, tokenizer_fit_problem, tokenizer_size
     from preprocessing.wordpiece import tokenizer_difference
 
@@ -248,7 +250,7 @@ def check_init_vocabulary(init_dir: Path, tokenizer: Path, lowercase: bool | Non
         raise UserError(
             f"pretrain.init_from {init_dir} was trained with another vocabulary than {tokenizer} "
             f"({differs}): its embeddings would be read as the wrong tokens.",
-            fix=own_tokenizer_fix(init_dir),
+            fix=own_tokenizer_fix(init_dir, cfg),
         )
 
 
@@ -263,9 +265,9 @@ def model_config(cfg, vocab: list[str], tokenizer_dir: Path) -> BertConfig:
             raise UserError(
                 f"pretrain.init_from {init_dir} has vocab_size {base.vocab_size}, the tokenizer "
                 f"{tokenizer_dir} has {len(vocab)}.",
-                fix=own_tokenizer_fix(init_dir),
+                fix=own_tokenizer_fix(init_dir, cfg),
             )
-        check_init_vocabulary(init_dir, tokenizer_dir)
+        check_init_vocabulary(init_dir, tokenizer_dir, cfg)
         check_init_shape(m, base, init_dir)
         base.hidden_dropout_prob = m.hidden_dropout_prob
         base.attention_probs_dropout_prob = m.attention_probs_dropout_prob
