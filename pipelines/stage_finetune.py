@@ -13,6 +13,7 @@ kept), 2 when every failed unit failed on bad input (a rerun as it is would fail
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -144,6 +145,14 @@ def _flag_values(args: argparse.Namespace) -> dict:
     return values
 
 
+def flow_config(args: argparse.Namespace) -> PipelineConfig:
+    """The config of this command's flow with the flags as `--set finetune.*` items: the flow command
+    that makes or recomputes its units (`bertflow run` has no finetune flags). Call after
+    `apply_flags`, which names a bad flag as the flag's."""
+    items = [f"finetune.{setting}={json.dumps(value)}" for setting, value in _flag_values(args).items()]
+    return load_config(args.config, [*args.set, *items])
+
+
 def apply_flags(cfg: FinetuneConfig, args: argparse.Namespace) -> FinetuneConfig:
     """The command-line flags win over the config file's finetune: section (already valid, so a
     refusal here is a flag's: each is checked alone, and the first bad one is named)."""
@@ -239,13 +248,14 @@ def _plan_from_args(
         if args.output or args.tokenizer or args.baselines is not None:
             raise UserError(
                 "--output, --tokenizer and --baselines go with --checkpoint.",
-                fix="pass --checkpoint DIR, or none of them to fine-tune the flow's model for CONFIG.",
+                fix="pass --checkpoint DIR, or none of them to fine-tune the flow's model for the config.",
             )
         model_dir, tokenizer_dir = stage_dir(cfg_all, "pretrain") / "model", stage_dir(cfg_all, "tokenizer")
         if read_marker(model_dir.parent) is None or read_marker(tokenizer_dir) is None:
             raise UserError(
                 f"the flow has no pretrained model for this config ({model_dir}).",
-                fix="run `bertflow run CONFIG --only pretrain` (or the stages before it) first, or pass --checkpoint DIR.",
+                fix=f"run `{cfg_all.command_line('run', '--only', 'pretrain')}` (or the stages before it) first, "
+                "or pass --checkpoint DIR.",
             )
         return flow_plan(cfg_all, model_dir, tokenizer_dir), stage_dir(cfg_all, "finetune")
     if not args.output:
@@ -311,7 +321,7 @@ def main(args: argparse.Namespace) -> int:
     fanout.refuse_nonfinite_encoders(cfg, selected)
     _print_task_notes(cfg, selected, cfg_all.data_root)  # a task file's data mistake, before any unit
     complete = {j.out_dir for j in selected if keep.unit_complete(j)}
-    _print_plan(cfg, selected, complete, reused, output)
+    _print_plan(cfg, selected, complete, reused, output, None if args.checkpoint else flow_config(args))
     progress = Progress(len(selected) - len(complete), "units to run")
 
     def report(job: Job, result: dict) -> None:
@@ -355,9 +365,17 @@ def _print_task_notes(cfg: FinetuneConfig, jobs: list[Job], data_root: str | Non
         print(f"bertflow finetune: {warning_line(note)}", flush=True)
 
 
-def _print_plan(cfg: FinetuneConfig, jobs: list[Job], complete: set[Path], reused: int, output: Path) -> None:
+def _print_plan(
+    cfg: FinetuneConfig,
+    jobs: list[Job],
+    complete: set[Path],
+    reused: int,
+    output: Path,
+    flow: PipelineConfig | None,
+) -> None:
     """The line saying how many units run on how many workers, and the notes on reused outputs
-    made by other code and on finished units that train again to keep their model."""
+    made by other code (`flow`: the config whose flow recomputes them) and on finished units that
+    train again to keep their model."""
     from finetuning import fanout, keep
     from training.ranks import visible_gpus
 
@@ -369,7 +387,7 @@ def _print_plan(cfg: FinetuneConfig, jobs: list[Job], complete: set[Path], reuse
         + f", {workers} worker(s) of {fanout.unit_threads(cfg, workers, gpus)} torch thread(s) -> {output}",
         flush=True,
     )
-    if note := code_change_note("finetune", sorted(complete)):
+    if note := code_change_note("finetune", sorted(complete), cfg=flow):
         print(f"bertflow finetune: {note}", flush=True)
     if note := keep.retrain_note(jobs, cfg.save_models):
         print(f"bertflow finetune: {note}", flush=True)

@@ -97,6 +97,56 @@ def test_the_workers_flag_is_that_many_units_at_a_time_on_cpu_and_on_gpus(
     assert worker_count(cfg, 90, gpus, cpus=16) == (gpus * per_gpu if gpus else workers)
 
 
+def test_the_finetune_commands_code_change_note_names_the_flow_command_of_its_units(
+    tmp_path, minilm_dir, capsys
+):
+    """`bertflow finetune`'s warning on units made by other code said `bertflow run CONFIG --force
+    finetune`: pasted, a config file named CONFIG, and without the --set items and the command's
+    flags, other units. It names the config file, the --set items and the flags as `--set
+    finetune.*` items: the pasted command's config plans the same units in the same directory."""
+    import shlex
+
+    from common.atomic import write_marker
+    from pipelines.cli import build_parser
+    from pipelines.config import load_config
+    from pipelines.stage_finetune import _plan_from_args, _print_plan, apply_flags, flow_config
+    from pipelines.stage_keys import stage_dir
+
+    words = [
+        "finetune",
+        "configs/default.yaml",
+        "--set",
+        f"run_dir={tmp_path / 'my runs'}",
+        "wandb.mode=disabled",
+    ]
+    args = build_parser("finetune").parse_args(
+        [*words, "--tasks", "sst2", "--lr", "5e-5,3e-5", "--threads", "2"]
+    )
+    cfg_all = load_config(args.config, args.set)
+    cfg = apply_flags(cfg_all.finetune, args)  # as `main` plans its units
+    old = tmp_path / "old-unit"
+    write_marker(old, {"unit": "made before code was recorded"})
+    _print_plan(cfg, [], {old}, 0, tmp_path / "out", flow_config(args))
+    [note] = [line for line in capsys.readouterr().out.splitlines() if "to recompute" in line]
+    pasted = shlex.split(note.split("to recompute with this code: ", 1)[1])
+    run = build_parser("run").parse_args(pasted[1:])
+    assert (run.command, run.config, run.force) == ("run", "configs/default.yaml", ["finetune"])
+    flow = load_config(run.config, run.overrides)
+    command = cfg_all.model_copy(update={"finetune": cfg})
+    assert stage_dir(flow, "finetune") == stage_dir(command, "finetune")
+
+    def keys(c: FinetuneConfig) -> list[str]:
+        return [j.key for j in plan(c, ["random:tiny"], tmp_path / "ft", tokenizer_dir=minilm_dir)]
+
+    assert keys(flow.finetune) == keys(cfg) and len(keys(cfg)) == 2 * len(cfg.seeds)
+    with pytest.raises(UserError) as exc:  # no pretrained model yet: the run that makes it
+        _plan_from_args(cfg_all, cfg, args)
+    [hint] = re.findall(r"`(bertflow run [^`]+)`", str(exc.value))
+    run = build_parser("run").parse_args(shlex.split(hint)[1:])
+    assert run.only == ["pretrain"]
+    assert stage_dir(load_config(run.config, run.overrides), "pretrain") == stage_dir(command, "pretrain")
+
+
 def test_a_units_threads_follow_neither_the_concurrency_nor_the_machine_and_a_set_count_is_keyed(
     tmp_path, minilm_dir
 ):
