@@ -47,6 +47,7 @@ from pipelines.stage_keys import (
     with_phase_init,
     write_stage_key,
 )
+from training.ds_config import MUON_ZERO_FIX
 
 if TYPE_CHECKING:
     from model.model_card import CardFacts, EvalFacts
@@ -468,19 +469,30 @@ PRESET_DECIDES = (
 )
 
 
+# a refusal's fix in the config's words, as this command's flag says it (whether typed or not)
+FLAG_FIXES = {
+    MUON_ZERO_FIX: "pass --zero-stage 0 (= pretrain.zero_stage), or --set pretrain.optimizer=adamw."
+}
+
+
 def name_the_flags(error: UserError, flags: list[tuple[str, str, str]]) -> UserError:
     """`error` with the flags the user typed named next to the settings they gave: a refusal of
     `model.preset 'mini'` (or of the model.hidden_size its --preset decides) reads as the config's
-    unless it says that here it is `--preset mini` to change or drop."""
+    unless it says that here it is `--preset mini` to change or drop. A fix that sets a setting
+    this command has a flag for is said as the flag (`FLAG_FIXES`), and that flag gets no note."""
     text = str(error)
+    for said, as_flag in FLAG_FIXES.items():
+        text = text.replace(said, as_flag)
     notes = []
     for flag, key, value in flags:
         decided = [k for k in PRESET_DECIDES if k in text] if key == "model.preset" else []
+        if f"pass {flag} " in text:  # the fix says what to give it
+            continue
         if key in text or decided:
             via = f", which decides {', '.join(decided)}" if decided and key not in text else ""
             notes.append(f"{key} is the `{flag} {value}` you typed{via}: change or drop {flag}")
     if not notes:
-        return error
+        return error if text == str(error) else UserError(text)
     return UserError(f"{text} (On this command line: {'; '.join(notes)}.)")
 
 

@@ -485,6 +485,29 @@ def test_a_refusal_of_the_preset_names_the_preset_flag_typed(data, tmp_path, min
     assert "model.preset is the `--preset mini` you typed: change or drop --preset" in err, err
 
 
+@pytest.mark.parametrize("given", [[], ["--zero-stage", "2"], ["--set", "pretrain.zero_stage=1"]])
+def test_muon_refused_by_the_pretrain_command_names_its_zero_stage_flag(data, tmp_path, capsys, given):
+    """`bertflow pretrain --set pretrain.optimizer=muon` at ZeRO 1-3 (the template's, `--zero-stage 2`
+    or pretrain.zero_stage) was told "set pretrain.zero_stage: 0", and with `--zero-stage 2` typed
+    also "change or drop --zero-stage" (dropped, the template's stage 2 is refused again). The
+    command's fix is its flag, `--zero-stage 0`, which wins over the config and --set."""
+    from pipelines.cli import main as cli
+
+    shards, tok = data
+    out = tmp_path / "out"
+    argv = ["pretrain", "--shards", str(shards), "--tokenizer", str(tok), "--output", str(out),
+            "--num-processes", "2", "--set", "pretrain.optimizer=muon", *given]  # fmt: skip
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "pretrain.optimizer muon needs ZeRO stage 0" in err, err
+    assert (
+        err.count("Fix: pass --zero-stage 0 (= pretrain.zero_stage), or --set pretrain.optimizer=adamw.") == 1
+    )
+    assert "set pretrain.zero_stage: 0" not in err and "drop --zero-stage" not in err, err
+    followed = config("pretrain.optimizer=muon", "pretrain.zero_stage=0")  # as --zero-stage 0 sets it
+    assert _spec(followed, shards, tok, out).ds_config["zero_optimization"]["stage"] == 0
+
+
 def test_a_master_port_in_use_is_refused_before_a_rank_starts(data, tmp_path):
     """pretrain.master_port naming a port another program listens on failed the launch with a
     38-line torch traceback ending EADDRINUSE, as a RuntimeError the flow then retried. Now one

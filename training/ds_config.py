@@ -56,6 +56,10 @@ def resolve_precision(requested: str, template: dict[str, Any], on_gpu: bool, bf
     return precision
 
 
+# the Muon refusal's fix, in the config's words (`bertflow pretrain` says it as its flag: name_the_flags)
+MUON_ZERO_FIX = "set pretrain.zero_stage: 0, or use optimizer adamw."
+
+
 def resolve_zero_stage(
     cfg: PretrainConfig, world_size: int, template: dict[str, Any] | None = None, src: str | None = None
 ) -> int:
@@ -84,7 +88,7 @@ def resolve_zero_stage(
             f"pretrain.optimizer muon needs ZeRO stage 0; this run's is {stage} (from {origin}). DeepSpeed's "
             "ZeRO 1 and 2 clip Muon's orthogonalized update as if it were the gradient (every Muon step of the "
             "tiny model shrank ~40x), and its ZeRO 3 refuses Muon with reduce-scatter.",
-            fix="set pretrain.zero_stage: 0, or use optimizer adamw.",
+            fix=MUON_ZERO_FIX,
         )
     return stage
 
