@@ -83,12 +83,14 @@ def run_pretrain_stage(
     log_debug: Callable[[str], None] | None = None,
     wandb: WandbTarget | None = None,
     stage: str = "pretrain",
+    announce: str | None = None,
 ) -> Path:
     """Check everything, launch the ranks, return the model directory. The ranks' lines about the
     run go to `log_line`, DeepSpeed's and torch's talk about themselves to `log_debug` (dropped
     when None), every line to OUT/launcher.log. `wandb`: where the W&B run goes (the flow passes
     its run's group; alone, the group is `<config name>-pretrain`). `stage`: the flow's name of the
-    stage (pretrain@NAME for a phase), which names the W&B run."""
+    stage (pretrain@NAME for a phase), which names the W&B run. `announce`: a line for `log_line`
+    once every check has passed, as the ranks launch (none for a refusal or a finished run)."""
     from training import launch, preflight
     from training.ranks import resolve_ranks, split_text, visible_gpus
 
@@ -121,6 +123,8 @@ def run_pretrain_stage(
     if p.master_port and node_rank == 0 and not p.hostfile:  # node 0's ranks listen on it
         launch.check_port_free(p.master_port)
 
+    if announce:
+        log_line(announce)
     # node 0 holds the lock of the (shared) output directory; other nodes only run ranks
     with exclusive_dir(out_dir, "pretrain") if node_rank == 0 else nullcontext():
         if node_rank == 0:  # the output's writer; other nodes' ranks only add their checkpoint shards
@@ -567,16 +571,17 @@ def _run(args: argparse.Namespace, flags: list[tuple[str, str, str]]) -> int:
             fix="add --output DIR.",
         )
     output = Path(args.output) if args.output else flow["pretrain"]
-    print(
+    announce = (  # said once the checks pass: a refused run writes no launcher.log
         f"pretrain: shards {shards}, tokenizer {tokenizer}, output {output} "
-        f"(every line of the ranks, DeepSpeed's warnings included: {output / 'launcher.log'})",
-        flush=True,
+        f"(every line of the ranks, DeepSpeed's warnings included: {output / 'launcher.log'})"
     )
     # SIGTERM (a scheduler's preemption, `kill PID`): the ranks save the step they reached and exit
     # before this command does (training/stop_request.py)
     with sigterm_as_interrupt():
         stage = phase_stage("pretrain", args.phase or "")
-        run_pretrain_stage(cfg, shards, tokenizer, output, node_rank=args.node_rank, stage=stage)
+        run_pretrain_stage(
+            cfg, shards, tokenizer, output, node_rank=args.node_rank, stage=stage, announce=announce
+        )
     if not args.output and args.node_rank == 0:
         write_stage_key(output, stage_key_inputs(cfg)["pretrain"])
     return 0

@@ -436,6 +436,9 @@ def test_a_relative_output_works_from_any_directory(data, tmp_path):
     res = subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert (cwd / "relative_run" / "model" / "model.safetensors").is_file()
+    # the banner naming the launcher's log, once the checks passed (a refusal prints none)
+    assert res.stdout.count("DeepSpeed's warnings included: relative_run/launcher.log)") == 1, res.stdout
+    assert (cwd / "relative_run" / "launcher.log").is_file()
 
 
 def test_an_output_inside_the_tokenizer_directory_is_refused(data, tmp_path):
@@ -498,8 +501,10 @@ def test_muon_refused_by_the_pretrain_command_names_its_zero_stage_flag(data, tm
     argv = ["pretrain", "--shards", str(shards), "--tokenizer", str(tok), "--output", str(out),
             "--num-processes", "2", "--set", "pretrain.optimizer=muon", *given]  # fmt: skip
     assert cli(argv) == 2
-    err = capsys.readouterr().err
+    said = capsys.readouterr()
+    err = said.err
     assert "pretrain.optimizer muon needs ZeRO stage 0" in err, err
+    assert "launcher.log" not in said.out and not (out / "launcher.log").exists(), said.out
     assert (
         err.count("Fix: pass --zero-stage 0 (= pretrain.zero_stage), or --set pretrain.optimizer=adamw.") == 1
     )
