@@ -89,10 +89,9 @@ def code_change_note(
         shown = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
         made_by = f"other code (changed since: {shown}{'; some by ' + made_by if None in stale else ''})"
     what = str(out_dirs[0]) if len(out_dirs) == 1 else f"{len(stale)} of {len(markers)} complete outputs"
-    return (
-        f"{stage}: reusing {what} made by {made_by}; "
-        f"to recompute with this code: {(cfg or PipelineConfig()).command_line('run', '--force', stage)}"
-    )
+    # a phase's stage (pretrain@NAME) is forced as its stage: `--force` takes no phase
+    rerun = (cfg or PipelineConfig()).command_line("run", "--force", base_stage(stage))
+    return f"{stage}: reusing {what} made by {made_by}; to recompute with this code: {rerun}"
 
 
 def corpus_stamps(cfg: PipelineConfig, patterns: list[str], *, earlier: bool = False) -> list[dict[str, Any]]:

@@ -833,6 +833,8 @@ def test_a_fix_hint_pasted_runs_this_config_with_its_set_items(tmp_path: Path) -
     (out / "_COMPLETE.json").write_text('{"stage": "pretrain"}')  # made before code was recorded
     [force] = _pasted(code_change_note("pretrain", [out], cfg=cfg))
     assert force.force == ["pretrain"] and same_config(force)
+    [force] = _pasted(code_change_note("pretrain@seq32", [out], cfg=cfg))  # a phase's: no such --force
+    assert force.force == ["pretrain"] and same_config(force)
     init = tmp_path / "init"
     init.mkdir()
     (init / "vocab.txt").write_text("[PAD]\n[UNK]\n")
