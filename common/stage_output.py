@@ -149,14 +149,15 @@ def refuse_foreign_files(
 ) -> None:
     """An output folder holding files `stage` writes or clears (names in `written`) that is not that
     stage's own output (no `_COMPLETE.json`, no sign of a killed run: `_written_by_bertflow`, or a
-    file in `own` that only the stage writes, first) holds the user's files: refused before any
+    file matching a pattern in `own` (a name, or a glob below `out_dir`) that only the stage
+    writes, first) holds the user's files: refused before any
     work, naming a few of them. An empty folder, or one holding only other files, is used as it is
     (the stage never touches them), and so is an empty folder of a written name (`checkpoints/`: a
     mount point of its own disk)."""
     out = Path(out_dir)
     if not out.is_dir() or read_marker(out) is not None or _written_by_bertflow(out):
         return
-    if any((out / name).is_file() for name in own):
+    if any(p.is_file() for pattern in own for p in out.glob(pattern)):
         return
     clash = sorted(n for n in written if _holds_a_file(out / n))
     if clash:

@@ -21,7 +21,7 @@ from common.tracking import Tracker, WandbTarget, read_metrics
 from model.model_card import CardFacts, verdict
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import latest_record
-from pipelines.report_plots import plot_curves
+from pipelines.report_plots import PANELS, plot_curves
 from pipelines.report_sections import (
     Links,
     data_section,
@@ -36,6 +36,9 @@ from pipelines.report_sections import (
 from pipelines.stage_keys import base_stage, phase_names, phase_stage, run_root, stage_dirs
 
 EMBEDDED_NAME = "report_embedded.md"
+# what the report writes into its folder (`refuse_foreign_files`; report_embedded.md, which only
+# the report writes, is the sign of a partial report written there before, which has no marker)
+OUTPUT_NAMES = ("report.md", "report.html", EMBEDDED_NAME, *(f"{p[0]}.png" for p in PANELS), "wandb_files")
 
 
 def wandb_run_dirs(directories: list[Path]) -> list[Path]:

@@ -23,9 +23,10 @@ from pydantic import ValidationError
 
 from common.atomic import read_marker, write_marker
 from common.console import warning_line
+from common.dir_lock import LOCK_FILE
 from common.errors import UserError
 from common.paths import check_output_dir
-from common.stage_output import check_own_output
+from common.stage_output import check_own_output, refuse_foreign_files
 from finetuning.config import FinetuneConfig
 from finetuning.keep import MODEL_DIR
 from pipelines.config import PipelineConfig, bad_flag_value, load_config, validation_message
@@ -41,6 +42,11 @@ from pipelines.stage_keys import (
 if TYPE_CHECKING:
     from common.tracking import WandbTarget
     from finetuning.units import Job
+
+# what `finetune --output DIR` writes there (`refuse_foreign_files`), and the sign that an earlier
+# `finetune --output DIR` wrote it (--checkpoint writes no marker): a unit's lock, which stays
+OUTPUT_NAMES = ("scorecard.json", "scorecard.md", "scorecard_run", "units")
+OWN_SIGNS = (f"units/*/{LOCK_FILE}",)
 
 
 def _csv(text: str) -> list[str]:
@@ -267,6 +273,7 @@ def _plan_from_args(
     baselines = _csv(args.baselines) if args.baselines is not None else cfg.baselines
     checkpoints = with_baselines(args.checkpoint, baselines, cfg_all.data_root)
     check_finetune_output(args.output, checkpoints, args.tokenizer)
+    refuse_foreign_files(args.output, "finetune", OUTPUT_NAMES, own=OWN_SIGNS)
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
     jobs = plan(cfg, checkpoints, Path(args.output), tokenizer_dir=tokenizer, data_root=cfg_all.data_root)
     return jobs, Path(args.output)

@@ -21,9 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from common.atomic import read_marker, write_marker
     from common.paths import check_output_dir
-    from common.stage_output import check_own_output
+    from common.stage_output import check_own_output, refuse_foreign_files
     from pipelines.config import load_config
-    from pipelines.report_builder import build_report
+    from pipelines.report_builder import EMBEDDED_NAME, OUTPUT_NAMES, build_report
     from pipelines.stage_keys import stage_code, stage_dirs, stage_key_inputs, write_stage_key
 
     cfg = load_config(args.config, args.overrides)
@@ -32,6 +32,7 @@ def main(args: argparse.Namespace) -> int:
         # not another stage's output nor a model folder: the report's _COMPLETE.json replaced
         # theirs (shards or a pretraining the flow then no longer found complete, and computed again)
         check_own_output(args.output, "report", {})
+        refuse_foreign_files(args.output, "report", OUTPUT_NAMES, own=(EMBEDDED_NAME,))
     dirs = stage_dirs(cfg)
     out = Path(args.output) if args.output else dirs["report"]
     paths = build_report(cfg, out)

@@ -848,3 +848,29 @@ def test_an_output_in_a_model_tokenizer_or_other_stage_folder_is_refused(tmp_pat
         err = capsys.readouterr().err
         assert said in err and "Fix: choose an --output folder of its own." in err
     assert {p for p in tmp_path.rglob("*")} == before
+
+
+def test_an_output_holding_the_users_scorecard_is_refused(tmp_path, minilm_dir, capsys):
+    """`bertflow finetune --checkpoint X --output D` where D held the user's own scorecard.md and
+    scorecard.json (no bertflow output) overwrote both, rc 0. Refused before any unit, naming them;
+    an earlier `finetune --output D` (its units' locks under units/, no marker: --checkpoint writes
+    none) is its own and passes the check."""
+    from common.stage_output import refuse_foreign_files
+    from pipelines.cli import main as cli_main
+    from pipelines.stage_finetune import OUTPUT_NAMES, OWN_SIGNS
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("scorecard.md", "scorecard.json", "notes.md"):
+        (mine / name).write_text("mine\n")
+    argv = ["finetune", "--checkpoint", "random:tiny", "--tokenizer", str(minilm_dir), "--tasks", "rte"]
+    argv += ["--max-train-examples", "8", "--max-eval-examples", "8", "--output", str(mine)]
+    assert cli_main([*argv, "--set", "finetune.seeds=[1]", "finetune.baselines=[]"]) == 2
+    err = capsys.readouterr().err
+    assert f"the finetune output {mine} already holds scorecard.json, scorecard.md, and it is not" in err
+    assert "choose an --output folder of its own" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.md", "scorecard.json", "scorecard.md"]
+    assert all(p.read_text() == "mine\n" for p in mine.iterdir())
+    (mine / "units" / "rte-lr5e-05-s1__random-tiny-0123").mkdir(parents=True)
+    (mine / "units" / "rte-lr5e-05-s1__random-tiny-0123" / ".lock").write_text("1\n")
+    refuse_foreign_files(mine, "finetune", OUTPUT_NAMES, own=OWN_SIGNS)  # an earlier run's: used

@@ -532,3 +532,25 @@ def test_the_w_and_b_table_names_a_units_checkpoint_as_the_scorecard_does(run_di
     )
     md = "\n".join(wandb_section([run], tmp_path, Links(tmp_path / "report", tmp_path)))
     assert "| finetune unit cola-lr0.001-s1, random init (tiny) |" in md, md
+
+
+def test_a_report_output_holding_the_users_files_is_refused(tmp_path, capsys) -> None:
+    """`bertflow report --output D` where D held the user's own report.md and loss.png (no bertflow
+    output) overwrote both, rc 0. Refused before anything is written, naming them; a partial report
+    written there before (report_embedded.md, no marker: its run was unfinished) is its own."""
+    from common.stage_output import refuse_foreign_files
+    from pipelines.cli import main as cli
+    from pipelines.report_builder import EMBEDDED_NAME, OUTPUT_NAMES
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("report.md", "loss.png", "notes.md"):
+        (mine / name).write_text("mine\n")
+    overrides = [f"run_dir={tmp_path / 'runs'}", "wandb.mode=disabled"]
+    assert cli(["report", "--set", *overrides, "--output", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert f"the report output {mine} already holds loss.png, report.md, and it is not" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["loss.png", "notes.md", "report.md"]
+    assert all(p.read_text() == "mine\n" for p in mine.iterdir())
+    (mine / EMBEDDED_NAME).write_text("# bertflow\n")
+    refuse_foreign_files(mine, "report", OUTPUT_NAMES, own=(EMBEDDED_NAME,))  # a partial report's: used
