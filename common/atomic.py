@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from common.errors import UserError
 MARKER_NAME = "_COMPLETE.json"
 IN_PROGRESS_NAME = "_IN_PROGRESS.json"  # present from a stage's start until its marker is written
 TMP_PREFIX = ".tmp-"
+# the temp name of a write of NAME: `.tmp-NAME.` and mkstemp's 8 characters (`atomic_path`) or 12 hex
+# digits (`preprocessing.storage`); a user's `.tmp-draft` is none
+_TEMP_NAME = re.compile(r"^\.tmp-(?P<name>.+)\.(?:[a-z0-9_]{8}|[0-9a-f]{12})$")
 
 
 @contextmanager
@@ -172,14 +176,31 @@ def read_marker(directory: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-def remove_temp_files(directory: str | os.PathLike) -> int:
-    """Delete leftovers of killed writes (`.tmp-*`) in a directory; returns how many."""
-    n = 0
-    for p in Path(directory).glob(TMP_PREFIX + "*"):
-        if p.is_file():
-            p.unlink()
-            n += 1
-    return n
+def temp_target(name: str) -> str | None:
+    """The name whose write `name` is the temp file of (`.tmp-vocab.txt.k2j_9x0a` → `vocab.txt`),
+    or None for any other name."""
+    match = _TEMP_NAME.match(name)
+    return match.group("name") if match else None
+
+
+def temp_files(directory: str | os.PathLike, written: Iterable[str] | None = None) -> list[Path]:
+    """Leftovers of killed writes in a directory: temp files of the names in `written` (with
+    `_COMPLETE.json` and `_IN_PROGRESS.json`), or of any name when None (a folder only bertflow
+    writes, as a unit's); never a file of the user's named `.tmp-*` otherwise."""
+    names = None if written is None else {*written, MARKER_NAME, IN_PROGRESS_NAME}
+    return [
+        p
+        for p in Path(directory).glob(TMP_PREFIX + "*")
+        if p.is_file() and (target := temp_target(p.name)) is not None and (names is None or target in names)
+    ]
+
+
+def remove_temp_files(directory: str | os.PathLike, written: Iterable[str] | None = None) -> int:
+    """Delete leftovers of killed writes (`temp_files`) in a directory; returns how many."""
+    leftovers = temp_files(directory, written)
+    for p in leftovers:
+        p.unlink()
+    return len(leftovers)
 
 
 def _umask() -> int:

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, TMP_PREFIX, read_marker
+from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, read_marker, temp_files
 from common.errors import UserError
 
 # a pretraining checkpoint: OUT/checkpoints/global_stepN/, verified once it holds VERIFIED_NAME
@@ -128,13 +128,12 @@ def check_own_output(out_dir: str | os.PathLike, stage: str, inputs: dict[str, s
         )
 
 
-def _written_by_bertflow(out: Path) -> bool:
-    """Signs that a stage wrote `out` before (a killed run, a deleted marker): its `_IN_PROGRESS.json`,
-    `.tmp-` leftovers of its writes, or its lock file beside it (`PARENT/.NAME.lock`, kept)."""
-    from common.dir_lock import lock_file_of
-
-    leftovers = any(out.glob(TMP_PREFIX + "*"))
-    return (out / IN_PROGRESS_NAME).is_file() or leftovers or lock_file_of(out).is_file()
+def _written_by_bertflow(out: Path, written: tuple[str, ...]) -> bool:
+    """Signs that a stage wrote `out` before (a killed run): its `_IN_PROGRESS.json`, or temp files
+    of its writes (`.tmp-NAME.<random>` of a name in `written`). Not a user's own `.tmp-*`, nor the
+    lock file beside `out` (`PARENT/.NAME.lock`), which outlives a deleted `out` and so says
+    nothing about a new folder of that name."""
+    return (out / IN_PROGRESS_NAME).is_file() or bool(temp_files(out, written))
 
 
 def _holds_a_file(path: Path) -> bool:
@@ -155,7 +154,7 @@ def refuse_foreign_files(
     (the stage never touches them), and so is an empty folder of a written name (`checkpoints/`: a
     mount point of its own disk)."""
     out = Path(out_dir)
-    if not out.is_dir() or read_marker(out) is not None or _written_by_bertflow(out):
+    if not out.is_dir() or read_marker(out) is not None or _written_by_bertflow(out, written):
         return
     if any(p.is_file() for pattern in own for p in out.glob(pattern)):
         return
@@ -166,5 +165,20 @@ def refuse_foreign_files(
             f"the {stage} output {out} already holds {shown}, and it is not a bertflow {stage} output "
             f"(no {MARKER_NAME}, no {IN_PROGRESS_NAME} of a killed run); {stage} writes files of those names there, so "
             "they would be overwritten or mixed with the run's.",
-            fix=f"choose an --output folder of its own (a new or empty one), or move {shown} out of {out}.",
+            fix=f"choose an --output folder of its own (a new or empty one), or move {shown} out of {out}"
+            + _earlier_run_note(out),
         )
+
+
+def _earlier_run_note(out: Path) -> str:
+    """'.' or, when a lock file lies beside `out`, what it says: a run once wrote a folder of that
+    name (it may have been deleted since, so the files may be anyone's)."""
+    from common.dir_lock import lock_file_of
+
+    lock = lock_file_of(out)
+    if not lock.is_file():
+        return "."
+    return (
+        f" ({lock} says a bertflow run wrote a folder of this name before: if these are its files, "
+        f"their {MARKER_NAME} deleted, delete them to run it again)."
+    )

@@ -19,7 +19,14 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.atomic import MARKER_NAME, TMP_PREFIX
+from common.atomic import (
+    IN_PROGRESS_NAME,
+    MARKER_NAME,
+    TMP_PREFIX,
+    clear_in_progress,
+    mark_in_progress,
+    temp_target,
+)
 from common.console import command_logging
 from common.dir_lock import exclusive_dir
 from common.disk_space import disk_full_error, full_disk_path
@@ -93,9 +100,7 @@ def _refuse_foreign_split_files(out_dir: Path) -> None:
         if not folder.is_dir():
             continue
         foreign = sorted(
-            p.name
-            for p in folder.iterdir()
-            if not (_OWN_SPLIT_FILE.match(p.name) or p.name.startswith(TMP_PREFIX))
+            p.name for p in folder.iterdir() if not _OWN_SPLIT_FILE.match(temp_target(p.name) or p.name)
         )
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
@@ -111,9 +116,15 @@ def _clear_outputs(out_dir: str, work_dir: str) -> None:
     for name in (*SPLITS, MANIFEST_NAME, STATS_NAME):
         storage.delete_tree(storage.join(out_dir, name))
     storage.delete_tree(work_dir)
-    if storage.exists(out_dir):
+    if storage.exists(out_dir):  # leftovers of its own writes, not a user's `.tmp-*`
         for leftover, _ in storage.match(storage.join(out_dir, TMP_PREFIX + "*")):
-            storage.delete_tree(leftover)
+            if temp_target(storage.basename(leftover)) in (
+                MARKER_NAME,
+                IN_PROGRESS_NAME,
+                MANIFEST_NAME,
+                STATS_NAME,
+            ):
+                storage.delete_tree(leftover)
 
 
 def _read_marker(out_dir: str) -> dict | None:
@@ -344,6 +355,8 @@ def run_preprocess_stage(
         return stats
     work_dir = work_dir_for(out_dir, options.get_all_options()["temp_location"])
     with exclusive_dir(out_dir, "preprocess") if local else nullcontext():
+        if local:  # a killed run's files are its own to rewrite, not the user's (`refuse_foreign_files`)
+            mark_in_progress(out_dir)
         _clear_outputs(out_dir, work_dir)
         # fail here, not in a worker, when the output or the work folder cannot be written
         if local:
@@ -366,6 +379,8 @@ def run_preprocess_stage(
         for line in stats["warnings"]:
             log.warning("%s: %s", out_dir, line)
         _write_outputs(out_dir, work_dir, identity, stats, entries, num_buckets)
+        if local:
+            clear_in_progress(out_dir)
         log.info(
             "wrote %d examples (%s) to %s in %.1f s (%.2f MB/s)",
             stats["examples"], stats["examples_per_split"], out_dir, seconds, stats["mb_per_second"] or 0,

@@ -171,7 +171,7 @@ def run_tokenizer_stage(
     with exclusive_dir(out_dir, "the tokenizer stage"):
         mark_in_progress(out_dir)  # a killed run's files are its own to rewrite, not the user's
         (out_dir / MARKER_NAME).unlink(missing_ok=True)
-        remove_temp_files(out_dir)  # leftovers of a killed run's writes
+        remove_temp_files(out_dir, OUTPUT_FILES)  # leftovers of a killed run's writes, not the user's .tmp-*
         counts: Counter = Counter()
         warnings: list[str] = []
         if cfg.vocab:

@@ -586,5 +586,7 @@ def test_an_output_holding_the_users_manifest_or_stats_is_refused(tmp_path, mini
     assert all((out / n).read_text() == "mine\n" for n in ("manifest.json", "stats.json", "notes.md"))
     (out / "manifest.json").unlink()
     (out / "stats.json").unlink()
+    (out / ".tmp-draft").write_text("mine\n")  # no temp file of a write of preprocess: the user's
     assert cli_main(command) == 0
     assert (out / "notes.md").read_text() == "mine\n" and (out / "_COMPLETE.json").is_file()
+    assert (out / ".tmp-draft").read_text() == "mine\n" and not (out / "_IN_PROGRESS.json").exists()

@@ -552,3 +552,44 @@ def test_a_folder_holding_the_users_tokenizer_files_is_refused(tmp_path, data_di
     assert cli([*command, str(killed)]) == 0
     assert (killed / "vocab.txt").read_bytes() == (mine / "vocab.txt").read_bytes()
     assert not (killed / IN_PROGRESS_NAME).exists()
+
+
+def test_a_users_tmp_files_and_a_stale_lock_do_not_make_a_folder_bertflows(tmp_path, data_dir, capsys):
+    """Any `.tmp-*` file counted as a killed run's leftover: a folder of the user's holding
+    vocab.txt and their own `.tmp-draft` passed as bertflow's, vocab.txt was replaced and
+    `.tmp-draft` deleted (deleted too in a folder of only unrelated files). The lock file
+    `PARENT/.D.lock`, which outlives D (`rm -rf D` leaves it), made a new folder of the user's
+    under that name pass too. Now only a temp file of a name the stage writes
+    (`.tmp-vocab.txt.<random>`) is a leftover of its own, and the lock is no sign."""
+    from common.dir_lock import lock_file_of
+    from pipelines.cli import main as cli
+
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 400)), encoding="utf-8")
+    command = ["tokenizer", "--input", str(src), "--vocab-size", "500", "--output"]
+    mine, reused = tmp_path / "mine", tmp_path / "reused"
+    for folder in (mine, reused):
+        folder.mkdir()
+        (folder / "vocab.txt").write_text("mine\n")
+    (mine / ".tmp-draft").write_text("mine\n")
+    lock_file_of(reused).write_text("12345\n")  # left by a tokenizer output once named so
+    for folder in (mine, reused):
+        assert cli([*command, str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert "already holds vocab.txt, and it is not a bertflow tokenizer output" in err
+        assert (f"{lock_file_of(folder)} says a bertflow run wrote a folder of this name before" in err) == (
+            folder == reused
+        )
+        assert (folder / "vocab.txt").read_text() == "mine\n"
+    assert (mine / ".tmp-draft").read_text() == "mine\n"
+    (mine / "vocab.txt").unlink()
+    assert cli([*command, str(mine)]) == 0  # only unrelated files: used, and they are kept
+    assert (mine / ".tmp-draft").read_text() == "mine\n"
+    killed = tmp_path / "killed"  # a run killed while writing vocab.txt
+    killed.mkdir()
+    (killed / "vocab.txt").write_text("[PAD]\n")
+    (killed / ".tmp-vocab.txt.k2j_9x0a").write_text("[PAD]\n")
+    assert cli([*command, str(killed)]) == 0
+    assert sorted(p.name for p in killed.iterdir()) == sorted(
+        p.name for p in mine.iterdir() if p.name != ".tmp-draft"
+    )

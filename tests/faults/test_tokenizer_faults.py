@@ -7,6 +7,7 @@ finished one: outputs are written atomically (`.tmp-*` then rename), the marker 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker
+from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, TMP_PREFIX, read_marker
 from common.dir_lock import lock_file_of
 from common.paths import PROJECT_ROOT
 
@@ -137,9 +138,10 @@ def test_kill_9_at_several_points_then_rerun_is_byte_identical(tmp_path, corpus,
             assert_nothing_passes_for_finished(out, ref)
             if status == -signal.SIGKILL or name.startswith("after"):
                 break
-            # too late (a busy machine can miss the writes, tens of ms): the run finished; without
-            # its marker, which a kill before it would also have left, the next run writes again
+            # too late (a busy machine can miss the writes, tens of ms): the run finished; as a kill
+            # just before its marker leaves it (its _IN_PROGRESS.json, no marker), the next run writes again
             (out / MARKER_NAME).unlink()
+            (out / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 1, "host": "gone"}))
         killed.append((name, status))
     # the first three kills must have struck a live process (the last one may come too late)
     assert [s for _, s in killed[:3]] == [-signal.SIGKILL] * 3, killed
@@ -155,13 +157,17 @@ def test_leftovers_of_a_killed_write_are_replaced_not_used(tmp_path, corpus, ref
     out = tmp_path / "tok"
     out.mkdir()
     (out / "vocab.txt").write_bytes(ref["vocab.txt"])  # the first file made it
-    (out / f"{TMP_PREFIX}tokenizer.json.abc123").write_bytes(ref["tokenizer.json"][:1000])  # cut mid-write
+    # cut mid-write, under the name atomic_path gives it (`.tmp-NAME.` and mkstemp's 8 characters)
+    (out / f"{TMP_PREFIX}tokenizer.json.abc123_x").write_bytes(ref["tokenizer.json"][:1000])
     run(command(corpus, out))
     assert outputs(out) == ref and read_marker(out) is not None
     assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, MARKER_NAME])
 
 
-def test_deleted_marker_makes_the_stage_redo_its_work(tmp_path, corpus, reference, reference_run):
+def test_deleted_marker_is_refused_not_redone_over(tmp_path, corpus, reference, reference_run):
+    """With its marker deleted by hand, an output is files of the stage's names and nothing that
+    says they are a run's: the lock file beside it (`PARENT/.tok.lock`) outlives the folder, so it
+    says nothing of whose the files now are. Refused, untouched, naming the lock; moved out, redone."""
     ref, _ = reference
     out = tmp_path / "tok"
     cmd = command(corpus, out)
@@ -170,9 +176,13 @@ def test_deleted_marker_makes_the_stage_redo_its_work(tmp_path, corpus, referenc
     run(cmd)  # marker present, same settings and inputs: nothing rewritten
     assert (out / "tokenizer.json").stat().st_ino == inode
     (out / MARKER_NAME).unlink()
-    (out / "tokenizer.json").write_text("{}")  # what a later partial write could have left
+    r = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "it is not a bertflow tokenizer output" in r.stderr, r.stderr
+    assert f"{lock_file_of(out)} says a bertflow run wrote a folder of this name before" in r.stderr
+    assert (out / "tokenizer.json").stat().st_ino == inode
+    for name in OUTPUTS:
+        (out / name).unlink()
     run(cmd)
-    assert (out / "tokenizer.json").stat().st_ino != inode  # rewritten (atomic rename), not kept
     assert outputs(out) == ref and read_marker(out) is not None
 
 
