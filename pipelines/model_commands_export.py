@@ -83,7 +83,8 @@ def _run_dirs(ckpt: Path) -> list[Path]:
 def refuse_own_model_dir(ckpt: Path, out: Path) -> None:
     """OUT must be neither CKPT itself nor the model/ of the pretraining output CKPT belongs to:
     that model already is a Hugging Face directory, and writing onto it replaces a run's result
-    (its files have no export marker, so the export's own check advised removing them)."""
+    (its files have no export marker, so the export's own check advised removing them); nor any
+    other folder inside that pretraining output (`RUN/checkpoints/global_stepM`, `RUN/hf`)."""
     target = out.resolve()
     run = next((r for r in _run_dirs(ckpt) if (r / "model").resolve() == target), None)
     if run is not None and ckpt.resolve() in (run.resolve(), target):
@@ -104,6 +105,14 @@ def refuse_own_model_dir(ckpt: Path, out: Path) -> None:
             f"{out} is the checkpoint {ckpt} itself; export-hf writes a new directory and would replace "
             "the checkpoint it reads.",
             fix="give export-hf another OUT_DIR.",
+        )
+    inside = next((r for r in _run_dirs(ckpt) if r.resolve() in target.parents), None)
+    if inside is not None:  # RUN/checkpoints/global_stepM, RUN/hf: the run's files, not a place of its own
+        raise UserError(
+            f"{out} lies inside the pretraining output {inside}, which {ckpt} belongs to; export-hf would "
+            "write into that run's files (a checkpoints/global_stepN folder of it reads as a broken "
+            "checkpoint of the run, and cleaning or rerunning the run removes the export with it).",
+            fix=f"give export-hf an OUT_DIR outside {inside}.",
         )
 
 

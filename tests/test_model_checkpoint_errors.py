@@ -395,6 +395,32 @@ def test_a_pretraining_output_is_not_exported_onto_its_own_model(good, tmp_path,
     assert {f.name: f.read_bytes() for f in model.iterdir()} == before
 
 
+def test_an_export_into_the_pretraining_output_it_reads_is_refused(good, tmp_path, capsys):
+    """`export-hf RUN/checkpoints/global_step2 RUN/checkpoints/global_step4` (or RUN/hf, or from
+    RUN/model) wrote the export into the run's own output, rc 0: a global_stepN folder without a
+    verification file that every later read of the run warned about as a broken checkpoint, and a
+    folder that cleaning or rerunning the run removes with it. Refused before any work."""
+    run = tmp_path / "run"
+    write_hf_dir(load_checkpoint(good).model, run / "model", None)
+    (run / "run_spec.json").write_text("{}")
+    (run / "checkpoints" / "global_step2").mkdir(parents=True)
+    write_marker(run, {"stage": "pretrain"})
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    tag = run / "checkpoints" / "global_step2"
+    for ckpt, out in (
+        (tag, run / "checkpoints" / "global_step4"),
+        (tag, run / "hf"),
+        (run / "model", run / "hf"),
+    ):
+        expect_cli_error(
+            ["export-hf", str(ckpt), str(out)],
+            capsys,
+            f"{out} lies inside the pretraining output {run}, which {ckpt} belongs to",
+            "an OUT_DIR outside",
+        )
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
 def test_cli_subprocess_prints_one_paragraph_and_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     (tmp_path / "empty").mkdir()  # no config.json
