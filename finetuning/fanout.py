@@ -287,17 +287,15 @@ def random_init_key(
 ) -> str | None:
     """For random:DIR, what its unit's result depends on: `unit_key`'s inputs ("stamps", as since
     2026-11-25: the markers of finished units hold this key) with DIR's architecture (config.json)
-    in place of DIR's path and weights; None for other checkpoints."""
+    in place of DIR's path and weights; None for other checkpoints. A tokenizer file the tokenizer
+    lacks is "missing", not `missing:<its path>` (a model with vocab.txt alone matched no copy of
+    itself elsewhere); a tokenizer with both files gives the key it gave before."""
     target = checkpoint_target(checkpoint)
     if not is_random(checkpoint) or "/" not in target:
         return None
-    return digest(
-        {
-            **_unit_inputs(cfg, unit, tokenizer_dir, data_root, "stamps"),
-            "architecture": _architecture(target),
-        },
-        KEY_LENGTH,
-    )
+    inputs = _unit_inputs(cfg, unit, tokenizer_dir, data_root, "stamps")
+    inputs["tokenizer"] = [d if not d.startswith("missing:") else "missing" for d in inputs["tokenizer"]]
+    return digest({**inputs, "architecture": _architecture(target)}, KEY_LENGTH)
 
 
 def _unit_inputs(

@@ -631,6 +631,29 @@ def test_random_init_units_are_copied_from_a_model_of_the_same_shape_not_retrain
     )
 
 
+def test_a_random_init_key_holds_no_path_when_the_model_has_no_tokenizer_json(tmp_path, minilm_dir):
+    """A model directory with vocab.txt but no tokenizer.json (an import of a vocab-only BERT) put
+    `missing:<absolute path of DIR/tokenizer.json>` into its random-init units' random_init_key: the
+    same model moved or copied elsewhere (a run directory moved, README) never matched the finished
+    units' markers, and its random-init units trained again instead of being copied."""
+    cfg = FinetuneConfig(tasks=["sst2"], **TINY)
+    shape = {
+        "model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128,
+        "type_vocab_size": 2,
+    }  # fmt: skip
+    keys = []
+    for place in ("before", "moved/elsewhere"):
+        directory = tmp_path / place / "model"
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text(json.dumps(shape))
+        shutil.copy(minilm_dir / "vocab.txt", directory / "vocab.txt")
+        [job] = plan(cfg, [f"random:{directory}"], tmp_path / "ft")
+        assert job.tokenizer_dir == directory and not (directory / "tokenizer.json").exists()
+        keys.append(job.random_init_key)
+    assert keys[0] is not None and keys[0] == keys[1]
+
+
 def _result(label, kind, task, lr, metrics, glue=True):
     return {
         "unit": f"{task}-lr{lr:g}-s1", "task": task, "metric_names": list(metrics), "metrics": metrics,
