@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker, sha256_file, write_marker
+from common.atomic import MARKER_NAME, TMP_PREFIX, read_marker, sha256_file, temp_target, write_marker
 from common.errors import UserError
 from common.jsonfile import read_json_object
 from common.stage_output import stage_of
@@ -53,7 +53,9 @@ def check_finite(
 def prepare_target(out: Path) -> None:
     """OUT_DIR may be absent, empty, or a finished model directory (replaced); anything else is
     the user's data and is left alone: a folder without our marker, and a stage's output (its
-    marker names the stage). Leftovers of killed runs (`.tmp-NAME.*`) are removed."""
+    marker names the stage). Leftovers of killed runs are removed: the folders `publish_model_dir`
+    builds in (`.tmp-NAME.` and mkdtemp's 8 characters, `common.atomic.temp_target`), not a user's
+    `.tmp-NAME.notes`, nor those of another OUT_DIR (`.tmp-NAME.v1.<random>` is out of NAME.v1)."""
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is a file.", fix="choose another output directory.")
     if out.is_dir() and (stage := stage_of(out)) is not None:
@@ -71,7 +73,8 @@ def prepare_target(out: Path) -> None:
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f"{TMP_PREFIX}{out.name}.*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale.is_dir() and temp_target(stale.name) == out.name:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def publish_model_dir(
@@ -105,8 +108,9 @@ def publish_model_dir(
         write_marker(tmp, payload)
         _make_readable(tmp)
         if out.exists():
-            old = out.parent / f"{TMP_PREFIX}{out.name}.old"
-            os.replace(out, old)
+            # a name of the same shape, so a kill before the rmtree leaves what a rerun removes
+            old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}.", dir=out.parent))
+            os.replace(out, old)  # onto the empty folder mkdtemp made
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
         else:

@@ -305,15 +305,25 @@ def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, mini
     expect_cli_error(["export-hf", str(ckpt), str(user_dir)], capsys, str(user_dir), "not overwriting")
     assert (user_dir / "thesis.tex").read_text() == "precious"
 
-    # a run killed mid-write leaves only a .tmp- sibling: never taken for the result, swept on rerun
+    # a run killed mid-write leaves only a .tmp- sibling (`.tmp-out.` and mkdtemp's 8 characters):
+    # never taken for the result, swept on rerun; a user's `.tmp-out.notes`, and the build folder of
+    # another OUT_DIR (out.v1, perhaps being written now), are not its leftovers and stay
     out = tmp_path / "out"
-    leftover = tmp_path / ".tmp-out.killed"
+    leftover = tmp_path / ".tmp-out.k2j_9x0a"
     leftover.mkdir()
     (leftover / "model.safetensors").write_bytes(b"half")
+    theirs = [tmp_path / ".tmp-out.notes", tmp_path / ".tmp-out.v1.abcd1234"]
+    for folder in theirs:
+        folder.mkdir()
+        (folder / "todo.txt").write_text("mine")
     assert cli(["export-hf", str(ckpt), str(out)]) == 0
     assert not leftover.exists()
     assert json.loads((out / "_COMPLETE.json").read_text())["command"] == "export-hf"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == []
+    assert all((folder / "todo.txt").read_text() == "mine" for folder in theirs)
+    assert cli(["export-hf", str(ckpt), str(out)]) == 0  # replacing the finished one leaves no .old
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == sorted(
+        p.name for p in theirs
+    )
     with pytest.raises(UserError, match="is a file"):
         load_checkpoint(out / "config.json")
 
