@@ -128,6 +128,22 @@ def check_own_output(out_dir: str | os.PathLike, stage: str, inputs: dict[str, s
         )
 
 
+# the key each stage's marker held before markers named their stage (until 2026-11-22): an output
+# of that time is still its stage's own; the finetune and report markers always named theirs
+_UNNAMED_MARKER_KEYS = {"tokenizer": "tokenizer_sha256", "preprocess": "examples", "pretrain": "fingerprint"}
+
+
+def marked_by(directory: str | os.PathLike, stage: str) -> bool:
+    """Whether `directory`'s `_COMPLETE.json` is one `stage` wrote: it names the stage, or it names
+    none and holds the key that stage's marker held before markers named it. A user's `{}` is none."""
+    marker = read_marker(directory)
+    if not isinstance(marker, dict):
+        return False
+    if "stage" in marker:
+        return marker["stage"] == stage
+    return _UNNAMED_MARKER_KEYS.get(stage) in marker
+
+
 def _written_by_bertflow(out: Path, written: tuple[str, ...]) -> bool:
     """Signs that a stage wrote `out` before (a killed run): its `_IN_PROGRESS.json`, or temp files
     of its writes (`.tmp-NAME.<random>` of a name in `written`). Not a user's own `.tmp-*`, nor the
@@ -147,14 +163,14 @@ def refuse_foreign_files(
     out_dir: str | os.PathLike, stage: str, written: tuple[str, ...], own: tuple[str, ...] = ()
 ) -> None:
     """An output folder holding files `stage` writes or clears (names in `written`) that is not that
-    stage's own output (no `_COMPLETE.json`, no sign of a killed run: `_written_by_bertflow`, or a
+    stage's own output (no `_COMPLETE.json` of that stage, `marked_by`, no sign of a killed run: `_written_by_bertflow`, or a
     file matching a pattern in `own` (a name, or a glob below `out_dir`) that only the stage
     writes, first) holds the user's files: refused before any
     work, naming a few of them. An empty folder, or one holding only other files, is used as it is
     (the stage never touches them), and so is an empty folder of a written name (`checkpoints/`: a
     mount point of its own disk)."""
     out = Path(out_dir)
-    if not out.is_dir() or read_marker(out) is not None or _written_by_bertflow(out, written):
+    if not out.is_dir() or marked_by(out, stage) or _written_by_bertflow(out, written):
         return
     if any(p.is_file() for pattern in own for p in out.glob(pattern)):
         return

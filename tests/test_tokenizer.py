@@ -593,3 +593,42 @@ def test_a_users_tmp_files_and_a_stale_lock_do_not_make_a_folder_bertflows(tmp_p
     assert sorted(p.name for p in killed.iterdir()) == sorted(
         p.name for p in mine.iterdir() if p.name != ".tmp-draft"
     )
+
+
+def test_a_users_complete_json_does_not_make_a_folder_bertflows(tmp_path, data_dir, capsys):
+    """Any readable `_COMPLETE.json` made a folder count as a stage's own: `echo '{}' >
+    D/_COMPLETE.json` beside the user's vocab.txt passed the foreign-files check (the tokenizer
+    then refused for another reason, "a finished tokenizer output loaded from a vocabulary";
+    `--vocab`, or the report command, replaced the files). Ours is a marker naming the stage, or,
+    written before markers named their stage, one holding the key that stage's marker held."""
+    from common.stage_output import refuse_foreign_files
+    from pipelines.cli import main as cli
+
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 400)), encoding="utf-8")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "vocab.txt").write_text("mine\n")
+    for marker in ({}, {"done": True}):
+        (mine / "_COMPLETE.json").write_text(json.dumps(marker))
+        argv = ["tokenizer", "--input", str(src), "--vocab-size", "500", "--output", str(mine)]
+        assert cli(argv) == 2
+        assert "already holds vocab.txt, and it is not a bertflow tokenizer output" in capsys.readouterr().err
+        assert (mine / "vocab.txt").read_text() == "mine\n"
+    written = {"tokenizer": ("vocab.txt",), "preprocess": ("stats.json",), "pretrain": ("run_spec.json",)}
+    old = {  # markers as bertflow wrote them before they named their stage
+        "tokenizer": {"identity": {}, "vocab_size": 500, "tokenizer_sha256": "ab", "corpus": {}},
+        "preprocess": {"examples": 12},
+        "pretrain": {"fingerprint": "f0", "max_steps": 10, "model": "m"},
+    }
+    for stage, names in written.items():
+        out = tmp_path / stage
+        out.mkdir()
+        (out / names[0]).write_text("x\n")
+        for marker in (old[stage], {"stage": stage}):
+            (out / "_COMPLETE.json").write_text(json.dumps(marker))
+            refuse_foreign_files(out, stage, names)  # its own: used
+        for other in set(old) - {stage}:
+            (out / "_COMPLETE.json").write_text(json.dumps(old[other]))
+            with pytest.raises(UserError, match=f"not a bertflow {stage} output"):
+                refuse_foreign_files(out, stage, names)
