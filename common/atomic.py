@@ -166,14 +166,16 @@ def _in_progress(directory: Path) -> dict[str, Any]:
 
 
 def read_marker(directory: str | os.PathLike) -> dict[str, Any] | None:
-    """The marker's payload, or None when the directory is not (yet) complete."""
+    """The marker's payload, or None when the directory is not (yet) complete; a `_COMPLETE.json`
+    that holds no JSON object (`[1]`, a user's file) is no marker of ours."""
     path = Path(directory) / MARKER_NAME
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        payload = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
+    return payload if isinstance(payload, dict) else None
 
 
 def temp_target(name: str) -> str | None:

@@ -137,7 +137,7 @@ def marked_by(directory: str | os.PathLike, stage: str) -> bool:
     """Whether `directory`'s `_COMPLETE.json` is one `stage` wrote: it names the stage, or it names
     none and holds the key that stage's marker held before markers named it. A user's `{}` is none."""
     marker = read_marker(directory)
-    if not isinstance(marker, dict):
+    if marker is None:
         return False
     if "stage" in marker:
         return marker["stage"] == stage

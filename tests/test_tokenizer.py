@@ -609,8 +609,14 @@ def test_a_users_complete_json_does_not_make_a_folder_bertflows(tmp_path, data_d
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "vocab.txt").write_text("mine\n")
-    for marker in ({}, {"done": True}):
-        (mine / "_COMPLETE.json").write_text(json.dumps(marker))
+    for marker in (
+        b"{}",
+        b'{"done": true}',
+        b"[1]",
+        b'"done"',
+        b"\xff\xfe",
+    ):  # the last three: a traceback before
+        (mine / "_COMPLETE.json").write_bytes(marker)
         argv = ["tokenizer", "--input", str(src), "--vocab-size", "500", "--output", str(mine)]
         assert cli(argv) == 2
         assert "already holds vocab.txt, and it is not a bertflow tokenizer output" in capsys.readouterr().err
