@@ -17,7 +17,7 @@ from pathlib import Path
 from common.atomic import read_marker
 from common.console import warning_line
 from common.errors import UserError
-from common.stage_output import refuse_overlapping_output
+from common.stage_output import TAG_RE, refuse_overlapping_output
 from model.heads import BertForPreTraining
 from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
 from model.model_card import CardFacts
@@ -110,10 +110,21 @@ def refuse_own_model_dir(ckpt: Path, out: Path) -> None:
     if inside is not None:  # RUN/checkpoints/global_stepM, RUN/hf: the run's files, not a place of its own
         raise UserError(
             f"{out} lies inside the pretraining output {inside}, which {ckpt} belongs to; export-hf would "
-            "write into that run's files (a checkpoints/global_stepN folder of it reads as a broken "
-            "checkpoint of the run, and cleaning or rerunning the run removes the export with it).",
+            f"write into that run's files ({_harm_inside(inside, target)}).",
             fix=f"give export-hf an OUT_DIR outside {inside}.",
         )
+
+
+def _harm_inside(run: Path, target: Path) -> str:
+    """What an export to `target` (resolved), inside the pretraining output `run`, does to the run:
+    under checkpoints/global_stepM it also makes a checkpoint folder without a verification file."""
+    parts = target.relative_to(run.resolve()).parts
+    removed = "cleaning or rerunning the run removes the export with it"
+    if len(parts) >= 2 and parts[0] == "checkpoints" and TAG_RE.match(parts[1]):
+        return (
+            f"its folder {run / parts[0] / parts[1]} reads as a broken checkpoint of the run, and {removed}"
+        )
+    return removed
 
 
 def _looks_like_deepspeed(path: Path) -> bool:

@@ -417,17 +417,23 @@ def test_an_export_into_the_pretraining_output_it_reads_is_refused(good, tmp_pat
     write_marker(run, {"stage": "pretrain"})
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     tag = run / "checkpoints" / "global_step2"
+    broken = f"(its folder {run / 'checkpoints' / 'global_step4'} reads as a broken checkpoint of the run"
     for ckpt, out in (
         (tag, run / "checkpoints" / "global_step4"),
+        (tag, run / "checkpoints" / "global_step4" / "hf"),
         (tag, run / "hf"),
         (run / "model", run / "hf"),
     ):
-        expect_cli_error(
+        err = expect_cli_error(
             ["export-hf", str(ckpt), str(out)],
             capsys,
             f"{out} lies inside the pretraining output {run}, which {ckpt} belongs to",
+            "cleaning or rerunning the run removes the export with it",
             "an OUT_DIR outside",
         )
+        # the broken-checkpoint harm only where the export makes a checkpoints/global_stepN folder
+        assert (broken in err) == ("global_step4" in str(out)), err
+        assert "global_stepN" not in err, err
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
