@@ -179,21 +179,33 @@ def refuse_foreign_files(
         shown = ", ".join(clash[:4]) + (f" and {len(clash) - 4} more" if len(clash) > 4 else "")
         raise UserError(
             f"the {stage} output {out} already holds {shown}, and it is not a bertflow {stage} output "
-            f"(no {MARKER_NAME}, no {IN_PROGRESS_NAME} of a killed run); {stage} writes files of those names there, so "
+            f"({_no_sign_of(out, stage)}); {stage} writes files of those names there, so "
             "they would be overwritten or mixed with the run's.",
             fix=f"choose an --output folder of its own (a new or empty one), or move {shown} out of {out}"
             + _earlier_run_note(out),
         )
 
 
+def _no_sign_of(out: Path, stage: str) -> str:
+    """Why `out` is no `stage` output, as it is: a marker of someone else's, or none (never written,
+    or deleted by hand: then the files say nothing of whose they are)."""
+    if (out / MARKER_NAME).is_file():
+        return f"its {MARKER_NAME} is none a bertflow {stage} writes, and there is no {IN_PROGRESS_NAME} of a killed run"
+    return f"no {MARKER_NAME}: never written, or deleted; no {IN_PROGRESS_NAME} of a killed run"
+
+
 def _earlier_run_note(out: Path) -> str:
-    """'.' or, when a lock file lies beside `out`, what it says: a run once wrote a folder of that
-    name (it may have been deleted since, so the files may be anyone's)."""
+    """When `out` holds no marker, what a run's output whose marker was deleted would do: ' (if these
+    are its files, ... delete them to run it again).', naming the lock file beside `out` when there
+    is one (a run once wrote a folder of that name; it may have been deleted since, so the files
+    may be anyone's); '.' beside a marker of someone else's."""
     from common.dir_lock import lock_file_of
 
+    if (out / MARKER_NAME).is_file():
+        return "."
     lock = lock_file_of(out)
     if not lock.is_file():
-        return "."
+        return f" (if these are the files of a bertflow run whose {MARKER_NAME} was deleted, delete them to run it again)."
     return (
         f" ({lock} says a bertflow run wrote a folder of this name before: if these are its files, "
         f"their {MARKER_NAME} deleted, delete them to run it again)."

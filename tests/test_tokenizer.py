@@ -577,8 +577,13 @@ def test_a_users_tmp_files_and_a_stale_lock_do_not_make_a_folder_bertflows(tmp_p
         assert cli([*command, str(folder)]) == 2
         err = capsys.readouterr().err
         assert "already holds vocab.txt, and it is not a bertflow tokenizer output" in err
+        assert "(no _COMPLETE.json: never written, or deleted; no _IN_PROGRESS.json of a killed run)" in err
         assert (f"{lock_file_of(folder)} says a bertflow run wrote a folder of this name before" in err) == (
             folder == reused
+        )
+        # a marker deleted by hand is refused too: without the lock, the fix still says so
+        assert ("(if these are the files of a bertflow run whose _COMPLETE.json was deleted" in err) == (
+            folder == mine
         )
         assert (folder / "vocab.txt").read_text() == "mine\n"
     assert (mine / ".tmp-draft").read_text() == "mine\n"
@@ -619,7 +624,10 @@ def test_a_users_complete_json_does_not_make_a_folder_bertflows(tmp_path, data_d
         (mine / "_COMPLETE.json").write_bytes(marker)
         argv = ["tokenizer", "--input", str(src), "--vocab-size", "500", "--output", str(mine)]
         assert cli(argv) == 2
-        assert "already holds vocab.txt, and it is not a bertflow tokenizer output" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "already holds vocab.txt, and it is not a bertflow tokenizer output" in err
+        said = "(its _COMPLETE.json is none a bertflow tokenizer writes, and there is no _IN_PROGRESS.json"
+        assert said in err and "no _COMPLETE.json" not in err and "was deleted" not in err, err
         assert (mine / "vocab.txt").read_text() == "mine\n"
     written = {"tokenizer": ("vocab.txt",), "preprocess": ("stats.json",), "pretrain": ("run_spec.json",)}
     old = {  # markers as bertflow wrote them before they named their stage
