@@ -64,17 +64,29 @@ def prepare_target(out: Path) -> None:
             "model there would replace the folder as a whole, and everything in it.",
             fix="choose a new output directory.",
         )
-    if out.is_dir() and any(out.iterdir()) and read_marker(out) is None:
+    if out.is_dir() and any(out.iterdir()) and not is_finished_model_dir(out):
         holds_model = (out / "config.json").is_file()  # e.g. a pretraining's model/: never to be removed
+        why = (
+            f"its {MARKER_NAME} is none export-hf or import-hf writes"
+            if (out / MARKER_NAME).is_file()
+            else f"no {MARKER_NAME}"
+        )
         raise UserError(
             f"output directory {out} already exists and is not a finished bertflow model directory "
-            f"(no {MARKER_NAME}{'; it holds a model' if holds_model else ''}); not overwriting it.",
+            f"({why}{'; it holds a model' if holds_model else ''}); not overwriting it.",
             fix="choose a new output directory" + ("." if holds_model else " or remove this one."),
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f"{TMP_PREFIX}{out.name}.*"):
         if stale.is_dir() and temp_target(stale.name) == out.name:
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def is_finished_model_dir(out: Path) -> bool:
+    """A folder `publish_model_dir` finished: its marker records the sha256 of model.safetensors, as
+    every export's and import's has; a user's `{}` marker is none (the folder would be replaced)."""
+    marker = read_marker(out)
+    return marker is not None and isinstance(marker.get("model.safetensors"), str)
 
 
 def publish_model_dir(

@@ -304,6 +304,14 @@ def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, mini
     (user_dir / "thesis.tex").write_text("precious")
     expect_cli_error(["export-hf", str(ckpt), str(user_dir)], capsys, str(user_dir), "not overwriting")
     assert (user_dir / "thesis.tex").read_text() == "precious"
+    # a _COMPLETE.json of the user's (one recording no model.safetensors, as every export's does)
+    # made the folder a finished model directory: it was replaced as a whole, thesis.tex with it
+    (user_dir / "_COMPLETE.json").write_text("{}\n")
+    err = expect_cli_error(["import-hf", str(ckpt), str(user_dir)], capsys, str(user_dir), "not overwriting")
+    assert (
+        "its _COMPLETE.json is none export-hf or import-hf writes" in err and "no _COMPLETE.json" not in err
+    )
+    assert (user_dir / "thesis.tex").read_text() == "precious"
 
     # a run killed mid-write leaves only a .tmp- sibling (`.tmp-out.` and mkdtemp's 8 characters):
     # never taken for the result, swept on rerun; a user's `.tmp-out.notes`, and the build folder of
