@@ -174,7 +174,8 @@ def refuse_foreign_files(
         return
     if any(p.is_file() for pattern in own for p in out.glob(pattern)):
         return
-    clash = sorted(n for n in written if _holds_a_file(out / n))
+    # a _COMPLETE.json here is someone else's (not `marked_by` the stage): the stage writes one over it
+    clash = sorted(n for n in (*written, MARKER_NAME) if _holds_a_file(out / n))
     if clash:
         shown = ", ".join(clash[:4]) + (f" and {len(clash) - 4} more" if len(clash) > 4 else "")
         raise UserError(

@@ -554,7 +554,10 @@ def test_a_report_output_holding_the_users_files_is_refused(tmp_path, capsys) ->
     assert all(p.read_text() == "mine\n" for p in mine.iterdir())
     (mine / "_COMPLETE.json").write_text("{}\n")  # the user's, naming no stage: no report's marker
     assert cli(["report", "--set", *overrides, "--output", str(mine)]) == 2
-    assert f"the report output {mine} already holds loss.png, report.md" in capsys.readouterr().err
+    assert (
+        f"the report output {mine} already holds _COMPLETE.json, loss.png, report.md"
+        in capsys.readouterr().err
+    )
     assert (mine / "report.md").read_text() == "mine\n"
     (mine / "_COMPLETE.json").unlink()
     (mine / EMBEDDED_NAME).write_text("# bertflow\n")

@@ -625,10 +625,16 @@ def test_a_users_complete_json_does_not_make_a_folder_bertflows(tmp_path, data_d
         argv = ["tokenizer", "--input", str(src), "--vocab-size", "500", "--output", str(mine)]
         assert cli(argv) == 2
         err = capsys.readouterr().err
-        assert "already holds vocab.txt, and it is not a bertflow tokenizer output" in err
+        assert "already holds _COMPLETE.json, vocab.txt, and it is not a bertflow tokenizer output" in err
         said = "(its _COMPLETE.json is none a bertflow tokenizer writes, and there is no _IN_PROGRESS.json"
         assert said in err and "no _COMPLETE.json" not in err and "was deleted" not in err, err
         assert (mine / "vocab.txt").read_text() == "mine\n"
+    (mine / "vocab.txt").unlink()  # the user's _COMPLETE.json is itself a file the stage writes: said, kept
+    (mine / "_COMPLETE.json").write_text("{}")
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "already holds _COMPLETE.json, and it is not a bertflow tokenizer output" in err, err
+    assert "holds a finished tokenizer output" not in err and (mine / "_COMPLETE.json").read_text() == "{}"
     written = {"tokenizer": ("vocab.txt",), "preprocess": ("stats.json",), "pretrain": ("run_spec.json",)}
     old = {  # markers as bertflow wrote them before they named their stage
         "tokenizer": {"identity": {}, "vocab_size": 500, "tokenizer_sha256": "ab", "corpus": {}},
