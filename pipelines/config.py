@@ -317,11 +317,14 @@ def _check_phases(cfg: PipelineConfig, where: str, overrides: list[str] | None =
     for index, phase in enumerate(cfg.phases):
         if names.count(phase.name) > 1:
             raise UserError(
-                f"{where}: two pretraining phases are named {phase.name!r}.", fix="name each phase once."
+                f"{_blamed([f'phases.{phase.name}.name'], where, overrides)}: two pretraining phases are "
+                f"named {phase.name!r}.",
+                fix="name each phase once.",
             )
         if "init_from" in phase.pretrain:
+            blamed = _blamed([f"phases.{phase.name}.pretrain.init_from"], where, overrides)
             raise UserError(
-                f"{where}: phases[{index}].pretrain.init_from: a phase starts from the phase before it.",
+                f"{blamed}: phases[{index}].pretrain.init_from: a phase starts from the phase before it.",
                 fix="remove it; pretrain.init_from (the main section's) is where the first phase starts.",
             )
         for section in ("preprocess", "pretrain"):
@@ -331,14 +334,27 @@ def _check_phases(cfg: PipelineConfig, where: str, overrides: list[str] | None =
                 message = validation_message(exc, section).replace(
                     f"{section}.", f"phases[{index}].{section}."
                 )
-                failed = _failed_keys(exc, {}, prefix=f"phases.{phase.name}.{section}.")
+                changed = getattr(phase, section)  # a key the phase leaves alone is the section's
+                failed = [
+                    (f"phases.{phase.name}.{section}." if key[0] in changed else f"{section}.")
+                    + ".".join(key)
+                    for err in exc.errors()
+                    for key in _error_keys(err)
+                ]
                 raise UserError(f"{_blamed(failed, where, overrides)} is invalid: {message}") from None
 
 
-def _failed_keys(exc: ValidationError, raw: dict[str, Any], prefix: str = "") -> list[str]:
-    """The dotted keys a validation error names, a phase by its name as `--set` names it
+def _error_keys(err: Any) -> list[tuple[str, ...]]:
+    """The settings one validation error is about: its own, and for a rule between settings of a
+    section (its `with` context, e.g. warmup_steps with max_steps) the others."""
+    loc = tuple(str(x) for x in err["loc"])
+    return [loc, *(loc[:-1] + (other,) for other in (err.get("ctx") or {}).get("with", ()))]
+
+
+def _failed_keys(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
+    """The dotted keys a validation error is about (`_error_keys`), a phase by its name as `--set` names it
     (`phases.seq32.pretrain.lr`, not `phases.0...`)."""
-    keys = [prefix + ".".join(str(x) for x in err["loc"]) for err in exc.errors()]
+    keys = [".".join(key) for err in exc.errors() for key in _error_keys(err)]
     phases = raw.get("phases") if isinstance(raw.get("phases"), list) else []
     names = [phase.get("name") if isinstance(phase, dict) else None for phase in phases]
     for index, name in enumerate(names):
@@ -397,8 +413,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     if cfg.pretrain.init_from and "preset" not in cfg.model.model_fields_set:
         cfg.model.preset = None  # the model is init_from's; the record must not name a default preset
     if cfg.model.preset is None and not cfg.pretrain.init_from:
+        blamed = _blamed(["model.preset", "pretrain.init_from"], where, overrides)
         raise UserError(
-            f"{path or 'config'}: model.preset is null, which means pretrain.init_from's shape, but "
+            f"{blamed}: model.preset is null, which means pretrain.init_from's shape, but "
             "pretrain.init_from is not set.",
             fix="name a preset (tiny, mini, small, medium, base, large) or set pretrain.init_from.",
         )

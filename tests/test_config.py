@@ -784,6 +784,43 @@ def test_a_warmup_longer_than_the_run_is_refused():
     assert recorded.warmup_steps == 1000
 
 
+def test_a_set_item_breaking_a_rule_between_two_settings_is_named(tmp_path: Path) -> None:
+    """`--set pretrain.max_steps=3` on the default config (warmup_steps 30) was said as "config file
+    configs/default.yaml is invalid": the file alone runs. The message names the --set item with the
+    file (the rule is between the two); the file alone when no --set item takes part."""
+    default = PROJECT_ROOT / "configs" / "default.yaml"
+    with pytest.raises(UserError) as exc:
+        load_config(default, ["pretrain.max_steps=3", "pretrain.lr=1e-3"])
+    assert str(exc.value).startswith(f"config file {default} with --set pretrain.max_steps=3 is invalid: ")
+    with pytest.raises(UserError) as exc:  # both settings of the rule from --set: the file is not at fault
+        load_config(default, ["pretrain.max_steps=3", "pretrain.warmup_steps=5"])
+    assert str(exc.value).startswith("--set pretrain.max_steps=3 --set pretrain.warmup_steps=5 is invalid: ")
+    bad = _write(tmp_path, "pretrain:\n  max_steps: 3\n  warmup_steps: 5\n")
+    with pytest.raises(UserError) as exc:
+        load_config(bad, ["pretrain.lr=1e-3"])
+    assert str(exc.value).startswith(f"config file {bad} is invalid: pretrain.warmup_steps: 5 exceeds")
+    # a phase inherits the main section's warmup: the --set of the main section's setting is named
+    phased = _write(
+        tmp_path, "pretrain:\n  max_steps: 40\nphases:\n  - name: short\n    pretrain:\n      max_steps: 10\n"
+    )
+    with pytest.raises(UserError) as exc:
+        load_config(phased, ["pretrain.warmup_steps=30"])
+    assert str(exc.value).startswith(f"config file {phased} with --set pretrain.warmup_steps=30 is invalid: ")
+    # the other rules between settings load_config checks
+    with pytest.raises(UserError) as exc:
+        load_config(default, ["model.preset=null"])
+    assert str(exc.value).startswith(
+        f"config file {default} with --set model.preset=null: model.preset is null"
+    )
+    for item, said in (
+        ("phases=[{name: a}, {name: a}]", "two pretraining phases are named 'a'"),
+        ("phases=[{name: a, pretrain: {init_from: x}}]", "phases[0].pretrain.init_from: a phase starts"),
+    ):
+        with pytest.raises(UserError) as exc:
+            load_config(default, [item])
+        assert str(exc.value).startswith(f"--set {item}: {said}"), str(exc.value)
+
+
 def _pasted(hint: str) -> list:
     """Each `bertflow ...` command in a hint, as the CLI parses it when pasted into a shell."""
     import shlex

@@ -184,6 +184,7 @@ class PretrainConfig(Section):
                 "{warmup} exceeds max_steps {steps}: the lr would rise for the whole run and end at "
                 "{share} of lr, never reaching it. Fix: set warmup_steps below max_steps (the shipped "
                 "configs warm up for 1-10% of the steps), or raise max_steps",
-                {"warmup": warmup, "steps": steps, "share": f"{steps / warmup:.1%}"},
+                # `with`: the other setting of the rule, so that a --set of either is named (load_config)
+                {"warmup": warmup, "steps": steps, "share": f"{steps / warmup:.1%}", "with": ["max_steps"]},
             )
         return warmup
