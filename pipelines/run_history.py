@@ -111,6 +111,23 @@ def runs_cli(root: Path, words: str = "") -> str:
     return cmd if Path(root).resolve() == default_run_root() else f"{cmd} --run-dir {shlex.quote(str(root))}"
 
 
+def flow_run_cli(root: Path, config: str | None = None) -> str:
+    """The `bertflow run` command whose flow runs write into `root`, for a hint: `config` (the
+    `--config` of `bertflow runs`) or the placeholder CONFIG, with `--set run_dir=ROOT` unless it
+    is `config`'s own run_dir (a config's run_dir decides where a flow run writes, not --run-dir)."""
+    import shlex
+
+    from pipelines.config import PipelineConfig, load_config
+    from pipelines.stage_keys import run_root
+
+    root = Path(root).resolve()
+    if config and run_root(load_config(config)) == root:
+        return shlex.join(["bertflow", "run", config])
+    default = PipelineConfig.model_fields["run_dir"].default
+    where = default if root == default_run_root() else str(root)
+    return shlex.join(["bertflow", "run", config or "CONFIG", "--set", f"run_dir={where}"])
+
+
 def in_run_dir(root: Path, recorded: str) -> Path:
     """A recorded output (an absolute path, as the flow wrote it) in the run directory `root`: a
     copied or moved run directory names its own outputs, never those of the one it was copied from."""
@@ -185,10 +202,15 @@ def stage_outputs(root: Path, runs: list[FlowRunRecord] | None = None) -> list[S
     ]
 
 
-def find_run(runs: list[FlowRunRecord], name: str | None) -> FlowRunRecord:
-    """A flow run by its name (or its record's file name); None or 'latest' = the newest."""
+def find_run(
+    runs: list[FlowRunRecord], name: str | None, root: Path, config: str | None = None
+) -> FlowRunRecord:
+    """A flow run of the run directory `root` by its name (or its record's file name); None or
+    'latest' = the newest. `config`: the `--config` of `bertflow runs`, for the hint."""
     if not runs:
-        raise UserError("this run directory has no flow runs yet.", fix="run `bertflow run CONFIG` first.")
+        raise UserError(
+            "this run directory has no flow runs yet.", fix=f"run `{flow_run_cli(root, config)}` first."
+        )
     if name in (None, LATEST):
         return runs[0]
     match = [r for r in runs if name in (r.name, r.path.stem, r.path.name)]
@@ -214,7 +236,9 @@ def _stage_output(root: Path, path: Path) -> Path:
     return p
 
 
-def removal_plan(root: Path, targets: list[str], incomplete: bool = False) -> list[Path]:
+def removal_plan(
+    root: Path, targets: list[str], incomplete: bool = False, config: str | None = None
+) -> list[Path]:
     """What `bertflow runs clean` deletes: named stage outputs, the outputs only the named flow runs
     used (+ their records), and with `incomplete` every interrupted or unfinished output."""
     runs = flow_runs(root)
@@ -223,7 +247,7 @@ def removal_plan(root: Path, targets: list[str], incomplete: bool = False) -> li
     outputs = {d.resolve() for _, d in _output_dirs(root)}
     for target in targets:
         if target in names or target == LATEST:
-            run = find_run(runs, target)
+            run = find_run(runs, target, root, config)
             others = {d.resolve() for r in runs if r is not run for d in r.out_dirs()}
             plan += [d.resolve() for d in run.out_dirs() if d.resolve() in outputs - others]
             plan.append(run.path)

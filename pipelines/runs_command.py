@@ -26,6 +26,7 @@ from pipelines.run_history import (
     default_run_root,
     dir_size,
     find_run,
+    flow_run_cli,
     flow_runs,
     last_modified,
     relink_latest,
@@ -176,10 +177,11 @@ def _cached(run: FlowRunRecord) -> str:
     return f"{hits}/{len(stages)} cached"
 
 
-def list_runs(root: Path) -> str:
+def list_runs(root: Path, config: str | None = None) -> str:
+    """The flow runs of `root`, newest first; `config`: the --config given, for the hint."""
     runs = flow_runs(root)
     if not runs:
-        return f"{root}: no flow runs yet (`bertflow run CONFIG` writes {root}/flow_runs/)."
+        return f"{root}: no flow runs yet (`{flow_run_cli(root, config)}` writes {root}/flow_runs/)."
     rows = [
         [r.name, r.data.get("started_utc", "?"), r.status, _run_time(r, runs), _cached(r),
          result_text(r), _report(r)]
@@ -193,9 +195,9 @@ def list_runs(root: Path) -> str:
     )
 
 
-def show_run(root: Path, name: str | None) -> str:
+def show_run(root: Path, name: str | None, config: str | None = None) -> str:
     runs = flow_runs(root)
-    run = find_run(runs, name)
+    run = find_run(runs, name, root, config)
     d = run.data
     by = f" ({d['stopped_by']})" if d.get("stopped_by") else ""  # SIGTERM to bertflow, Ctrl-C
     lines = [
@@ -273,14 +275,14 @@ def list_stages(root: Path) -> str:
     )
 
 
-def clean(root: Path, targets: list[str], incomplete: bool, yes: bool) -> str:
+def clean(root: Path, targets: list[str], incomplete: bool, yes: bool, config: str | None = None) -> str:
     from common.errors import UserError
 
     if not targets and not incomplete:
         raise UserError(
             "nothing to clean.", fix="name flow runs or stage output directories, or pass --incomplete."
         )
-    plan = removal_plan(root, targets, incomplete)
+    plan = removal_plan(root, targets, incomplete, config)
     if not plan:
         return "nothing to delete (every output of these runs is still used by another flow run)."
     sizes = {p: dir_size(p) if p.is_dir() else p.stat().st_size for p in plan}
@@ -327,11 +329,11 @@ def main(args: argparse.Namespace) -> int:
     args.targets = _targets(args)
     root = _root(args)
     if args.action == "list":
-        print(list_runs(root))
+        print(list_runs(root, args.config))
     elif args.action == "show":
-        print(show_run(root, args.targets[0] if args.targets else None))
+        print(show_run(root, args.targets[0] if args.targets else None, args.config))
     elif args.action == "stages":
         print(list_stages(root))
     else:
-        print(clean(root, args.targets, args.incomplete, args.yes))
+        print(clean(root, args.targets, args.incomplete, args.yes, args.config))
     return 0

@@ -507,3 +507,37 @@ def test_a_flow_run_stopped_while_its_units_train_has_a_stopped_units_row(
     assert cli(["runs", "show", "stopped-in-units", "--run-dir", str(run.root)]) == 0
     shown = capsys.readouterr().out
     assert re.search(r"\nfinetune-units +stopped +\d", shown), shown
+
+
+def test_the_no_flow_runs_hint_names_a_flow_run_that_writes_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bertflow runs --run-dir R` of an empty R said "`bertflow run CONFIG` writes R/flow_runs/" (and
+    `runs show`: "run `bertflow run CONFIG` first"): a config's flow run writes into its run_dir, ./runs
+    for the shipped ones, not R. The hint now sets run_dir=R, or is the --config given when its
+    run_dir is R; parsed by the CLI and loaded (CONFIG: a shipped config), its run directory is R."""
+    import shlex
+
+    from pipelines.cli import build_parser
+    from pipelines.config import load_config
+    from pipelines.stage_keys import run_root
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    Path("c.yaml").write_text("run_dir: mine\n")
+    default = str(PROJECT_ROOT / "configs" / "default.yaml")
+    for argv, root in (
+        (["runs", "--run-dir", "empty"], tmp_path / "empty"),
+        (["runs", "show", "--run-dir", "empty"], tmp_path / "empty"),
+        (["runs", "clean", "latest", "--run-dir", "empty"], tmp_path / "empty"),
+        (["runs", "--config", "c.yaml"], tmp_path / "mine"),
+        (["runs", "show", "--config", "c.yaml", "--run-dir", "empty"], tmp_path / "empty"),
+        (["runs"], tmp_path / "runs"),
+    ):
+        cli(argv)
+        said = capsys.readouterr()
+        command = re.search(r"`(bertflow run [^`]*)`", said.out + said.err)
+        assert command, said
+        words = [default if w == "CONFIG" else w for w in shlex.split(command.group(1))]
+        args = build_parser("run").parse_args(words[1:])
+        assert run_root(load_config(args.config, args.overrides)) == root, (argv, command.group(1))
