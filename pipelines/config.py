@@ -115,6 +115,8 @@ class PipelineConfig(Section):
     report: ReportSection = Field(default_factory=ReportSection)
     # what `load_config` read: the config file (None: none, the built-in defaults) and the --set items
     _source: tuple[str | None, tuple[str, ...]] | None = PrivateAttr(None)
+    # the pretraining phase a `phase_config` is of (None: the main one, or the whole config)
+    _phase: str | None = PrivateAttr(None)
 
     def command_line(self, command: str, *args: str) -> str:
         """`bertflow COMMAND CONFIG ARGS --set ITEMS` for this config, quoted for a shell: the config
@@ -123,6 +125,11 @@ class PipelineConfig(Section):
         path, overrides = self._source or (None, ())
         words = ["bertflow", command, path or "CONFIG", *args]
         return shlex.join(words + (["--set", *overrides] if overrides else []))
+
+    def phase_flag(self) -> tuple[str, ...]:
+        """`--phase NAME` for the config of a phase (`phase_config`), which a hint's stage command
+        needs to preprocess or pretrain that phase (without it: the main one); () for the main one."""
+        return ("--phase", self._phase) if self._phase else ()
 
     def data_path(self, path: str) -> Path:
         return resolve_data_path(path, self.data_root)
@@ -144,13 +151,15 @@ class PipelineConfig(Section):
             )
             for j, phase in enumerate(self.phases[:index])
         ]
-        return self.model_copy(
+        phase = self.model_copy(
             update={
                 "phases": earlier,
                 "preprocess": self.phase_section(index, "preprocess"),
                 "pretrain": self.phase_section(index, "pretrain"),
             }
         )
+        phase._phase = self.phases[index].name
+        return phase
 
     def phase_section(self, index: int, section: Literal["preprocess", "pretrain"]) -> Section:
         """Phase `index`'s `preprocess` or `pretrain` section: this config's with the phase's changes."""

@@ -99,11 +99,12 @@ def check_flow_init_vocabulary(cfg: PipelineConfig) -> None:
     from training.preflight import check_init_from, check_init_vocabulary
 
     init_dir = check_init_from(cfg.pretrain.init_from)
+    first = cfg.phase_config(0)  # the phase that starts from init_from (the main one without phases)
     if cfg.tokenizer.vocab:
         check_init_vocabulary(
-            init_dir, vocab_source(cfg.tokenizer, cfg.data_root), cfg, cfg.tokenizer.lowercase
+            init_dir, vocab_source(cfg.tokenizer, cfg.data_root), first, cfg.tokenizer.lowercase
         )
         return
     trained = stage_dir(cfg, "tokenizer")
     if read_marker(trained) is not None:
-        check_init_vocabulary(init_dir, trained, cfg)
+        check_init_vocabulary(init_dir, trained, first)

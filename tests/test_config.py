@@ -16,7 +16,7 @@ import yaml
 
 from common.errors import UserError
 from common.paths import PROJECT_ROOT, data_root, resolve_data_path
-from pipelines.config import load_config
+from pipelines.config import PhaseSection, load_config
 from pipelines.verify_data import check_data_paths, verify_data
 from tests.forbid_imports import env_forbidding
 
@@ -698,6 +698,13 @@ def test_the_flow_preflight_compares_init_from_with_the_tokenizer_the_flow_train
     (trained / "vocab.txt").write_text("\n".join(tokens) + "\n")
     with pytest.raises(UserError, match="another vocabulary .*token id 2000"):
         check_flow_init_vocabulary(cfg)
+    # with phases, init_from starts the first one: the fix's stage commands make and train its shards
+    phased = cfg.model_copy(update={"phases": [PhaseSection(name="short", pretrain={"max_steps": 5})]})
+    assert stage_dir(phased, "tokenizer") == trained
+    with pytest.raises(UserError) as exc:
+        check_flow_init_vocabulary(phased)
+    assert "`bertflow preprocess CONFIG --phase short --vocab" in str(exc.value), str(exc.value)
+    assert "`bertflow pretrain CONFIG --phase short --tokenizer" in str(exc.value), str(exc.value)
 
 
 def test_a_task_files_data_mistakes_are_refused_by_verify_before_compute(
@@ -875,9 +882,13 @@ def test_a_fix_hint_pasted_runs_this_config_with_its_set_items(tmp_path: Path) -
     init = tmp_path / "init"
     init.mkdir()
     (init / "vocab.txt").write_text("[PAD]\n[UNK]\n")
-    _, preprocess, pretrain = _pasted(own_tokenizer_fix(init, cfg))  # (the first: `bertflow run`)
+    # init_from starts the first phase: its stage commands name it (without --phase: the main one)
+    _, preprocess, pretrain = _pasted(own_tokenizer_fix(init, cfg.phase_config(0)))  # (first: `run`)
     assert (preprocess.vocab, pretrain.tokenizer) == (str(init), str(init))
-    assert same_config(preprocess) and same_config(pretrain)
+    assert preprocess.phase == pretrain.phase == "seq32"
+    assert same_config(preprocess, "seq32") and same_config(pretrain, "seq32")
+    _, preprocess, pretrain = _pasted(own_tokenizer_fix(init, cfg.model_copy(update={"phases": []})))
+    assert preprocess.phase is None and pretrain.phase is None  # a config without phases: the main one
     assert keys == stage_keys(cfg)
     # a config built in code has no file to name: the hint keeps the placeholder
     assert code_change_note("pretrain", [out]).endswith("bertflow run CONFIG --force pretrain")

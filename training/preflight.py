@@ -206,7 +206,8 @@ def own_tokenizer_fix(init_dir: Path, cfg: Any) -> str:
     """How to pretrain `init_dir` with its own tokenizer: the shards hold the token ids of the
     tokenizer that made them, so they are made again with it; in the flow, `tokenizer.vocab` does
     that (the tokenizer and preprocess stages are keyed by the vocabulary and run again). `cfg`:
-    the pipeline config (pipelines/config.py), whose stage commands the fix names."""
+    the pipeline config (pipelines/config.py) of the phase that starts from `init_dir` (its
+    `phase_config`), whose stage commands the fix names, with `--phase NAME` for a phase's."""
     from model.hf_io import TOKENIZER_FILES
 
     own = next((init_dir / n for n in TOKENIZER_FILES if (init_dir / n).is_file()), None)
@@ -215,19 +216,20 @@ def own_tokenizer_fix(init_dir: Path, cfg: Any) -> str:
             f"pretrain with the tokenizer {init_dir} was trained with (for a phase, the tokenizer of the "
             "phase before), and shards made with it: it has no vocab.txt or tokenizer.json to name."
         )
+    phase = cfg.phase_flag()
     return (
         "pretrain with init_from's own tokenizer, on shards made with it (shards hold the token ids "
         f"of the tokenizer that made them): in the flow (`bertflow run`), set tokenizer.vocab: {own}, "
         "and its tokenizer and preprocess stages run again for that vocabulary; with the stage commands, "
-        f"`{cfg.command_line('preprocess', '--vocab', str(init_dir), '--output', 'NEW_SHARDS')}`, then "
-        f"`{cfg.command_line('pretrain', '--tokenizer', str(init_dir), '--shards', 'NEW_SHARDS', '--output', 'OUT')}`."
+        f"`{cfg.command_line('preprocess', *phase, '--vocab', str(init_dir), '--output', 'NEW_SHARDS')}`, "
+        f"then `{cfg.command_line('pretrain', *phase, '--tokenizer', str(init_dir), '--shards', 'NEW_SHARDS', '--output', 'OUT')}`."
     )
 
 
 def check_init_vocabulary(init_dir: Path, tokenizer: Path, cfg: Any, lowercase: bool | None = None) -> None:
     """The rows of init_from's embeddings are the ids of its own vocabulary: a tokenizer with other
     tokens, the same ones in another order, or another casing would train them on the wrong words.
-    `cfg`: the pipeline config; `lowercase`: the casing `tokenizer` is read with (a bare vocab.txt:
+    `cfg`: the config of the phase that starts from `init_dir` (`own_tokenizer_fix`); `lowercase`: the casing `tokenizer` is read with (a bare vocab.txt:
     tokenizer.lowercase)."""
     from model.hf_io import has_tokenizer, read_config, tokenizer_fit_problem, tokenizer_size
     from preprocessing.wordpiece import tokenizer_difference
