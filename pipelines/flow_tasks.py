@@ -158,7 +158,7 @@ def tokenizer_task(stage: str, out_dir: str, cfg: PipelineConfig, wandb: WandbTa
     def body(out: Path) -> dict[str, Any]:
         from pipelines.stage_tokenizer import run_tokenizer_stage
 
-        written = run_tokenizer_stage(cfg.tokenizer, out, data_root=cfg.data_root)
+        written = run_tokenizer_stage(cfg.tokenizer, out, data_root=cfg.data_root, flow=cfg)
         marker = read_marker(written) or {}
         return {"vocab_size": marker.get("vocab_size"), "corpus": marker.get("corpus", {})}
 
@@ -175,7 +175,7 @@ def preprocess_task(
 
         with quiet_beam(beam_log_path(out)):
             stats = run_preprocess_stage(
-                cfg.preprocess, Path(tokenizer["out_dir"]), out, data_root=cfg.data_root
+                cfg.preprocess, Path(tokenizer["out_dir"]), out, data_root=cfg.data_root, flow=cfg
             )
         return {"stats": _jsonable(stats)}
 

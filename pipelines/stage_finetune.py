@@ -394,7 +394,7 @@ def _print_plan(
         + f", {workers} worker(s) of {fanout.unit_threads(cfg, workers, gpus)} torch thread(s) -> {output}",
         flush=True,
     )
-    if note := code_change_note("finetune", sorted(complete), cfg=flow):
+    if note := code_change_note("finetune", sorted(complete), cfg=flow, own_output=None if flow else output):
         print(f"bertflow finetune: {note}", flush=True)
     if note := keep.retrain_note(jobs, cfg.save_models):
         print(f"bertflow finetune: {note}", flush=True)

@@ -71,11 +71,14 @@ def code_change_note(
     out_dirs: Sequence[str | os.PathLike],
     read: Callable[[Any], dict[str, Any] | None] = read_marker,
     cfg: PipelineConfig | None = None,
+    own_output: str | os.PathLike | None = None,
 ) -> str:
     """'' when every complete output in `out_dirs` (a stage directory, or fine-tuning units) was made
     by this code, else one line saying which were made by other code, which files differ, and how
-    to recompute them (the flow command of `cfg`, the config whose outputs they are; None: one
-    with CONFIG for its file). `read`: how to read an output's marker (None: not complete)."""
+    to recompute them: in a stage command's `--output` (`own_output`, the user's folder, which no
+    flow writes), by deleting it and running the command again; else the flow command of `cfg`,
+    the config whose outputs they are (None: one with CONFIG for its file). `read`: how to read an
+    output's marker (None: not complete)."""
     current = stage_code(stage)
     markers = [m for m in map(read, out_dirs) if m is not None]
     # per complete output: the files changed since it was made, or None when it recorded no code
@@ -90,7 +93,11 @@ def code_change_note(
         made_by = f"other code (changed since: {shown}{'; some by ' + made_by if None in stale else ''})"
     what = str(out_dirs[0]) if len(out_dirs) == 1 else f"{len(stale)} of {len(markers)} complete outputs"
     # a phase's stage (pretrain@NAME) is forced as its stage: `--force` takes no phase
-    rerun = (cfg or PipelineConfig()).command_line("run", "--force", base_stage(stage))
+    rerun = (
+        f"delete {own_output} and run this command again"
+        if own_output is not None
+        else (cfg or PipelineConfig()).command_line("run", "--force", base_stage(stage))
+    )
     return f"{stage}: reusing {what} made by {made_by}; to recompute with this code: {rerun}"
 
 

@@ -49,6 +49,8 @@ from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, ST
 if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
 
+    from pipelines.config import PipelineConfig
+
 log = logging.getLogger("bertflow.preprocess")
 
 PASSES_UNKNOWN_ARGS = True  # leftover flags are Beam pipeline options
@@ -328,10 +330,13 @@ def run_preprocess_stage(
     data_root: str | None = None,
     beam_args: list[str] | None = None,
     replace: bool = True,
+    flow: PipelineConfig | None = None,
 ) -> dict:
     """Write the shard directory `out_dir` (a local path or a URL); returns the stats (also in
     stats.json). `replace` False (an --output the user named): finished shards of other settings,
-    tokenizer or corpus there are refused, not recomputed over."""
+    tokenizer or corpus there are refused, not recomputed over. `flow`: the config whose flow writes `out_dir`, whose command the note on an output of other
+    code names; None: a folder of the user's (--output) or of flags no flow command gives, which
+    the note says to delete and make again with the same command."""
     from preprocessing.wordpiece import load_tokenizer, vocab_list
 
     out_dir = str(out_dir)
@@ -350,7 +355,8 @@ def run_preprocess_stage(
     stats = _finished_stats(out_dir, identity)
     if stats is not None:
         log.info("shards in %s are up to date", out_dir)
-        if note := code_change_note("preprocess", [out_dir], read=_read_marker):
+        own = None if flow else out_dir
+        if note := code_change_note("preprocess", [out_dir], read=_read_marker, cfg=flow, own_output=own):
             log.warning(note)
         return stats
     work_dir = work_dir_for(out_dir, options.get_all_options()["temp_location"])
@@ -639,9 +645,10 @@ def main(args: argparse.Namespace) -> int:
     )
     from pipelines.beam_console import beam_log_path, quiet_beam
 
+    flow_cfg = cfg if not args.output and pcfg == cfg.preprocess else None  # (flags: not the flow's)
     with quiet_beam(beam_log_path(out)):
         stats = run_preprocess_stage(
-            pcfg, vocab, out, cfg.data_root, beam_args=list(args.extra_args or []), replace=not args.output
+            pcfg, vocab, out, cfg.data_root, list(args.extra_args or []), not args.output, flow_cfg
         )
     if not args.output:
         write_stage_key(out, stage_key_inputs(cfg.model_copy(update={"preprocess": pcfg}))["preprocess"])

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -84,13 +84,16 @@ def run_pretrain_stage(
     wandb: WandbTarget | None = None,
     stage: str = "pretrain",
     announce: str | None = None,
+    own_output: bool = False,
 ) -> Path:
     """Check everything, launch the ranks, return the model directory. The ranks' lines about the
     run go to `log_line`, DeepSpeed's and torch's talk about themselves to `log_debug` (dropped
     when None), every line to OUT/launcher.log. `wandb`: where the W&B run goes (the flow passes
     its run's group; alone, the group is `<config name>-pretrain`). `stage`: the flow's name of the
     stage (pretrain@NAME for a phase), which names the W&B run. `announce`: a line for `log_line`
-    once every check has passed, as the ranks launch (none for a refusal or a finished run)."""
+    once every check has passed, as the ranks launch (none for a refusal or a finished run).
+    `own_output`: `out_dir` is the user's --output, not the flow's folder of `cfg` (what a note on
+    a finished run of other code says to recompute it with)."""
     from training import launch, preflight
     from training.ranks import resolve_ranks, split_text, visible_gpus
 
@@ -114,7 +117,8 @@ def run_pretrain_stage(
         cfg, Path(shards_dir), Path(tokenizer_dir), out_dir, on_gpu, bf16_ok, world, wandb, stage
     )
     fingerprint = spec.fingerprint()
-    if (finished := _finished_model(out_dir, spec, fingerprint, log_line)) is not None:
+    rerun = {"own_output": out_dir} if own_output else {"cfg": cfg}
+    if (finished := _finished_model(out_dir, spec, fingerprint, log_line, rerun)) is not None:
         return finished
     if not on_gpu and (note := cpu_run_note(cfg.model_copy(update={"pretrain": asked}))):
         log_line(warning_line(note))
@@ -174,11 +178,11 @@ def _complete_output(
 
 
 def _finished_model(
-    out_dir: Path, spec: RunSpec, fingerprint: str, log_line: Callable[[str], None]
+    out_dir: Path, spec: RunSpec, fingerprint: str, log_line: Callable[[str], None], rerun: dict[str, Any]
 ) -> Path | None:
     """The model of a finished run with these settings (None: run or resume it). A finished run
     with other settings is refused; one whose model/ was deleted loses its marker, and its ranks
-    resume at the end and export the model again."""
+    resume at the end and export the model again. `rerun`: `code_change_note`'s cfg or own_output."""
     marker = read_marker(out_dir)
     if marker is None:
         return None
@@ -191,7 +195,7 @@ def _finished_model(
         )
     if has_model(out_dir):
         log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
-        if note := code_change_note("pretrain", [out_dir]):
+        if note := code_change_note("pretrain", [out_dir], **rerun):
             log_line(note)
         fix = f"delete {out_dir} (or choose another --output) and run again."
         if note := unapplied_settings_note("pretrain", out_dir, spec.pretrain, fix):
@@ -580,7 +584,14 @@ def _run(args: argparse.Namespace, flags: list[tuple[str, str, str]]) -> int:
     with sigterm_as_interrupt():
         stage = phase_stage("pretrain", args.phase or "")
         run_pretrain_stage(
-            cfg, shards, tokenizer, output, node_rank=args.node_rank, stage=stage, announce=announce
+            cfg,
+            shards,
+            tokenizer,
+            output,
+            node_rank=args.node_rank,
+            stage=stage,
+            announce=announce,
+            own_output=bool(args.output),
         )
     if not args.output and args.node_rank == 0:
         write_stage_key(output, stage_key_inputs(cfg)["pretrain"])

@@ -34,6 +34,8 @@ from preprocessing.corpus import corpus_file_warnings, expand_inputs, iter_texts
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from pipelines.config import PipelineConfig
+
 log = logging.getLogger("bertflow.tokenizer")
 OUTPUT_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
 # settings of training a vocabulary, which loading one (tokenizer.vocab) does not use
@@ -135,12 +137,18 @@ def unused_training_settings(cfg: TokenizerConfig) -> str | None:
 
 
 def run_tokenizer_stage(
-    cfg: TokenizerConfig, out_dir: Path, data_root: str | None = None, replace: bool = True
+    cfg: TokenizerConfig,
+    out_dir: Path,
+    data_root: str | None = None,
+    replace: bool = True,
+    flow: PipelineConfig | None = None,
 ) -> Path:
     """Write vocab.txt, tokenizer.json and tokenizer_config.json to `out_dir`: loaded from
     `tokenizer.vocab`, or trained on the corpus; a trained one is reused while its settings, corpus
     and files are unchanged. `replace` False (an --output the user named): a vocabulary trained
-    there with other settings or inputs is refused, not retrained over. Returns `out_dir`."""
+    there with other settings or inputs is refused, not retrained over. `flow`: the config whose flow writes `out_dir`, whose command the note on an output of other
+    code names; None: a folder of the user's (--output) or of flags no flow command gives, which
+    the note says to delete and make again with the same command. Returns `out_dir`."""
     from preprocessing.wordpiece import load_tokenizer, save_tokenizer
 
     out_dir = Path(out_dir)
@@ -164,7 +172,9 @@ def run_tokenizer_stage(
     if identity is not None and done is not None and done.get("identity") == identity:
         if _files_intact(out_dir, done.get("files")):
             log.info("tokenizer in %s is up to date", out_dir)
-            if note := code_change_note("tokenizer", [out_dir]):
+            if note := code_change_note(
+                "tokenizer", [out_dir], cfg=flow, own_output=None if flow else out_dir
+            ):
                 log.warning(note)
             return out_dir
         log.warning("tokenizer files in %s differ from their checksums: retraining", out_dir)
@@ -279,7 +289,9 @@ def main(args: argparse.Namespace) -> int:
     refuse_training_flags(args, tcfg)
     flow_cfg = cfg.model_copy(update={"tokenizer": tcfg})
     out = Path(args.output) if args.output else stage_dir(flow_cfg, "tokenizer")  # or where the flow puts it
-    run_tokenizer_stage(tcfg, out, cfg.data_root, replace=not args.output)
+    # the flow command of CONFIG recomputes its folder unless flags changed the settings
+    flow = cfg if not args.output and tcfg == cfg.tokenizer else None
+    run_tokenizer_stage(tcfg, out, cfg.data_root, replace=not args.output, flow=flow)
     if not args.output:
         write_stage_key(out, stage_key_inputs(flow_cfg)["tokenizer"])
     print(out)

@@ -12,7 +12,9 @@ import logging
 from pathlib import Path
 
 from common.atomic import MARKER_NAME, read_marker, write_marker
+from common.paths import PROJECT_ROOT
 from common.version import changed_sources, source_digests
+from pipelines.config import load_config
 from pipelines.stage_keys import STAGES, code_change_note, stage_code
 
 CODE = '''"""A module."""
@@ -110,10 +112,20 @@ def test_the_tokenizer_stage_reuses_and_says_when_its_code_changed(
     with caplog.at_level(logging.INFO, logger="bertflow"):
         run_tokenizer_stage(cfg, out)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # not the flow's folder (a stage command's --output): `bertflow run --force` never writes it
     assert warnings == [
         f"tokenizer: reusing {out} made by other code (changed since: preprocessing/wordpiece.py); "
-        "to recompute with this code: bertflow run CONFIG --force tokenizer"
+        f"to recompute with this code: delete {out} and run this command again"
     ]
+    caplog.clear()
+    flow = load_config(PROJECT_ROOT / "configs" / "default.yaml", [f"run_dir={tmp_path}"])
+    with caplog.at_level(logging.INFO, logger="bertflow"):
+        run_tokenizer_stage(cfg, out, flow=flow)  # the flow's folder of `flow`: its flow command
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings[0].endswith(
+        f"to recompute with this code: bertflow run {PROJECT_ROOT / 'configs' / 'default.yaml'} "
+        f"--force tokenizer --set run_dir={tmp_path}"
+    ), warnings
     assert (out / "vocab.txt").stat().st_mtime_ns == vocab_mtime  # reused, not retrained
 
 

@@ -139,6 +139,10 @@ def test_the_finetune_commands_code_change_note_names_the_flow_command_of_its_un
         return [j.key for j in plan(c, ["random:tiny"], tmp_path / "ft", tokenizer_dir=minilm_dir)]
 
     assert keys(flow.finetune) == keys(cfg) and len(keys(cfg)) == 2 * len(cfg.seeds)
+    # `--checkpoint DIR --output OUT` (no flow's units): no `bertflow run --force` touches OUT's units
+    _print_plan(cfg, [], {old}, 0, tmp_path / "out", None)
+    said = capsys.readouterr().out
+    assert f"to recompute with this code: delete {tmp_path / 'out'} and run this command again" in said, said
     with pytest.raises(UserError) as exc:  # no pretrained model yet: the run that makes it
         _plan_from_args(cfg_all, cfg, args)
     [hint] = re.findall(r"`(bertflow run [^`]+)`", str(exc.value))

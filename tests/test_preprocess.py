@@ -22,6 +22,7 @@ import pytest
 from common.atomic import read_marker
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
+from pipelines.config import load_config
 from pipelines.stage_preprocess import run_preprocess_stage
 from preprocessing.config import PreprocessConfig
 from preprocessing.shard_format import (
@@ -175,14 +176,22 @@ def test_shards_made_by_other_code_are_reused_and_said(runs, minilm_dir, caplog)
     assert set(marker["code"]) >= {"preprocessing/masking.py", "pipelines/stage_preprocess.py"}
     marker["code"]["preprocessing/masking.py"] = "0" * 16
     marker_path.write_text(json.dumps(marker))
+    flow = load_config(None, ["run_dir=elsewhere"])
     try:
         with caplog.at_level(logging.WARNING, logger="bertflow"):
             assert run_preprocess_stage(config(corpus, 1), minilm_dir, directory) == stats
+            assert run_preprocess_stage(config(corpus, 1), minilm_dir, directory, flow=flow) == stats
     finally:
         marker_path.write_text(original)
+    # a folder of the user's (`bertflow preprocess --output`): deleting it recomputes it; the flow's
+    # folder of a config: its flow command
     assert [r.getMessage() for r in caplog.records if "other code" in r.getMessage()] == [
         f"preprocess: reusing {directory} made by other code (changed since: preprocessing/masking.py); "
-        "to recompute with this code: bertflow run CONFIG --force preprocess"
+        f"to recompute with this code: {how}"
+        for how in (
+            f"delete {directory} and run this command again",
+            flow.command_line("run", "--force", "preprocess"),
+        )
     ]
 
 

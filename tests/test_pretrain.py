@@ -323,11 +323,18 @@ def test_rerun_after_completion_is_a_no_op(ref_run, data):
     lines.clear()
     try:
         run_pretrain_stage(config(), *data, out, log_line=lines.append)
+        # a `bertflow pretrain --output` of the user's: no flow writes it, deleting it recomputes it
+        run_pretrain_stage(config(), *data, out, log_line=lines.append, own_output=True)
     finally:
         marker_path.write_text(original)
+    # the flow's folder of the config (its --set items too), or the user's --output
     assert [ln for ln in lines if "other code" in ln] == [
         f"pretrain: reusing {out} made by other code (changed since: training/train.py); "
-        "to recompute with this code: bertflow run CONFIG --force pretrain"
+        f"to recompute with this code: {how}"
+        for how in (
+            config().command_line("run", "--force", "pretrain"),
+            f"delete {out} and run this command again",
+        )
     ]
     assert (out / "metrics.jsonl").read_bytes() == before
 
