@@ -31,6 +31,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Its database is a copy of the migrated template (migrating takes ~25 s on 2 cores).
 _PREFECT_HOME = fresh_prefect_home(PREFECT_TESTS_DIR / os.environ.get("PYTEST_XDIST_WORKER", "main"))
 os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
+# Prefect's console handler binds to the sys.stderr of the moment `prefect` is first imported. A test
+# file whose `capsys` test imported it first (tests/test_tokenizer.py, through pipelines.flow_tasks)
+# bound it to that test's capture, closed when the test ended: every later in-process flow run of
+# the same pytest process then failed in its first log line ('I/O operation on closed file', then a
+# RecursionError; tests/test_report.py after tests/test_tokenizer.py). Imported here, with the
+# settings above, it binds to the session's stderr, whatever order the files run in.
+import prefect.main  # noqa: E402, F401  (`import prefect` alone sets up no logging)
 
 from common.paths import data_root, torch_extensions_dir  # noqa: E402
 
