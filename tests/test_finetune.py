@@ -45,6 +45,13 @@ def one_torch_thread():
 
 TINY = dict(max_train_examples=64, max_eval_examples=64, epochs=1.0, max_seq_length=64, batch_size=16)
 
+# a tiny BERT's config.json, for model folders whose weights random init never reads
+TINY_CONFIG_JSON = {
+    "model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128,
+    "type_vocab_size": 2,
+}  # fmt: skip
+
 
 def test_units_one_per_task_lr_seed():
     cfg = FinetuneConfig(tasks=["sst2", "mrpc"], lrs=[5e-5, 3e-5], seeds=[1, 2])
@@ -589,16 +596,11 @@ def test_random_init_units_are_copied_from_a_model_of_the_same_shape_not_retrain
     takes its random-init baseline from the earlier run's units under its own label, with the curve;
     another architecture trains its own. The copy is what retraining gives."""
     cfg = FinetuneConfig(tasks=["sst2"], **TINY)
-    shape = {
-        "model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128,
-        "type_vocab_size": 2,
-    }  # fmt: skip
 
     def model_dir(run: str, **changes: int) -> Path:
         directory = tmp_path / run / "model"
         directory.mkdir(parents=True)
-        (directory / "config.json").write_text(json.dumps({**shape, **changes}))
+        (directory / "config.json").write_text(json.dumps({**TINY_CONFIG_JSON, **changes}))
         (directory / "model.safetensors").write_text(run)  # other weights, which random init never reads
         return directory
 
@@ -641,16 +643,11 @@ def test_a_random_init_key_holds_no_path_when_the_model_has_no_tokenizer_json(tm
     same model moved or copied elsewhere (a run directory moved, README) never matched the finished
     units' markers, and its random-init units trained again instead of being copied."""
     cfg = FinetuneConfig(tasks=["sst2"], **TINY)
-    shape = {
-        "model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128,
-        "type_vocab_size": 2,
-    }  # fmt: skip
     keys = []
     for place in ("before", "moved/elsewhere"):
         directory = tmp_path / place / "model"
         directory.mkdir(parents=True)
-        (directory / "config.json").write_text(json.dumps(shape))
+        (directory / "config.json").write_text(json.dumps(TINY_CONFIG_JSON))
         shutil.copy(minilm_dir / "vocab.txt", directory / "vocab.txt")
         [job] = plan(cfg, [f"random:{directory}"], tmp_path / "ft")
         assert job.tokenizer_dir == directory and not (directory / "tokenizer.json").exists()
