@@ -488,6 +488,27 @@ def test_a_refusal_of_the_preset_names_the_preset_flag_typed(data, tmp_path, min
     assert "model.preset is the `--preset mini` you typed: change or drop --preset" in err, err
 
 
+def test_a_resume_refused_for_another_zero_stage_names_the_setting_and_the_flag_typed(data, tmp_path, capsys):
+    """`bertflow pretrain --zero-stage 3` into an --output interrupted at ZeRO 2 was refused with
+    `ds_config.zero_optimization.stage: 2 -> 3`, a key of the resolved DeepSpeed JSON that no
+    config or flag spells; the refusal now names the settings that decide it and the flag typed."""
+    from pipelines.cli import main as cli
+
+    shards, tok = data
+    out = tmp_path / "out"
+    spec = _spec(config(), shards, tok, out)
+    _checkpoint(out, {"model_config": spec.model, "settings": spec.settings()})
+    sets = [a for s in settings() for a in ("--set", s)]
+    argv = ["pretrain", "--shards", str(shards), "--tokenizer", str(tok), *sets, "--output", str(out)]
+    assert cli([*argv, "--zero-stage", "3"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"ds_config.zero_optimization.stage (pretrain.zero_stage, else the stage of the pretrain.deepspeed_config JSON): {spec.zero_stage} -> 3"
+        in err
+    ), err
+    assert "pretrain.zero_stage is the `--zero-stage 3` you typed: change or drop --zero-stage" in err, err
+
+
 @pytest.mark.parametrize("given", [[], ["--zero-stage", "2"], ["--set", "pretrain.zero_stage=1"]])
 def test_muon_refused_by_the_pretrain_command_names_its_zero_stage_flag(data, tmp_path, capsys, given):
     """`bertflow pretrain --set pretrain.optimizer=muon` at ZeRO 1-3 (the template's, `--zero-stage 2`

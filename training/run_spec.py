@@ -40,6 +40,15 @@ NOT_IN_FINGERPRINT = (
 )
 
 
+# keys of the resolved DeepSpeed JSON that only a setting out of the fingerprint decides, with it
+# named as a user gives it (`--zero-stage` or pretrain.zero_stage), so that a resume refused for
+# another stage says which setting (and `bertflow pretrain` which flag) changed it
+DS_KEY_SETTINGS = {
+    "ds_config.zero_optimization.stage": " (pretrain.zero_stage, else the stage of the "
+    "pretrain.deepspeed_config JSON)",
+}
+
+
 class MaskingSettings(BaseModel):
     """How the shards were masked; dynamic masking repeats it (`preprocessing/masking.py`)."""
 
@@ -97,10 +106,11 @@ class RunSpec(BaseModel):
         return digest(self.settings())
 
     def differences(self, recorded: dict[str, Any]) -> list[str]:
-        """`key: recorded -> now` for every setting that differs from `recorded` (a `settings()`)."""
+        """`key: recorded -> now` for every setting that differs from `recorded` (a `settings()`);
+        a key of the resolved DeepSpeed JSON names the settings that decide it (`DS_KEY_SETTINGS`)."""
         old, new = _flatten(recorded), _flatten(self.settings())
         return [
-            f"{key}: {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
+            f"{key}{DS_KEY_SETTINGS.get(key, '')}: {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
             for key in sorted(set(old) | set(new))
             if old.get(key) != new.get(key)
         ]
