@@ -52,6 +52,7 @@ class TrainingFacts:
     zero_stage: int | None
     world_size: int
     seconds: float | None
+    run_steps: int | None = None  # the run's pretrain.max_steps, where the card is of an earlier step
 
 
 @dataclass
@@ -227,14 +228,33 @@ def _data(d: DataFacts) -> list[str]:
 
 def _schedule(t: TrainingFacts) -> str:
     """The learning-rate schedule as it ran (`training/optim.py` warmup_linear_decay): a warm-up as
-    long as the run or longer never reaches the decay, nor, if longer, the peak."""
+    long as the run or longer never reaches the decay, nor, if longer, the peak. The card of an
+    earlier checkpoint (`run_steps` past `steps`) says the run's schedule and the lr at its step."""
+    run = max(t.run_steps or t.steps, t.steps)
+    if run > t.steps:
+        return (
+            f"{_run_schedule(t.lr, t.warmup_steps, run)} over a run of {run} steps; these weights are "
+            f"from step {t.steps} (learning rate {_lr_at(t.lr, t.warmup_steps, run, t.steps):g} at that step)"
+        )
     if t.warmup_steps < t.steps:
-        return f"peak learning rate {t.lr:g}, {t.warmup_steps} warmup steps then linear decay"
-    reached = t.lr * min(1.0, t.steps / t.warmup_steps)
+        return _run_schedule(t.lr, t.warmup_steps, run)
     return (
-        f"learning rate rising linearly for the whole run to {reached:g} ({t.warmup_steps} warmup steps "
-        f"of a peak {t.lr:g} in a run of {t.steps}: no decay)"
+        f"learning rate rising linearly for the whole run to {_lr_at(t.lr, t.warmup_steps, run, run):g} "
+        f"({t.warmup_steps} warmup steps of a peak {t.lr:g} in a run of {t.steps}: no decay)"
     )
+
+
+def _run_schedule(lr: float, warmup: int, run: int) -> str:
+    if warmup < run:
+        return f"peak learning rate {lr:g}, {warmup} warmup steps then linear decay"
+    return f"learning rate rising linearly to {_lr_at(lr, warmup, run, run):g} ({warmup} warmup steps of a peak {lr:g}: no decay)"
+
+
+def _lr_at(lr: float, warmup: int, run: int, step: int) -> float:
+    """The learning rate once `step` steps are done, as the card says it (warmup reached at its end)."""
+    if step <= warmup:
+        return lr * step / warmup if warmup else lr
+    return lr * (run - step) / max(1, run - warmup)
 
 
 def _training(t: TrainingFacts, max_len: int | None) -> list[str]:

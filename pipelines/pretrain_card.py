@@ -83,6 +83,7 @@ def _training_facts(
         zero_stage=ds.get("zero_optimization", {}).get("stage"),
         world_size=int(spec.get("world_size", 1)),
         seconds=None,
+        run_steps=int(p["max_steps"]) if p.get("max_steps") else None,
     )
 
 

@@ -66,7 +66,7 @@ def make_stage_outputs(cfg: PipelineConfig, minilm_dir: Path, data_dir: Path) ->
     ))  # fmt: skip
     (pre / "run_spec.json").write_text(json.dumps({
         "shards_dir": str(dirs["preprocess"]), "tokenizer_dir": str(tok), "world_size": 1,
-        "pretrain": {"micro_batch_size": 8, "eval_batches": 2, "lr": 5e-4, "warmup_steps": 30},
+        "pretrain": {"micro_batch_size": 8, "eval_batches": 2, "lr": 5e-4, "warmup_steps": 30, "max_steps": 300},
         "ds_config": {"train_batch_size": 64, "zero_optimization": {"stage": 2}},
     }))  # fmt: skip
     write_marker(pre, {"max_steps": 300})

@@ -62,6 +62,21 @@ def test_card_of_a_run_shorter_than_its_warmup_says_the_lr_never_decayed() -> No
     assert "then linear decay" not in text
 
 
+def test_card_of_a_checkpoint_inside_the_warmup_says_the_runs_schedule() -> None:
+    """`export-hf RUN/checkpoints/global_step10` of a 20-step run with 20 warmup steps said "learning
+    rate rising linearly for the whole run to 5e-05 (... in a run of 10: no decay)": the run was 20."""
+    import dataclasses
+
+    facts = _facts(4.2, True)
+    facts.training = dataclasses.replace(facts.training, steps=10, warmup_steps=20, run_steps=40)
+    text = render_model_card(facts, Path("/m"))
+    assert "in a run of 10" not in text and "for the whole run" not in text, text
+    assert (
+        "peak learning rate 0.0005, 20 warmup steps then linear decay over a run of 40 steps; these weights "
+        "are from step 10 (learning rate 0.00025 at that step)"
+    ) in text, text
+
+
 def test_card_warns_when_the_model_is_no_better_than_token_frequencies() -> None:
     text = render_model_card(_facts(6.3, False), Path("/m"))
     assert "not below the unigram entropy" in text and "the model uses the context" not in text
@@ -271,6 +286,10 @@ def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
     assert "Measured at step 200 on the first 16 (`pretrain.eval_batches` global batches) of the " in at_200
     assert "200 optimizer steps × 64 sequences" in at_200 and "## Data" in at_200
     assert "- checkpoint: `global_step200` (step 200 of the run)" in at_200
+    # the schedule is the run's (300 steps), not one of 200 that ends at this checkpoint
+    assert (
+        "then linear decay over a run of 300 steps; these weights are from step 200 (learning rate " in at_200
+    )
     # the export's marker keeps the steps, so a scorecard names it as the model bertflow pretrained
     assert json.loads((tmp_path / "hf200" / "_COMPLETE.json").read_text())["pretraining_steps"] == [200]
     at_250 = (tmp_path / "hf250" / "README.md").read_text()
