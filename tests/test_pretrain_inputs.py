@@ -249,6 +249,26 @@ def test_finished_run_with_other_settings(data, tmp_path):
     _fails(config(), *data, out, "finished pretraining run with other settings")
 
 
+def test_a_finished_run_with_its_checkpoints_is_refused_as_finished_not_as_a_resume(data, tmp_path):
+    """A rerun of a finished pretraining with another lr into its --output was told "holds checkpoint
+    global_step30 of a run with other settings ... A resume would carry on its optimizer state ...
+    rerun with the recorded settings to resume it": the checkpoints a finished run keeps were
+    checked as a resume's before the finished run's own refusal (delete it or choose a new --output)."""
+    shards, tok = data
+    out = tmp_path / "out"
+    spec = _spec(config(), shards, tok, out)
+    _checkpoint(out, {"model_config": spec.model, "settings": spec.settings()})
+    write_marker(out, {"fingerprint": spec.fingerprint(), "settings": spec.settings()})
+    with pytest.raises(UserError) as refused:
+        run_pretrain_stage(config("pretrain.lr=0.001"), shards, tok, out, log_line=print)
+    text = str(refused.value)
+    assert (
+        f"holds a finished pretraining run with other settings: pretrain.lr: {spec.pretrain.lr} -> 0.001"
+        in text
+    )
+    assert "resume" not in text and f"delete {out} to retrain it" in text, text
+
+
 def test_cli_prints_one_paragraph_and_exits_2(data, tmp_path):
     shards, tok = data
     cmd = [sys.executable, "-m", "pipelines.cli", "pretrain", "--shards", str(shards), "--tokenizer", str(tok),

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from common.atomic import sha256_file
+from common.atomic import MARKER_NAME, sha256_file
 from common.errors import UserError
 from common.textfile import read_user_text
 from common.tracking import WandbTarget
@@ -313,7 +313,11 @@ def check_resume(spec: RunSpec) -> None:
     """A checkpoint in the output dir is resumed only by the run that wrote it: the same world size
     and global batch, and the same settings (`RunSpec.settings`: everything that decides the
     weights). Anything else is refused, naming each differing key, before a process starts; a
-    resume never silently keeps the checkpoint's optimizer and schedule under new settings."""
+    resume never silently keeps the checkpoint's optimizer and schedule under new settings. The
+    checkpoints a finished run keeps are no resume's: its marker decides (`_finished_model` of
+    pipelines/stage_pretrain.py reuses it or refuses it as a finished run)."""
+    if (spec.out_dir / MARKER_NAME).is_file():
+        return
     for tag in checkpoint.tag_dirs(spec.checkpoints_dir):
         info = checkpoint.read_verification(tag)
         if info is None:
