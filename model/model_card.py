@@ -83,6 +83,8 @@ class CardFacts:
     training: TrainingFacts | None = None
     evaluation: EvalFacts | None = None
     evaluation_note: str | None = None  # why `evaluation` is unknown (a checkpoint between evaluations)
+    # the shards the note's `bertflow evaluate` of this directory reads (None: unknown, SHARDS_DIR)
+    evaluate_shards: Path | None = None
     headline: str | None = None  # the fine-tuning scorecard's headline, when known
     fresh_weights: list[str] = field(default_factory=list)  # not from the source checkpoint
     provenance: dict[str, str] = field(default_factory=dict)
@@ -325,6 +327,11 @@ def _usage(f: CardFacts, model_dir: Path) -> list[str]:
     return [*lines, f"Fine-tune and score it: `{finetune_command(model_dir)}`.", ""]
 
 
+def _evaluate_command(f: CardFacts, model_dir: Path) -> str:
+    shards = shlex.quote(str(f.evaluate_shards)) if f.evaluate_shards else "SHARDS_DIR"
+    return f"bertflow evaluate {shlex.quote(str(model_dir))} --shards {shards}"
+
+
 def render_model_card(f: CardFacts, model_dir: Path) -> str:
     lines = [
         "---",
@@ -343,7 +350,12 @@ def render_model_card(f: CardFacts, model_dir: Path) -> str:
     if f.evaluation is not None:
         lines += _quality(f.evaluation)
     elif f.evaluation_note:
-        lines += ["## How good is it", "", f.evaluation_note, ""]
+        lines += [
+            "## How good is it",
+            "",
+            f"{f.evaluation_note} Measure it: `{_evaluate_command(f, model_dir)}`.",
+            "",
+        ]
     if f.data is not None:
         lines += _data(f.data)
     if f.training is not None:

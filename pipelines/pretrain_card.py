@@ -198,10 +198,7 @@ def pretraining_card(
         evaluation = None
         evaluated = sorted({int(r["step"]) for r in logged if "val_mlm_acc" in r})
         at = f" (its evaluations: step {', '.join(f'{n:,}' for n in evaluated)})" if evaluated else ""
-        evaluation_note = (
-            f"Not known: the run logged no held-out evaluation at step {step:,}{at}. Measure it: "
-            f"`bertflow evaluate THIS_DIR --shards {shards_dir or 'SHARDS_DIR'}`."
-        )
+        evaluation_note = f"Not known: the run logged no held-out evaluation at step {step:,}{at}."
     checkpoint = {} if step is None else {"checkpoint": f"`global_step{step}` (step {step:,} of the run)"}
     return CardFacts(
         name=name or f"{title} pretrained{corpus} ({steps} steps, bertflow)",
@@ -212,6 +209,7 @@ def pretraining_card(
         training=training,
         evaluation=evaluation,
         evaluation_note=evaluation_note,
+        evaluate_shards=shards_dir,
         init_from=init_from_text(init_from) if init_from else None,
         steps_before=before,
         provenance={

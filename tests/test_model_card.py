@@ -298,6 +298,10 @@ def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
         "(its evaluations: step 100, 200, 300)"
     ) in at_250
     assert "Measured at" not in at_250 and "250 optimizer steps × 64 sequences" in at_250
+    # the command to measure it names this directory, as the card's other commands do, not THIS_DIR
+    assert f"Measure it: `bertflow evaluate {tmp_path / 'hf250'} --shards {dirs['preprocess']}`" in at_250, (
+        at_250
+    )
 
 
 def test_a_loss_just_below_the_unigram_entropy_is_not_said_to_be_not_below_it() -> None:
