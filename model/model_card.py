@@ -236,12 +236,12 @@ def _schedule(t: TrainingFacts) -> str:
     if run > t.steps:
         return (
             f"{_run_schedule(t.lr, t.warmup_steps, run)} over a run of {run} steps; these weights are "
-            f"from step {t.steps} (learning rate {_lr_at(t.lr, t.warmup_steps, run, t.steps):g} at that step)"
+            f"from step {t.steps} (learning rate {_lr_at(t.lr, t.warmup_steps, run, t.steps):.3g} at that step)"
         )
     if t.warmup_steps < t.steps:
         return _run_schedule(t.lr, t.warmup_steps, run)
     return (
-        f"learning rate rising linearly for the whole run to {_lr_at(t.lr, t.warmup_steps, run, run):g} "
+        f"learning rate rising linearly for the whole run to {_lr_at(t.lr, t.warmup_steps, run, run):.3g} "
         f"({t.warmup_steps} warmup steps of a peak {t.lr:g} in a run of {t.steps}: no decay)"
     )
 
@@ -249,7 +249,7 @@ def _schedule(t: TrainingFacts) -> str:
 def _run_schedule(lr: float, warmup: int, run: int) -> str:
     if warmup < run:
         return f"peak learning rate {lr:g}, {warmup} warmup steps then linear decay"
-    return f"learning rate rising linearly to {_lr_at(lr, warmup, run, run):g} ({warmup} warmup steps of a peak {lr:g}: no decay)"
+    return f"learning rate rising linearly to {_lr_at(lr, warmup, run, run):.3g} ({warmup} warmup steps of a peak {lr:g}: no decay)"
 
 
 def _lr_at(lr: float, warmup: int, run: int, step: int) -> float:

@@ -298,6 +298,7 @@ def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
         "(its evaluations: step 100, 200, 300)"
     ) in at_250
     assert "Measured at" not in at_250 and "250 optimizer steps × 64 sequences" in at_250
+    assert "these weights are from step 250 (learning rate 9.26e-05 at that step)" in at_250, at_250
     # the command to measure it names this directory, as the card's other commands do, not THIS_DIR
     assert f"Measure it: `bertflow evaluate {tmp_path / 'hf250'} --shards {dirs['preprocess']}`" in at_250, (
         at_250
