@@ -16,6 +16,7 @@ from common.atomic import MARKER_NAME
 from common.jsonfile import read_json_or_empty
 from common.tracking import read_metrics
 from common.version import package_version
+from finetuning.scorecard import pretraining_steps
 from model.config import preset_of
 from model.model_card import CardFacts, DataFacts, EvalFacts, TrainingFacts, steps_text
 
@@ -122,13 +123,9 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
 
 def steps_before(init_from: str | None) -> list[int]:
     """The steps of each bertflow pretraining that `init_from`'s model continues, first phase first
-    ([]: random init, or a model bertflow did not pretrain)."""
-    if not init_from or Path(init_from).name != "model":
-        return []
-    marker = read_json_or_empty(Path(init_from).parent / MARKER_NAME)
-    if "max_steps" not in marker:
-        return []
-    return [*marker.get("steps_before", []), int(marker["max_steps"])]
+    ([]: random init, or a model bertflow did not pretrain): a pretraining output's model/ or an
+    `export-hf` of one (`finetuning.scorecard.pretraining_steps`, as the scorecard counts them)."""
+    return (pretraining_steps(init_from) or []) if init_from else []
 
 
 def init_from_text(init_from: str) -> str:

@@ -370,6 +370,11 @@ def test_export_of_latest_model_carries_the_pretraining_runs_card(
     assert "(300 steps, bertflow)" in card and "Measured at step 300" in card
     assert f"- pretraining output: `{dirs['pretrain']}`" in card and "runs/latest" not in card
     assert json.loads((tmp_path / "hf" / "_COMPLETE.json").read_text())["pretraining_steps"] == [300]
+    # a pretraining continued from the export (README's way on to another number of processes:
+    # export-hf, then pretrain.init_from=DIR) counts its steps before its own, as from model/ itself
+    from pipelines.pretrain_card import steps_before
+
+    assert steps_before(str(tmp_path / "hf")) == steps_before(str(dirs["pretrain"] / "model")) == [300]
 
 
 def test_an_encoder_only_card_describes_the_directory_it_sits_in(tmp_path: Path) -> None:

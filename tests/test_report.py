@@ -290,6 +290,7 @@ def test_result_names_every_phases_steps_as_the_scorecard_does(run_dir, tmp_path
     phase, main = tmp_path / "pretrain" / "phase", tmp_path / "pretrain" / "main"
     (phase / "model").mkdir(parents=True)
     write_marker(phase, {"max_steps": 60})
+    (phase / "run_spec.json").write_text("{}")  # a pretraining output has one (scorecard.pretraining_steps)
     shutil.copytree(dirs["pretrain"], main)
     spec = json.loads((main / "run_spec.json").read_text())
     spec["pretrain"]["init_from"] = str(phase / "model")
