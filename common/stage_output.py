@@ -100,6 +100,19 @@ def refuse_overlapping_output(out_dir: Path, inputs: dict[str, Path | None], com
             f"the {command} output {out} {where} the {what} {source}; {command} {harm}.",
             fix=f"give {command} an OUT_DIR apart from {source} (neither it, nor inside it, nor holding it).",
         )
+    if (run := _pretraining_output_holding(out)) is not None:
+        raise UserError(
+            f"the {command} output {out} lies inside the pretraining output {run}; {command} would write "
+            "into that run's files (its model, checkpoints; cleaning or rerunning the run removes the "
+            "output with it).",
+            fix=f"give {command} an OUT_DIR outside {run}.",
+        )
+
+
+def _pretraining_output_holding(out: Path) -> Path | None:
+    """The pretraining output (its run_spec.json, finished or not) among OUT's three nearest parents:
+    RUN/model, RUN/hf, RUN/checkpoints/global_stepN or a folder in one of them."""
+    return next((d for d in list(out.parents)[:3] if (d / "run_spec.json").is_file()), None)
 
 
 def check_own_output(out_dir: str | os.PathLike, stage: str, inputs: dict[str, str | os.PathLike]) -> None:

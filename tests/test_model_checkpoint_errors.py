@@ -445,6 +445,35 @@ def test_an_export_into_the_pretraining_output_it_reads_is_refused(good, tmp_pat
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
+def test_an_export_or_import_into_another_pretraining_output_is_refused(good, tmp_path, capsys):
+    """`export-hf RUN_A RUN_B/checkpoints/global_step60` was told "not a finished bertflow model
+    directory ... Fix: choose a new output directory or remove this one", advice to delete another
+    run's checkpoint; `RUN_B/exp` or `RUN_B/checkpoints/imp` (import-hf too) were written into that
+    run's files, rc 0, while the same folders of the run read were refused. Now refused alike."""
+    other = tmp_path / "other"
+    write_hf_dir(load_checkpoint(good).model, other / "model", None)
+    (other / "run_spec.json").write_text("{}")
+    (other / "checkpoints" / "global_step8").mkdir(parents=True)
+    (other / "checkpoints" / "global_step8" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    write_marker(other, {"stage": "pretrain"})
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "vocab.txt").write_text(SPECIALS + "".join(f"w{i}\n" for i in range(59)))
+    source = tmp_path / "hf_source"
+    write_hf_dir(load_checkpoint(good).model, source, tok)
+    before = sorted(p.relative_to(other) for p in other.rglob("*"))
+    for out in (other / "checkpoints" / "global_step8", other / "exp", other / "checkpoints" / "imp"):
+        for command in ("export-hf", "import-hf"):
+            err = expect_cli_error(
+                [command, str(source), str(out)],
+                capsys,
+                f"{out} lies inside the pretraining output {other}",
+                "an OUT_DIR outside",
+            )
+            assert "remove this one" not in err, err
+    assert sorted(p.relative_to(other) for p in other.rglob("*")) == before
+
+
 def test_cli_subprocess_prints_one_paragraph_and_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     (tmp_path / "empty").mkdir()  # no config.json
