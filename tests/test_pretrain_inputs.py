@@ -529,6 +529,26 @@ def test_a_resume_refused_for_another_zero_stage_names_the_setting_and_the_flag_
     assert "pretrain.zero_stage is the `--zero-stage 3` you typed: change or drop --zero-stage" in err, err
 
 
+def test_a_finished_run_refused_for_another_number_of_processes_names_the_flag_typed(data, tmp_path, capsys):
+    """`bertflow pretrain --num-processes 1` into a finished 2-process run's --output was refused with
+    `ds_config.train_batch_size: 16 -> 8` alone: no setting a user gives, and no note on the flag."""
+    from pipelines.cli import main as cli
+
+    shards, tok = data
+    out = tmp_path / "out"
+    spec = _spec(config(), shards, tok, out)
+    _checkpoint(out, {"model_config": spec.model, "settings": spec.settings()})
+    write_marker(out, {"fingerprint": spec.fingerprint(), "settings": spec.settings()})
+    sets = [a for s in settings() for a in ("--set", s)]
+    argv = ["pretrain", "--shards", str(shards), "--tokenizer", str(tok), *sets, "--output", str(out)]
+    assert cli([*argv, "--num-processes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished pretraining run with other settings: ds_config.train_batch_size (" in err, err
+    assert (
+        "pretrain.num_processes is the `--num-processes 1` you typed: change or drop --num-processes" in err
+    )
+
+
 @pytest.mark.parametrize("given", [[], ["--zero-stage", "2"], ["--set", "pretrain.zero_stage=1"]])
 def test_muon_refused_by_the_pretrain_command_names_its_zero_stage_flag(data, tmp_path, capsys, given):
     """`bertflow pretrain --set pretrain.optimizer=muon` at ZeRO 1-3 (the template's, `--zero-stage 2`

@@ -40,12 +40,16 @@ NOT_IN_FINGERPRINT = (
 )
 
 
-# keys of the resolved DeepSpeed JSON that only a setting out of the fingerprint decides, with it
-# named as a user gives it (`--zero-stage` or pretrain.zero_stage), so that a resume refused for
-# another stage says which setting (and `bertflow pretrain` which flag) changed it
+# keys of the resolved DeepSpeed JSON that settings out of the fingerprint decide, with them named
+# as a user gives them (`--zero-stage` or pretrain.zero_stage, `--num-processes`), so that a run
+# refused for another stage or global batch says which setting (and `bertflow pretrain` which flag)
+# changed it
 DS_KEY_SETTINGS = {
     "ds_config.zero_optimization.stage": " (pretrain.zero_stage, else the stage of the "
     "pretrain.deepspeed_config JSON)",
+    # the micro batch and accumulation steps are named by their own pretrain.* keys when they differ
+    "ds_config.train_batch_size": " (the global batch: the ranks, pretrain.num_processes x "
+    "pretrain.nnodes, x micro batch x accumulation steps)",
 }
 
 
