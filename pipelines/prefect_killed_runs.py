@@ -65,9 +65,7 @@ def _settle(
     with get_client(sync_client=True) as client:
         for run in runs:
             try:
-                flow_run = client.read_flow_run(UUID(run.data["flow_run_id"]))
-                if flow_run.state is not None and unsettled(flow_run.state):
-                    _set_state(client, flow_run.id, final(run), unsettled)
+                if _set_state(client, UUID(run.data["flow_run_id"]), final(run), unsettled):
                     settled.append(run.name)
             except (ObjectNotFound, httpx.HTTPError):  # another Prefect API's run (PREFECT_API_URL changed)
                 continue
@@ -110,11 +108,19 @@ def _cancelled(run: FlowRunRecord) -> State:
 
 def _set_state(
     client: SyncPrefectClient, flow_run_id: UUID, state: State, unsettled: Callable[[State], bool]
-) -> None:
+) -> bool:
+    """Set the flow run and each of its task runs whose state is `unsettled` to `state`; returns
+    whether any was. The task runs are looked at whatever the flow run's state: a Cancel from Prefect
+    (the UI, `prefect flow-run cancel`) sets the flow run Cancelled itself and leaves the task run
+    its SIGTERM stopped Crashed."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    for task in tasks:
-        if task.state is not None and unsettled(task.state):
-            client.set_task_run_state(task.id, state.model_copy(), force=True)
-    client.set_flow_run_state(flow_run_id, state.model_copy(), force=True)
+    stale = [task.id for task in tasks if task.state is not None and unsettled(task.state)]
+    for task_id in stale:
+        client.set_task_run_state(task_id, state.model_copy(), force=True)
+    flow_state = client.read_flow_run(flow_run_id).state
+    if flow_state is not None and unsettled(flow_state):
+        client.set_flow_run_state(flow_run_id, state.model_copy(), force=True)
+        return True
+    return bool(stale)

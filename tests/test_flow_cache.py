@@ -253,3 +253,20 @@ def test_a_killed_flow_run_left_running_in_prefect_is_set_crashed_by_the_next_on
         (artifact,) = client.read_artifacts(flow_run_filter=by_run)
     assert artifact.key == "bert-run-default"
     assert re.search(r"\n  verify +cached ", artifact.data) and "Latest: " in artifact.data
+
+    # a Cancel from Prefect (UI, `prefect flow-run cancel`) of a deployment's run: Prefect sets the
+    # flow run Cancelled, the SIGTERM its worker sends leaves the stopped stage's task run Crashed
+    # and the record `stopped`; the next flow run sets that task run Cancelled too
+    from prefect.states import Cancelled, Crashed
+
+    from pipelines.prefect_killed_runs import cancel_stopped_runs
+
+    (rerun_task,) = rerun["task_run_ids"]
+    with get_client(sync_client=True) as client:
+        client.set_task_run_state(UUID(rerun_task), Crashed(), force=True)
+        client.set_flow_run_state(UUID(rerun["flow_run_id"]), Cancelled(), force=True)
+    rerun_record = Path(rerun["record"])
+    rerun_record.write_text(json.dumps({**json.loads(rerun_record.read_text()), "status": "stopped"}))
+    assert cancel_stopped_runs(tmp_path, lambda line: None) == [rerun["flow_run"]]
+    with get_client(sync_client=True) as client:
+        assert client.read_task_run(UUID(rerun_task)).state.is_cancelled()
