@@ -7,6 +7,7 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import os
 import signal
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -49,11 +50,16 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
+# what a SIGTERM is in a deployment's flow run: the process its worker started (PREFECT__FLOW_RUN_ID)
+DEPLOYMENT_SIGTERM = "SIGTERM to the deployment's flow run: a Cancel in Prefect, or its worker or pod stopped"
+
+
 def stop_request(exc: BaseException) -> str | None:
     """How the user stopped a command, when `exc` is such a stop: "SIGTERM to bertflow" (`Terminated`,
-    or Prefect's flow engine's own TerminationSignal, which has the signal) or "Ctrl-C"; else None."""
+    or Prefect's flow engine's own TerminationSignal, which has the signal; in a deployment's flow run
+    `DEPLOYMENT_SIGTERM`) or "Ctrl-C"; else None."""
     if isinstance(exc, Terminated) or getattr(exc, "signal", None) == signal.SIGTERM:
-        return "SIGTERM to bertflow"
+        return DEPLOYMENT_SIGTERM if os.environ.get("PREFECT__FLOW_RUN_ID") else "SIGTERM to bertflow"
     if isinstance(exc, KeyboardInterrupt):
         return "Ctrl-C"
     return None

@@ -63,7 +63,8 @@ def write_record(
     stopped_by: str | None = None,
 ) -> Path:
     """`status`: running (written at the start and after each stage), completed, failed, or stopped
-    (by `stopped_by`: "SIGTERM to bertflow" or "Ctrl-C", `common.errors.stop_request`);
+    (by `stopped_by`: "SIGTERM to bertflow", its deployment variant or "Ctrl-C",
+    `common.errors.stop_request`);
     `units`: the fine-tuning unit directories this flow run used (for `bertflow runs clean`);
     `planned`: the stage outputs it will use, which a live run's record protects from cleaning;
     `flow_run_id`: its Prefect flow run (`pipelines.prefect_killed_runs`).

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prefect.exceptions import TerminationSignal
 
-from common.errors import Terminated
+from common.errors import DEPLOYMENT_SIGTERM, Terminated
 from training import launch
 
 # on SIGTERM: "save" for argv[2] seconds into argv[1], then exit 143
@@ -83,18 +83,27 @@ def stop_with_a_second_interrupt(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize(
-    "stop,reason",
+    "stop,reason,flow_run_id",
     [
-        (KeyboardInterrupt(), "Ctrl-C"),
-        (Terminated(), "SIGTERM to bertflow"),
-        (TerminationSignal(signal.SIGTERM), "SIGTERM to bertflow"),  # in a flow: Prefect's own
+        (KeyboardInterrupt(), "Ctrl-C", None),
+        (Terminated(), "SIGTERM to bertflow", None),
+        (TerminationSignal(signal.SIGTERM), "SIGTERM to bertflow", None),  # in a flow: Prefect's own
+        (TerminationSignal(signal.SIGTERM), DEPLOYMENT_SIGTERM, "0c7f6a1e-7c1d-4f1e-9a55-3f0f0b6a2d10"),
     ],
-    ids=["ctrl-c", "sigterm", "sigterm-in-a-flow"],
+    ids=["ctrl-c", "sigterm", "sigterm-in-a-flow", "sigterm-in-a-deployment"],
 )
-def test_the_stop_line_names_what_the_user_did(tmp_path: Path, stop: BaseException, reason: str) -> None:
+def test_the_stop_line_names_what_the_user_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: BaseException, reason: str, flow_run_id: str | None
+) -> None:
     """The ranks only see the SIGTERM bertflow passes on; after a Ctrl-C the log read as if someone
     had sent one. The launcher knows which it got and says so before the ranks' last lines (a
-    SIGTERM to `bertflow run` read 'stopping (TerminationSignal in bertflow)')."""
+    SIGTERM to `bertflow run` read 'stopping (TerminationSignal in bertflow)'). A deployment's flow
+    run (its worker sets PREFECT__FLOW_RUN_ID) stopped by a Cancel from Prefect read 'SIGTERM to
+    bertflow', in the log and in `bertflow runs show`, though no bertflow command ran."""
+    if flow_run_id:
+        monkeypatch.setenv("PREFECT__FLOW_RUN_ID", flow_run_id)
+    else:
+        monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
 
     def interrupt(*_: object) -> None:
         raise stop
