@@ -18,7 +18,8 @@ Workers run with bounded concurrency, each with its share of the CPU threads: `c
 them on CPU; on a GPU machine `units_per_gpu` share each GPU (a small model's unit leaves most of
 one idle), as many as there are CPU cores at most. A
 failed unit is recorded and the others go on; workers exit when the parent dies (a killed command
-leaves no orphan finishing units behind).
+leaves no orphan finishing units behind); a stopped command (Ctrl-C, SIGTERM) ends the units in
+flight with their workers (`UnitPool.stop`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from training.ranks import visible_gpus
 # sweep reuses every finished unit).
 NOT_IN_UNIT_KEY = {*FinetuneConfig.run_only, "tasks", "lrs", "seeds", "baselines", "task_config"}
 WORKER_DIED = "the worker process died (out of memory or killed); rerun to retry this unit"
+UNITS_STOPPED = "stopped with the command before it finished; rerun to train this unit"
 WORKER_LOST = (
     "a fine-tuning worker process died (out of memory or killed), stopping the units in flight; "
     "they run again in new workers (a unit whose worker dies twice fails)"
@@ -354,6 +356,7 @@ class UnitPool:
         )
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._stopped = False
 
     def run(self, job: Job) -> dict[str, Any]:
         """Run one job in a worker and wait for it; never raises (a failure is an `error` result).
@@ -366,11 +369,15 @@ class UnitPool:
         except UserError as exc:
             return failed_result(job, str(exc), bad_input=True)
         for _ in range(2):
+            if self._stopped:
+                return failed_result(job, UNITS_STOPPED)
             pool = self._executor()
             try:
                 return pool.submit(_run_job, self.cfg, job, self.data_root, self.wandb).result()
             except BrokenProcessPool:
                 with self._lock:  # the first unit to see it replaces it
+                    if self._stopped:
+                        return failed_result(job, UNITS_STOPPED)
                     if self._pool is pool:
                         pool.shutdown(wait=False, cancel_futures=True)
                         self._pool = self._new_pool()
@@ -387,11 +394,25 @@ class UnitPool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def stop(self) -> None:
+        """Stop now (Ctrl-C, SIGTERM): the units in flight are ended with their workers
+        (a unit is all or nothing: a rerun trains it again), none is started or retried."""
+        with self._lock:
+            self._stopped = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            for worker in list((pool._processes or {}).values()):  # no public way before Python 3.14
+                worker.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def __enter__(self) -> UnitPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None or issubclass(exc_type, Exception):  # a failure waits for the units in flight
+            self.close()
+        else:  # Ctrl-C, SIGTERM (Terminated, Prefect's TerminationSignal): BaseExceptions
+            self.stop()
 
 
 def worker_count(cfg: FinetuneConfig, n_jobs: int, gpus: int, cpus: int | None = None) -> int:
@@ -425,7 +446,8 @@ def run(
     results: list[dict[str, Any]] = [{}] * len(jobs)
     with UnitPool(cfg, len(jobs), data_root=data_root, wandb=wandb) as pool:
         # one thread per worker, each waiting on its unit: units start in job order, as before
-        with ThreadPoolExecutor(max_workers=pool.workers) as threads:
+        threads = ThreadPoolExecutor(max_workers=pool.workers)
+        try:
             pending = {threads.submit(pool.run, job): i for i, job in enumerate(jobs)}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -434,6 +456,12 @@ def run(
                     results[i] = future.result()
                     if on_result is not None:
                         on_result(jobs[i], results[i])
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: the threads wait on units stopped now
+                pool.stop()
+            raise
+        finally:
+            threads.shutdown(wait=True, cancel_futures=True)
     return results
 
 

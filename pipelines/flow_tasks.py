@@ -38,6 +38,8 @@ from pipelines.config import PipelineConfig
 from pipelines.stage_keys import stage_code
 
 if TYPE_CHECKING:
+    from prefect.states import State
+
     from finetuning.fanout import UnitPool
     from finetuning.units import Job
 
@@ -215,10 +217,16 @@ def pretrain_task(
 # Units run in the worker processes of a `UnitPool` shared by every unit task of a flow run (each
 # with its share of the CPU threads, or one GPU each), exactly as `bertflow finetune` runs them.
 @task(name="finetune-unit", task_run_name="finetune-{job.unit.name}-{job.label}", **TASK_OPTIONS)
-def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any]:
+def finetune_unit_task(job: Job, pool: UnitPool) -> dict[str, Any] | State:
+    from finetuning.fanout import UNITS_STOPPED
+
     if read_marker(job.out_dir) is None:
         mark_in_progress(job.out_dir)  # the unit's worker writes its _COMPLETE.json
     result = pool.run(job)
+    if result.get("error") == UNITS_STOPPED:  # the flow run is stopping (Ctrl-C, SIGTERM, a Cancel)
+        from prefect.states import Cancelled
+
+        return Cancelled(message=f"fine-tuning unit {job.name}: {UNITS_STOPPED}")
     if "error" in result:  # fail the task (never cached; retried unless on bad input); the other units go on
         failure = UserError if result.get("bad_input") else TransientError
         raise failure(f"fine-tuning unit {job.name} failed: {result['error']}")

@@ -36,12 +36,14 @@ class _UserErrorWithoutTraceback(logging.Filter):
 
 class _StopNotCrash(logging.Filter):
     """Prefect's "Crash detected!" for a run the user stopped said as a stop, at INFO, and its
-    "Finished in state Crashed(...)" at INFO too."""
+    "Finished in state Crashed(...)" at INFO too, as a task run's "Finished in state Cancelled(...)"."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg in [f"Crash detected! {said}" for said in STOPS]:
             record.msg, record.args = STOPPED, ()
-        if record.msg in [STOPPED, *(f"Finished in state Crashed({said!r})" for said in STOPS)]:
+        stopped = record.msg in [STOPPED, *(f"Finished in state Crashed({said!r})" for said in STOPS)]
+        # a fine-tuning unit stopped with its flow run (`finetune_unit_task`): Prefect says it at ERROR
+        if stopped or record.getMessage().startswith("Finished in state Cancelled("):
             record.levelno, record.levelname = logging.INFO, "INFO"
         return True
 

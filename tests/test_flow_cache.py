@@ -270,3 +270,21 @@ def test_a_killed_flow_run_left_running_in_prefect_is_set_crashed_by_the_next_on
     assert cancel_stopped_runs(tmp_path, lambda line: None) == [rerun["flow_run"]]
     with get_client(sync_client=True) as client:
         assert client.read_task_run(UUID(rerun_task)).state.is_cancelled()
+
+
+def test_a_fine_tuning_unit_stopped_with_its_flow_run_is_no_error() -> None:
+    """A Ctrl-C, SIGTERM or Cancel in Prefect during fine-tuning: the units in flight stop with their
+    workers (`UnitPool.stop`) and their task runs end Cancelled, which Prefect logs at ERROR; a
+    stopped run prints no ERROR line (before: the units trained on to their end, then Completed)."""
+    import logging
+
+    from finetuning.fanout import UNITS_STOPPED
+    from pipelines.prefect_logging import _StopNotCrash
+
+    said = f"Finished in state Cancelled('fine-tuning unit rte-lr5e-05-s42 [tiny]: {UNITS_STOPPED}')"
+    record = logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, said, None, None)
+    assert _StopNotCrash().filter(record) and record.levelno == logging.INFO
+    failed = logging.LogRecord(
+        "prefect.task_runs", logging.ERROR, __file__, 1, "Finished in state Failed('x')", None, None
+    )
+    assert _StopNotCrash().filter(failed) and failed.levelno == logging.ERROR

@@ -128,6 +128,32 @@ def test_a_worker_killed_takes_no_other_unit_with_it(tmp_path, minilm_dir):
         assert (_unit_dir(out, unit) / "_COMPLETE.json").is_file()
 
 
+def test_ctrl_c_stops_the_units_in_flight_with_their_workers(tmp_path, minilm_dir):
+    """Ctrl-C (or SIGTERM) of a command while a unit trains: the command waited for the units in flight
+    to finish (a Cancel from Prefect during a flow's fine-tuning: the units ran to their end, after a
+    'worker process died' warning, in new workers). Now they stop with their workers: the unit is not
+    finished (a rerun trains it), no worker is left."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        _command(minilm_dir, out),
+        env=_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while (d := _unit_dir(out, UNITS[0])) is None or not (d / "metrics.jsonl").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, "the first unit never trained"
+        time.sleep(0.05)
+    workers = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    proc.send_signal(signal.SIGINT)  # to the command alone: its workers learn of it from it
+    said = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0, said[-3000:]
+    assert not (d / "_COMPLETE.json").exists(), said[-3000:]
+    assert workers and not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
 def test_a_worker_writes_on_after_the_reader_of_the_commands_output_is_gone(tmp_path):
     """A fine-tuning worker inherits the command's stdout/stderr. With `bertflow run | tee LOG` and tee
     killed, the flow goes on (`survive_a_lost_reader`), but a warning or a traceback a worker wrote
