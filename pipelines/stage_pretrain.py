@@ -191,7 +191,9 @@ def _finished_model(
         raise UserError(
             f"{out_dir} holds a finished pretraining run with other settings"
             + (f": {'; '.join(differences)}." if differences else "."),
-            fix=f"choose a new --output directory, or delete {out_dir} to retrain it with these settings.",
+            fix=f"choose a new --output directory (to go on from this run's weights there, with a fresh "
+            f"optimizer: --set pretrain.init_from={out_dir / 'model'}), or delete {out_dir} to retrain it "
+            "with these settings.",
         )
     if has_model(out_dir):
         log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")

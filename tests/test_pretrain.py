@@ -760,5 +760,8 @@ def test_two_nodes_stopped_by_sigterm_then_killed_resume_each_time_exactly_like_
     # the resumed run's W&B run holds the whole curve, the steps before the checkpoint replayed
     assert by_step(history(out, newest=True), "_step") == by_step(read_metrics(out), "step")
 
-    with pytest.raises(UserError, match="written by 2 processes.*export-hf.*init_from"):
+    # a finished run: refused as finished, naming the global batch and how to go on from its weights
+    with pytest.raises(
+        UserError, match=r"finished pretraining run.*train_batch_size.*16 -> 8.*init_from=\S+/model"
+    ):
         run_pretrain_stage(config("pretrain.num_processes=1"), shards, tok, out, log_line=lambda _: None)
