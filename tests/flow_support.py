@@ -7,6 +7,7 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -158,3 +159,11 @@ movies:
   labels: [neg, pos]
   metrics: [accuracy, f1]
 """
+
+
+def sigint_as_in_a_terminal() -> None:
+    """A `preexec_fn` for a command a test stops with SIGINT: one started from a terminal has SIGINT
+    at its default; a suite started in the background of a non-interactive shell (`make test &`)
+    passes SIGINT down as ignored, and Python keeps an ignored SIGINT ignored, so a Ctrl-C case would
+    test nothing there (the command ran to its end)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.flow_support import sigint_as_in_a_terminal
+
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ["sst2-lr5e-05-s42", "mrpc-lr5e-05-s42", "rte-lr5e-05-s42"]
 
@@ -141,6 +143,7 @@ def test_ctrl_c_stops_the_units_in_flight_with_their_workers(tmp_path, minilm_di
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     deadline = time.monotonic() + 300
     while (d := _unit_dir(out, UNITS[0])) is None or not (d / "metrics.jsonl").is_file():

@@ -19,7 +19,7 @@ import pytest
 
 from common.atomic import MARKER_NAME, sha256_file
 from common.paths import PROJECT_ROOT
-from tests.flow_support import USER_TASK, fresh_prefect_home, tiny_config
+from tests.flow_support import USER_TASK, fresh_prefect_home, sigint_as_in_a_terminal, tiny_config
 from training.checkpoint import VERIFIED_NAME
 
 pytestmark = pytest.mark.slow
@@ -225,13 +225,6 @@ def _prefect_states(home: Path, flow_run_ids: list[str]) -> tuple[list[str], dic
     return [flows.get(i) for i in ids], tasks
 
 
-def _sigint_as_in_a_terminal() -> None:
-    """A command started from a terminal has SIGINT at its default; a suite started in the background
-    of a non-interactive shell (`make test &`) passes SIGINT down as ignored, and Python keeps an
-    ignored SIGINT ignored, so the Ctrl-C case would test nothing there."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _kill_all(proc: subprocess.Popen, leftovers: list[psutil.Process]) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -257,7 +250,7 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         with log_path.open("w") as log:
             return subprocess.Popen(
                 _cmd(cfg), env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_sigint_as_in_a_terminal,
+                start_new_session=True, preexec_fn=sigint_as_in_a_terminal,
             )  # fmt: skip
 
     def run_and_stop(log_path: Path, ready, what: str, sig: int, *, group: bool) -> tuple[int, str]:
