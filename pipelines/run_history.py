@@ -115,17 +115,16 @@ def flow_run_cli(root: Path, config: str | None = None) -> str:
     """The `bertflow run` command whose flow runs write into `root`, for a hint: `config` (the
     `--config` of `bertflow runs`) or the placeholder CONFIG, with `--set run_dir=ROOT` unless it
     is `config`'s own run_dir (a config's run_dir decides where a flow run writes, not --run-dir)."""
-    import shlex
-
     from pipelines.config import PipelineConfig, load_config
     from pipelines.stage_keys import run_root
 
     root = Path(root).resolve()
-    if config and run_root(load_config(config)) == root:
-        return shlex.join(["bertflow", "run", config])
+    cfg = load_config(config) if config else PipelineConfig()  # none: the placeholder CONFIG
+    if config and run_root(cfg) == root:
+        return cfg.command_line("run")
     default = PipelineConfig.model_fields["run_dir"].default
     where = default if root == default_run_root() else str(root)
-    return shlex.join(["bertflow", "run", config or "CONFIG", "--set", f"run_dir={where}"])
+    return cfg.command_line("run", "--set", f"run_dir={where}")
 
 
 def in_run_dir(root: Path, recorded: str) -> Path:
