@@ -38,7 +38,7 @@ class ResolvedModel:
 def resolve_model(ckpt: Path) -> ResolvedModel:
     """Load whatever CKPT is into our BertForPreTraining. New checkpoint kinds add a branch here,
     e.g. `if is_deepspeed_checkpoint(ckpt): return ResolvedModel(consolidate(ckpt), ...)`."""
-    if (ckpt / "config.json").is_file() or not ckpt.is_dir():
+    if is_model_dir(ckpt):
         loaded = load_checkpoint(ckpt)  # our model dir or any HF BERT dir; errors name the file
         tokenizer = ckpt if has_tokenizer(ckpt) else None
         return ResolvedModel(
@@ -55,6 +55,13 @@ def resolve_model(ckpt: Path) -> ResolvedModel:
         fix="pass a model directory (config.json + model.safetensors) written by bertflow or transformers, "
         "or a pretrain output / checkpoints / global_stepN directory.",
     )
+
+
+def is_model_dir(ckpt: Path) -> bool:
+    """Whether `resolve_model` reads CKPT as a model directory (its config.json and weights, or the
+    error that names what is missing: a file, a path that does not exist), not as a checkpoint of a
+    pretraining run to consolidate."""
+    return (ckpt / "config.json").is_file() or not ckpt.is_dir()
 
 
 def _run_tokenizer(ckpt: Path) -> Path | None:

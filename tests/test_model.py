@@ -40,7 +40,8 @@ def test_model_info_counts_equal_transformers(capsys):
 def test_model_info_describes_a_model_folder_and_refuses_what_is_not_one(minilm_dir, tmp_path, capsys):
     """`bertflow model-info PATH`: the shape from config.json, the parameters saved (transformers'
     count for the same model), the vocabulary and whether the folder holds pretraining heads; a
-    file, or a folder without config.json, is refused naming what to pass."""
+    file, or a folder with neither config.json nor a DeepSpeed checkpoint, is refused naming what
+    to pass."""
     import transformers
 
     from model.hf_io import write_hf_dir
@@ -67,7 +68,7 @@ def test_model_info_describes_a_model_folder_and_refuses_what_is_not_one(minilm_
     assert "config.json is a file, not a checkpoint directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert cli(["model-info", str(tmp_path / "empty")]) == 2
-    assert f"{tmp_path / 'empty' / 'config.json'} is missing" in capsys.readouterr().err
+    assert f"{tmp_path / 'empty'} is not a BERT checkpoint: it has no config.json" in capsys.readouterr().err
 
 
 def test_unknown_preset_is_a_user_error():

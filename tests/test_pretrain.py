@@ -229,6 +229,22 @@ def test_export_hf_finds_the_runs_tokenizer_from_any_checkpoint_path(ref_run, tm
     assert (tmp_path / "hf-under-way" / "vocab.txt").read_bytes() == vocab
 
 
+def test_model_info_describes_what_evaluate_and_export_hf_read(ref_run, capsys):
+    """`bertflow model-info` takes the pretraining output, its checkpoints/ and one global_stepN, as
+    evaluate and export-hf do (it refused them: 'config.json is missing'), describing the checkpoint
+    they read, with the counts of the run's model/."""
+    from pipelines.cli import main as cli
+
+    out, model_dir, _ = ref_run
+    assert cli(["model-info", str(model_dir)]) == 0
+    counts = capsys.readouterr().out.split("\n", 1)[1]
+    for path in (out, out / "checkpoints", out / "checkpoints" / "global_step12"):
+        assert cli(["model-info", str(path)]) == 0, capsys.readouterr().err
+        printed = capsys.readouterr().out
+        assert printed.startswith(f"{path} (DeepSpeed checkpoint global_step12): BERT L=2 H=128"), printed
+        assert printed.split("\n", 1)[1] == counts
+
+
 def test_export_hf_of_a_run_whose_tokenizer_outgrew_the_model_takes_the_one_given(ref_run, tmp_path, capsys):
     """A run whose model/ tokenizer was written over by a larger one: refused naming both sizes, and
     `--tokenizer` with the one it was trained with is taken (it was refused as 'differs from it')."""
