@@ -255,7 +255,7 @@ def pretraining_card_of(ckpt: Path, tag: Path | None = None) -> CardFacts | None
     (a finished run), or `tag`, the DeepSpeed checkpoint read from the run dir, its checkpoints/ or
     a global_stepN: then the card says which step, and carries the data, training and held-out
     figures of the run's records up to that step. None otherwise (no run records next to it)."""
-    from pipelines.pretrain_card import pretraining_card
+    from pipelines.pretrain_card import checkpoint_provenance, pretraining_card
     from training.checkpoint import step_of
 
     runs = _run_dirs(ckpt)
@@ -264,6 +264,9 @@ def pretraining_card_of(ckpt: Path, tag: Path | None = None) -> CardFacts | None
     run = runs[0]
     if ckpt in (run, run / "model") and read_marker(run) is not None:
         card = pretraining_card(run)  # the finished run's model (its newest checkpoint)
+        if tag is not None:  # read from the run dir: which checkpoint that was, after the run's line
+            first, *rest = card.provenance.items()
+            card.provenance = {**dict([first]), **checkpoint_provenance(step_of(tag)), **dict(rest)}
     elif tag is not None:
         card = pretraining_card(run, step=step_of(tag))
     else:

@@ -160,6 +160,11 @@ def _where_now(recorded: str | None, out_dir: Path, made_in: str | None) -> Path
     return here if here.exists() else path
 
 
+def checkpoint_provenance(step: int) -> dict[str, str]:
+    """The card's Provenance line naming the run's checkpoint at `step` that the weights are."""
+    return {"checkpoint": f"`global_step{step}` (step {step:,} of the run)"}
+
+
 def pretraining_card(
     out_dir: Path, seconds: float | None = None, name: str | None = None, step: int | None = None
 ) -> CardFacts:
@@ -196,7 +201,7 @@ def pretraining_card(
         evaluated = sorted({int(r["step"]) for r in logged if "val_mlm_acc" in r})
         at = f" (its evaluations: step {', '.join(f'{n:,}' for n in evaluated)})" if evaluated else ""
         evaluation_note = f"Not known: the run logged no held-out evaluation at step {step:,}{at}."
-    checkpoint = {} if step is None else {"checkpoint": f"`global_step{step}` (step {step:,} of the run)"}
+    checkpoint = {} if step is None else checkpoint_provenance(step)
     return CardFacts(
         name=name or f"{title} pretrained{corpus} ({steps} steps, bertflow)",
         model_config=model_config,

@@ -161,6 +161,8 @@ def test_export_hf_cli_consolidates_the_deepspeed_checkpoint(ref_run, tmp_path):
     assert (tmp_path / "hf" / "vocab.txt").read_bytes() == (model_dir / "vocab.txt").read_bytes()
     card = (tmp_path / "hf" / "README.md").read_text()  # the export carries the run's facts
     assert "| masked-LM accuracy |" in card and f"exported from: `{out}`" in card
+    # which checkpoint the run dir was read as, as an export of the tag itself says
+    assert f"- pretraining output: `{out}`\n- checkpoint: `global_step12` (step 12 of the run)\n" in card
 
 
 def test_the_exported_model_scores_what_training_logged_last(ref_run, data):
