@@ -10,6 +10,7 @@ them (`pipelines/pretrain_card.py` for pretraining, `model/model_dir.py` for imp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 from dataclasses import dataclass, field
@@ -385,3 +386,31 @@ def write_model_card(model_dir: str | Path, facts: CardFacts, final_dir: str | P
     path = model_dir / CARD_NAME
     atomic_write_text(path, render_model_card(facts, Path(final_dir or model_dir).absolute()))
     return path
+
+
+def facts_record(facts: CardFacts) -> dict[str, Any]:
+    """`facts` as JSON (the `card` of a model directory's marker), so that an import-hf or export-hf
+    of the directory, wherever it was copied, writes the same card: `facts_of_record` reads it."""
+    record = dataclasses.asdict(facts)
+    record["evaluate_shards"] = str(facts.evaluate_shards) if facts.evaluate_shards else None
+    record["provenance"] = list(facts.provenance.items())  # in order (the marker's keys are sorted)
+    return record
+
+
+def facts_of_record(record: Any) -> CardFacts | None:
+    """The card facts `facts_record` wrote; None for anything else (a marker without them, written
+    before markers held them, or edited by hand)."""
+    if not isinstance(record, dict):
+        return None
+    try:
+        facts = CardFacts(**{**record, "provenance": dict(record.get("provenance") or [])})
+        data = facts.data
+        facts.data = DataFacts(**data) if data is not None else None
+        if facts.data is not None:
+            facts.data.corpus_files = [(str(n), int(b)) for n, b in facts.data.corpus_files]
+        facts.training = TrainingFacts(**facts.training) if facts.training is not None else None
+        facts.evaluation = EvalFacts(**facts.evaluation) if facts.evaluation is not None else None
+    except (TypeError, ValueError):
+        return None
+    facts.evaluate_shards = Path(facts.evaluate_shards) if facts.evaluate_shards else None
+    return facts

@@ -26,7 +26,7 @@ from common.jsonfile import read_json_object
 from common.stage_output import stage_of
 from model.heads import BertForPreTraining
 from model.hf_io import load_checkpoint, saved_parameter_count, write_hf_dir
-from model.model_card import CardFacts, write_model_card
+from model.model_card import CardFacts, facts_of_record, facts_record, write_model_card
 
 
 def first_nonfinite(weights: Iterable[tuple[str, torch.Tensor]]) -> str | None:
@@ -114,7 +114,11 @@ def publish_model_dir(
                 continue
             if not torch.equal(reloaded[name], tensor.detach().cpu()):
                 raise RuntimeError(f"written {tmp / 'model.safetensors'} differs from the model at {name}")
-        payload = {"model.safetensors": sha256_file(tmp / "model.safetensors"), **(info or {})}
+        payload = {
+            "model.safetensors": sha256_file(tmp / "model.safetensors"),
+            **(info or {}),
+            **(card_record(facts) if card else {}),
+        }
         if isinstance(payload.get("fresh"), list):  # those the directory holds (encoder-only: no heads)
             payload["fresh"] = held_weights(payload["fresh"], encoder_only)
         write_marker(tmp, payload)
@@ -131,6 +135,35 @@ def publish_model_dir(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def card_record(facts: CardFacts) -> dict[str, Any]:
+    """What a model directory's marker keeps of its card: the facts (`carried_card` writes them again
+    for an import-hf or export-hf of the directory) and, for a bertflow pretraining's model, the
+    steps of each phase (the scorecard names and advises on it as the model bertflow pretrained,
+    `finetuning.scorecard.pretraining_steps`, wherever the directory is copied)."""
+    steps = {"pretraining_steps": [*facts.steps_before, facts.training.steps]} if facts.training else {}
+    return {"card": facts_record(facts), **steps}
+
+
+def carried_card(source: Path, command: str, fresh: list[str]) -> CardFacts | None:
+    """The card facts an earlier export-hf or import-hf kept in the model directory `source`'s
+    marker (`card_record`), for `command` writing the same weights elsewhere: its provenance names
+    `source` first, `fresh` the weights not from it. None where the marker keeps none."""
+    from common.version import package_version
+
+    facts = facts_of_record((read_marker(source) or {}).get("card")) if source.is_dir() else None
+    if facts is None:
+        return None
+    came = {"import-hf": "imported from", "export-hf": "exported from"}.get(command, "source")
+    earlier = {k: v for k, v in facts.provenance.items() if k not in (came, "written by")}
+    facts.provenance = {
+        came: f"`{source.absolute()}`",
+        **earlier,
+        "written by": f"bertflow {package_version()} {command}",
+    }
+    facts.fresh_weights = list(fresh)
+    return facts
 
 
 def described_as_written(facts: CardFacts, model_dir: Path, encoder_only: bool) -> CardFacts:

@@ -21,7 +21,7 @@ from common.stage_output import TAG_RE, refuse_overlapping_output
 from model.heads import BertForPreTraining
 from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
 from model.model_card import CardFacts
-from model.model_dir import publish_model_dir, replaced_model_note
+from model.model_dir import carried_card, publish_model_dir, replaced_model_note
 from preprocessing.wordpiece import refuse_other_tokenizer
 
 
@@ -179,7 +179,9 @@ def main(args: argparse.Namespace) -> int:
             f"{args.ckpt} has no tokenizer (vocab.txt or tokenizer.json); a Hugging Face directory needs one.",
             fix="pass --tokenizer DIR, e.g. the tokenizer stage's output directory.",
         )
-    card = pretraining_card_of(args.ckpt, resolved.tag)  # its parameters: those written (publish_model_dir)
+    fresh = fresh_weights(args.ckpt, resolved.fresh)
+    # its parameters: those written (publish_model_dir); an export's or import's: the card it carries
+    card = pretraining_card_of(args.ckpt, resolved.tag) or carried_card(args.ckpt, "export-hf", fresh)
     previous = read_marker(args.out_dir)
     out = publish_model_dir(
         resolved.model,
@@ -188,14 +190,7 @@ def main(args: argparse.Namespace) -> int:
         info={
             "source": str(args.ckpt.absolute()),
             "command": "export-hf",
-            "fresh": fresh_weights(args.ckpt, resolved.fresh),
-            # a bertflow pretraining's steps (each phase's): the scorecard names and advises on the
-            # export as the model bertflow pretrained, wherever the export is copied
-            **(
-                {"pretraining_steps": [*card.steps_before, card.training.steps]}
-                if card and card.training
-                else {}
-            ),
+            "fresh": fresh,
         },
         encoder_only=args.encoder_only,
         card=card,

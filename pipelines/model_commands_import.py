@@ -15,7 +15,7 @@ from common.atomic import read_marker
 from common.console import warning_line
 from common.stage_output import refuse_overlapping_output
 from model.hf_io import has_tokenizer, load_checkpoint
-from model.model_dir import publish_model_dir, replaced_model_note
+from model.model_dir import carried_card, publish_model_dir, replaced_model_note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +37,7 @@ def main(args: argparse.Namespace) -> int:
         args.out_dir,
         tokenizer_dir,
         info={"source": str(args.hf_dir.absolute()), "command": "import-hf", "fresh": loaded.fresh},
+        card=carried_card(args.hf_dir, "import-hf", loaded.fresh),  # an export's or import's facts
     )
     cfg = loaded.model.config
     print(

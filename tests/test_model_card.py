@@ -351,7 +351,7 @@ def test_export_of_latest_model_carries_the_pretraining_runs_card(
     """`runs/latest/model`, the path the flow hands out, is a link into the pretraining output: its
     export gets the same card (data, training, held-out figures) and the same `pretraining_steps` as
     an export of `runs/pretrain/<key>/model`, and names the output itself, not the link that the
-    next flow run moves."""
+    next flow run moves; an import-hf or export-hf of that export carries them on."""
     from model.config import BertConfig
     from model.heads import BertForPreTraining
     from model.hf_io import write_hf_dir
@@ -375,6 +375,18 @@ def test_export_of_latest_model_carries_the_pretraining_runs_card(
     from pipelines.pretrain_card import steps_before
 
     assert steps_before(str(tmp_path / "hf")) == steps_before(str(dirs["pretrain"] / "model")) == [300]
+
+    # an import-hf of the export, and an export-hf of that import, keep its card and steps (they
+    # wrote a card of the shape and source alone, and a marker without the steps)
+    assert cli(["import-hf", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    assert cli(["export-hf", str(tmp_path / "imported"), str(tmp_path / "again")]) == 0
+    for name, came in (("imported", f"imported from: `{tmp_path / 'hf'}`"), ("again", "exported from")):
+        text = (tmp_path / name / "README.md").read_text()
+        assert "(300 steps, bertflow)" in text and "Measured at step 300" in text, text
+        assert "## Training" in text and "## Data" in text, text
+        assert f"- {came}" in text and f"- pretraining output: `{dirs['pretrain']}`" in text, text
+        assert json.loads((tmp_path / name / "_COMPLETE.json").read_text())["pretraining_steps"] == [300]
+    assert text.split("## Use it")[0] == card.split("## Use it")[0]  # the title, figures, data, training
 
 
 def test_an_encoder_only_card_describes_the_directory_it_sits_in(tmp_path: Path) -> None:
