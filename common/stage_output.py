@@ -158,11 +158,20 @@ def marked_by(directory: str | os.PathLike, stage: str) -> bool:
 
 
 def _written_by_bertflow(out: Path, written: tuple[str, ...]) -> bool:
-    """Signs that a stage wrote `out` before (a killed run): its `_IN_PROGRESS.json`, or temp files
-    of its writes (`.tmp-NAME.<random>` of a name in `written`). Not a user's own `.tmp-*`, nor the
-    lock file beside `out` (`PARENT/.NAME.lock`), which outlives a deleted `out` and so says
-    nothing about a new folder of that name."""
-    return (out / IN_PROGRESS_NAME).is_file() or bool(temp_files(out, written))
+    """Signs that a stage wrote `out` before (a killed run): its `_IN_PROGRESS.json` beside the lock
+    file a stage holds while it writes `out` (`PARENT/.NAME.lock`), or temp files of its writes
+    (`.tmp-NAME.<random>` of a name in `written`). Not a user's own `.tmp-*`, nor either of the
+    first two alone: the lock file outlives a deleted `out` and so says nothing about a new folder
+    of that name, and an `_IN_PROGRESS.json` where no stage held the lock is a stray one (copied in
+    with the user's files)."""
+    return _killed_run_record(out) or bool(temp_files(out, written))
+
+
+def _killed_run_record(out: Path) -> bool:
+    """`out` holds the `_IN_PROGRESS.json` of a stage run that held its lock."""
+    from common.dir_lock import lock_file_of
+
+    return (out / IN_PROGRESS_NAME).is_file() and lock_file_of(out).is_file()
 
 
 def _holds_a_file(path: Path) -> bool:
@@ -202,10 +211,19 @@ def refuse_foreign_files(
 
 def _no_sign_of(out: Path, stage: str) -> str:
     """Why `out` is no `stage` output, as it is: a marker of someone else's, or none (never written,
-    or deleted by hand: then the files say nothing of whose they are)."""
+    or deleted by hand: then the files say nothing of whose they are); and no killed run's record,
+    or a stray one."""
+    from common.dir_lock import lock_file_of
+
+    killed = f"there is no {IN_PROGRESS_NAME} of a killed run"
+    if (out / IN_PROGRESS_NAME).is_file():
+        killed = (
+            f"its {IN_PROGRESS_NAME} is no killed run's: no bertflow stage held the lock beside it "
+            f"({lock_file_of(out)}), as every stage does while it writes"
+        )
     if (out / MARKER_NAME).is_file():
-        return f"its {MARKER_NAME} is none a bertflow {stage} writes, and there is no {IN_PROGRESS_NAME} of a killed run"
-    return f"no {MARKER_NAME}: never written, or deleted; no {IN_PROGRESS_NAME} of a killed run"
+        return f"its {MARKER_NAME} is none a bertflow {stage} writes, and {killed}"
+    return f"no {MARKER_NAME}: never written, or deleted; {killed.replace('there is no', 'no', 1)}"
 
 
 def _earlier_run_note(out: Path) -> str:

@@ -707,4 +707,5 @@ def test_an_output_holding_the_users_files_is_refused_before_any_work(tmp_path, 
     (killed / "checkpoints").mkdir(parents=True)
     (killed / "run_spec.json").write_text("{}")
     (killed / IN_PROGRESS_NAME).write_text("{}")
+    (tmp_path / ".killed.lock").write_text("1\n")  # the lock the killed run held beside it
     refuse_foreign_files(killed, "pretrain", OUTPUT_NAMES)  # a killed run's: resumed

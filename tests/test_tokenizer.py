@@ -549,6 +549,7 @@ def test_a_folder_holding_the_users_tokenizer_files_is_refused(tmp_path, data_di
     killed.mkdir()
     (killed / "vocab.txt").write_text("[PAD]\n")
     (killed / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 1, "host": "gone"}))
+    (tmp_path / ".killed.lock").write_text(f"{2**22 + 1}\n")  # the lock it held while it wrote
     assert cli([*command, str(killed)]) == 0
     assert (killed / "vocab.txt").read_bytes() == (mine / "vocab.txt").read_bytes()
     assert not (killed / IN_PROGRESS_NAME).exists()
@@ -598,6 +599,31 @@ def test_a_users_tmp_files_and_a_stale_lock_do_not_make_a_folder_bertflows(tmp_p
     assert sorted(p.name for p in killed.iterdir()) == sorted(
         p.name for p in mine.iterdir() if p.name != ".tmp-draft"
     )
+
+
+def test_a_stray_in_progress_record_does_not_make_a_users_folder_a_killed_run(tmp_path, capsys, data_dir):
+    """An `_IN_PROGRESS.json` copied into a user's folder, with no stage's lock file beside it, made
+    the folder count as a killed run's: the tokenizer wrote its vocab.txt over the user's, unsaid.
+    Now refused naming the stray record; with the lock beside it (a run that was killed) it is used."""
+    from common.atomic import IN_PROGRESS_NAME
+    from common.dir_lock import lock_file_of
+    from pipelines.cli import main as cli
+
+    src = tmp_path / "corpus.txt"
+    src.write_text("\n\n".join(real_lines(data_dir, 400)), encoding="utf-8")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "vocab.txt").write_text("mine\n")
+    (mine / IN_PROGRESS_NAME).write_text('{"pid": 1, "host": "elsewhere"}')
+    argv = ["tokenizer", "--input", str(src), "--vocab-size", "500", "--output", str(mine)]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "already holds vocab.txt, and it is not a bertflow tokenizer output" in err, err
+    assert f"its {IN_PROGRESS_NAME} is no killed run's: no bertflow stage held the lock beside it" in err
+    assert "move vocab.txt out of" in err and (mine / "vocab.txt").read_text() == "mine\n"
+    lock_file_of(mine).write_text("1\n")  # a stage held the lock: a killed run's files, written over
+    assert cli(argv) == 0
+    assert (mine / "vocab.txt").read_text() != "mine\n" and (mine / "_COMPLETE.json").is_file()
 
 
 def test_a_users_complete_json_does_not_make_a_folder_bertflows(tmp_path, data_dir, capsys):
