@@ -14,6 +14,16 @@ from pathlib import Path
 from common.atomic import IN_PROGRESS_NAME, MARKER_NAME, read_marker, temp_files
 from common.errors import UserError
 
+# the flow's stages in order (`bertflow run --only/--from/--force`), each writing run_dir/<stage>/<key>/
+STAGES: tuple[str, ...] = ("verify", "tokenizer", "preprocess", "pretrain", "finetune", "report")
+PHASE_MARK = "@"  # pretrain@seq32: the pretrain stage of the phase named seq32
+
+
+def base_stage(name: str) -> str:
+    """The stage a flow stage name is of: pretrain@seq32 -> pretrain."""
+    return name.partition(PHASE_MARK)[0]
+
+
 # a pretraining checkpoint: OUT/checkpoints/global_stepN/, verified once it holds VERIFIED_NAME
 # (`training/checkpoint.py`; here without torch, for the flow's notes)
 VERIFIED_NAME = "_VERIFIED.json"
@@ -43,14 +53,15 @@ _SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def stage_of(directory: str | os.PathLike) -> str | None:
-    """'tokenizer', 'preprocess', 'pretrain', 'finetune', 'report' (or another marked stage) for a
-    bertflow stage output, None for anything else (a model directory, a user's folder)."""
+    """'tokenizer', 'preprocess', 'pretrain', 'finetune', 'report' (or another of `STAGES`, or a
+    phase's, marked) for a bertflow stage output, None for anything else (a model directory, a
+    user's folder, one whose _COMPLETE.json names a stage bertflow has not)."""
     directory = Path(directory)
     if not directory.is_dir():
         return None
     marker = read_marker(directory)
-    if marker and isinstance(marker.get("stage"), str):
-        return marker["stage"]
+    if marker and isinstance(marker.get("stage"), str) and base_stage(marker["stage"]) in STAGES:
+        return marker["stage"]  # a marker naming another stage (`"mine"`) is no bertflow stage's
     if (directory / "config.json").is_file():
         return None  # a model directory (it may hold a tokenizer too)
     for stage, names in _SIGNATURES:

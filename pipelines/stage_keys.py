@@ -33,13 +33,11 @@ from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, content_stamp, digest, model_dir_stamp
 from common.paths import PROJECT_ROOT
 from common.settings import Section
-from common.stage_output import has_model
+from common.stage_output import PHASE_MARK, STAGES, base_stage, has_model
 from common.version import changed_sources, source_digests
 from finetuning.config import UNIT_CODE
 from pipelines.config import PipelineConfig
 from preprocessing.corpus import file_labels, match_inputs
-
-STAGES: tuple[str, ...] = ("verify", "tokenizer", "preprocess", "pretrain", "finetune", "report")
 
 # The code that determines each stage's output (globs under the project root), recorded in its marker.
 STAGE_CODE: dict[str, tuple[str, ...]] = {
@@ -283,9 +281,6 @@ def _verify_key_inputs(
     }
 
 
-PHASE_MARK = "@"  # pretrain@seq32: the pretrain stage of the phase named seq32
-
-
 def phase_names(cfg: PipelineConfig) -> list[str]:
     """The pretraining phases in order: each of `phases` by name, then the main one ('')."""
     return [phase.name for phase in cfg.phases] + [""]
@@ -294,11 +289,6 @@ def phase_names(cfg: PipelineConfig) -> list[str]:
 def phase_stage(stage: str, phase: str) -> str:
     """The flow's name of a phase's preprocess or pretrain stage (the main phase's: the stage's)."""
     return f"{stage}{PHASE_MARK}{phase}" if phase else stage
-
-
-def base_stage(name: str) -> str:
-    """The stage a flow stage name is of: pretrain@seq32 -> pretrain."""
-    return name.partition(PHASE_MARK)[0]
 
 
 def with_phase_init(cfg: PipelineConfig) -> PipelineConfig:

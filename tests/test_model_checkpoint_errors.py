@@ -380,6 +380,17 @@ def test_a_stage_output_is_not_replaced_by_an_exported_model(minilm_dir, tmp_pat
                 "new output",
             )
             assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    mine = (
+        tmp_path / "mine"
+    )  # a marker naming no stage bertflow has: a user's folder, not "a bertflow mine output"
+    mine.mkdir()
+    write_marker(mine, {"stage": "mine"})
+    expect_cli_error(
+        ["export-hf", str(ckpt), str(mine)],
+        capsys,
+        f"{mine} already exists and is not a finished bertflow model directory (its _COMPLETE.json is none",
+        "choose a new output directory",
+    )
 
 
 def test_a_pretraining_output_is_not_exported_onto_its_own_model(good, tmp_path, capsys):

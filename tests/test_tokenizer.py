@@ -642,6 +642,7 @@ def test_a_users_complete_json_does_not_make_a_folder_bertflows(tmp_path, data_d
     (mine / "vocab.txt").write_text("mine\n")
     for marker in (
         b"{}",
+        b'{"stage": "mine"}',  # a stage bertflow has not: was "holds a bertflow mine output"
         b'{"done": true}',
         b"[1]",
         b'"done"',
