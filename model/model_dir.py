@@ -54,8 +54,9 @@ def prepare_target(out: Path) -> None:
     """OUT_DIR may be absent, empty, or a finished model directory (replaced); anything else is
     the user's data and is left alone: a folder without our marker, and a stage's output (its
     marker names the stage). Leftovers of killed runs are removed: the folders `publish_model_dir`
-    builds in (`.tmp-NAME.` and mkdtemp's 8 characters, `common.atomic.temp_target`), not a user's
-    `.tmp-NAME.notes`, nor those of another OUT_DIR (`.tmp-NAME.v1.<random>` is out of NAME.v1)."""
+    builds in (`.tmp-NAME.` and mkdtemp's 8 characters, `common.atomic.temp_target`) and an earlier
+    version's `.tmp-NAME.old` (`_earlier_old_model`), not a user's `.tmp-NAME.notes`, nor those of
+    another OUT_DIR (`.tmp-NAME.v1.<random>` is out of NAME.v1)."""
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} exists and is a file.", fix="choose another output directory.")
     if out.is_dir() and (stage := stage_of(out)) is not None:
@@ -78,8 +79,14 @@ def prepare_target(out: Path) -> None:
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f"{TMP_PREFIX}{out.name}.*"):
-        if stale.is_dir() and temp_target(stale.name) == out.name:
+        if stale.is_dir() and (temp_target(stale.name) == out.name or _earlier_old_model(stale, out)):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _earlier_old_model(path: Path, out: Path) -> bool:
+    """`.tmp-OUT.old` as versions before 2026-11-28 left it when killed while replacing OUT: the
+    previous model moved aside (a finished model directory; a user's folder of that name is kept)."""
+    return path.name == f"{TMP_PREFIX}{out.name}.old" and is_finished_model_dir(path)
 
 
 def is_finished_model_dir(out: Path) -> bool:

@@ -324,8 +324,12 @@ def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, mini
     for folder in theirs:
         folder.mkdir()
         (folder / "todo.txt").write_text("mine")
+    # the previous model an earlier version moved aside as `.tmp-out.old`, killed before removing it
+    earlier = tmp_path / ".tmp-out.old"
+    write_hf_dir(model, earlier, minilm_dir)
+    write_marker(earlier, {"model.safetensors": "0" * 64, "command": "export-hf"})
     assert cli(["export-hf", str(ckpt), str(out)]) == 0
-    assert not leftover.exists()
+    assert not leftover.exists() and not earlier.exists()
     assert json.loads((out / "_COMPLETE.json").read_text())["command"] == "export-hf"
     assert all((folder / "todo.txt").read_text() == "mine" for folder in theirs)
     assert cli(["export-hf", str(ckpt), str(out)]) == 0  # replacing the finished one leaves no .old
