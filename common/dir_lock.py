@@ -1,7 +1,7 @@
 """One process at a time per output directory.
 
 Every stage that writes a directory (the tokenizer, preprocess and pretrain stages, each
-fine-tuning unit) holds an exclusive `flock` while it writes: a second run on the same directory
+fine-tuning unit), and export-hf / import-hf while they publish OUT_DIR, holds an exclusive `flock` while it writes: a second run on the same directory
 (`bertflow run cfg.yaml` twice on one run_dir) is refused with one message instead of both writing
 the same files. The lock dies with its process (kill -9 included), so a stale lock file never
 blocks a rerun. The file holds the holder's pid, which the message names.
@@ -30,12 +30,13 @@ def lock_file_of(directory: Path, inside: bool = False) -> Path:
 
 @contextmanager
 def exclusive_dir(directory: str | os.PathLike, what: str, inside: bool = False) -> Iterator[None]:
-    """Hold the lock of DIR (DIR is created): `PARENT/.NAME.lock`, or `DIR/.lock` with `inside`;
-    a UserError naming `what` when another process holds it."""
+    """Hold the lock of DIR: `PARENT/.NAME.lock` (PARENT is created; DIR is its writer's to make,
+    so that a refused export-hf leaves no empty OUT_DIR), or `DIR/.lock` with `inside` (DIR is
+    created); a UserError naming `what` when another process holds it."""
     directory = Path(directory)
     lock_path = lock_file_of(directory, inside)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(lock_path, "a+")
     except OSError as exc:
         raise UserError(

@@ -105,7 +105,9 @@ def publish_model_dir(
     card: CardFacts | None = None,
 ) -> Path:
     """Write `model` (+ tokenizer files and a model card) as a finished model directory at
-    `out_dir`. Without `card`, the card says what `info` knows (source, command, fresh weights)."""
+    `out_dir`. Without `card`, the card says what `info` knows (source, command, fresh weights).
+    The caller holds OUT_DIR's lock (`common.dir_lock.exclusive_dir`, as export-hf and import-hf
+    do): two writers at once would each sweep the other's build folder as a killed run's."""
     out = Path(out_dir).absolute()
     check_finite(model, str(info.get("source", "model")) if info else "model")
     prepare_target(out)

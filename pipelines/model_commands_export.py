@@ -16,6 +16,7 @@ from pathlib import Path
 
 from common.atomic import read_marker
 from common.console import warning_line
+from common.dir_lock import exclusive_dir
 from common.errors import UserError
 from common.stage_output import TAG_RE, refuse_overlapping_output
 from model.heads import BertForPreTraining
@@ -169,6 +170,12 @@ def main(args: argparse.Namespace) -> int:
     refuse_overlapping_output(
         args.out_dir, {"checkpoint": args.ckpt, "tokenizer": args.tokenizer}, "export-hf"
     )
+    with exclusive_dir(args.out_dir, "export-hf"):  # the stages' lock: one writer of OUT_DIR at a time
+        return _export(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    """Read CKPT and publish OUT_DIR (under its lock)."""
     resolved = resolve_model(args.ckpt)
     own = _fitting_own_tokenizer(args, resolved)
     if args.tokenizer is not None and own is not None:

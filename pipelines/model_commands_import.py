@@ -13,6 +13,7 @@ from pathlib import Path
 
 from common.atomic import read_marker
 from common.console import warning_line
+from common.dir_lock import exclusive_dir
 from common.stage_output import refuse_overlapping_output
 from model.hf_io import has_tokenizer, load_checkpoint
 from model.model_dir import carried_card, publish_model_dir, replaced_model_note
@@ -27,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     inputs = {"source checkpoint": args.hf_dir, "tokenizer": args.tokenizer}
     refuse_overlapping_output(args.out_dir, inputs, "import-hf")
+    with exclusive_dir(args.out_dir, "import-hf"):  # the stages' lock: one writer of OUT_DIR at a time
+        return _import(args)
+
+
+def _import(args: argparse.Namespace) -> int:
+    """Read HF_DIR and publish OUT_DIR (under its lock)."""
     loaded = load_checkpoint(args.hf_dir)
     tokenizer_dir = args.tokenizer
     if tokenizer_dir is None and has_tokenizer(args.hf_dir):

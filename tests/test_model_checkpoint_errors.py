@@ -340,6 +340,25 @@ def test_existing_output_is_never_clobbered_and_leftovers_are_ignored(good, mini
         load_checkpoint(out / "config.json")
 
 
+def test_a_second_export_or_import_into_one_out_dir_at_once_is_refused(minilm_dir, tmp_path, capsys):
+    """export-hf / import-hf took no lock: a second one into the same OUT_DIR swept the first's build
+    folder (`.tmp-OUT.<random>`, a killed run's leftover to it) while it was written. They now hold
+    the stages' lock (`PARENT/.OUT.lock`) and refuse, before reading the checkpoint, while another holds it."""
+    from common.dir_lock import exclusive_dir
+
+    out = tmp_path / "out"
+    with exclusive_dir(out, "export-hf"):  # another export writing OUT now
+        for command in ("export-hf", "import-hf"):
+            expect_cli_error(
+                [command, str(minilm_dir), str(out)],
+                capsys,
+                f"{command} in {out} is being run by another process",
+                str(tmp_path / ".out.lock"),
+            )
+    assert not out.exists()
+    assert cli(["import-hf", str(minilm_dir), str(out)]) == 0  # once it is done
+
+
 def test_replacing_a_finished_model_directory_with_another_model_is_said(minilm_dir, tmp_path, capsys):
     """import-hf / export-hf onto a finished model directory replace it: silently when it held the
     same weights (a rerun), with a warning naming what it held when it held another model."""
