@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.schedule import warmup_linear_decay
+
 CARD_NAME = "README.md"
 # how far below the unigram entropy the held-out masked-LM loss must be to show that the model uses
 # the context (training.evaluate.beats_unigram)
@@ -254,10 +256,9 @@ def _run_schedule(lr: float, warmup: int, run: int) -> str:
 
 
 def _lr_at(lr: float, warmup: int, run: int, step: int) -> float:
-    """The learning rate once `step` steps are done, as the card says it (warmup reached at its end)."""
-    if step <= warmup:
-        return lr * step / warmup if warmup else lr
-    return lr * (run - step) / max(1, run - warmup)
+    """The learning rate of step `step` (1-based) of a `run`-step run, the scheduler's own
+    (`common.schedule`, as the run logs it at that step): the lr that made these weights."""
+    return lr * warmup_linear_decay(warmup, run)(step - 1)
 
 
 def _training(t: TrainingFacts, max_len: int | None) -> list[str]:

@@ -298,11 +298,32 @@ def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
         "(its evaluations: step 100, 200, 300)"
     ) in at_250
     assert "Measured at" not in at_250 and "250 optimizer steps × 64 sequences" in at_250
-    assert "these weights are from step 250 (learning rate 9.26e-05 at that step)" in at_250, at_250
+    # the lr of step 250 as the run's scheduler set it (and the run logged it), not the formula of
+    # "after 250 steps" the card used (9.26e-05, one step's decay lower)
+    assert (
+        f"these weights are from step 250 (learning rate {_scheduled_lr(5e-4, 30, 300, 250):.3g} at that"
+        in at_250
+    )
+    assert "9.44e-05" in at_250, at_250
     # the command to measure it names this directory, as the card's other commands do, not THIS_DIR
     assert f"Measure it: `bertflow evaluate {tmp_path / 'hf250'} --shards {dirs['preprocess']}`" in at_250, (
         at_250
     )
+
+
+def _scheduled_lr(lr: float, warmup: int, run: int, step: int) -> float:
+    """The learning rate training's scheduler (`build_scheduler`, torch's LambdaLR) sets for step
+    `step` of a `run`-step run: its lr after `step - 1` scheduler steps."""
+    import torch
+
+    from training.optim import build_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    scheduler = build_scheduler(optimizer, warmup, run)
+    for _ in range(step - 1):
+        optimizer.step()
+        scheduler.step()
+    return optimizer.param_groups[0]["lr"]
 
 
 def test_a_loss_just_below_the_unigram_entropy_is_not_said_to_be_not_below_it() -> None:

@@ -22,6 +22,8 @@ import re
 import torch
 from torch import nn
 
+from common.schedule import warmup_linear_decay
+
 NO_DECAY_MARKERS = ("bias", "LayerNorm.weight", "LayerNorm.bias")
 # One entry of TORCH_CUDA_ARCH_LIST as torch reads it: "9.0", "9.0a", "10.0f", "8.6+PTX".
 _ARCH_ENTRY = re.compile(r"^(\d+)\.(\d+)[a-z]?(\+PTX)?$")
@@ -194,18 +196,6 @@ def build_optimizer(
             return FusedLamb(groups, lr=lr, betas=BETAS, eps=EPS)
         return Lamb(groups, lr=lr, betas=BETAS, eps=EPS)
     raise ValueError(f"unknown optimizer {name!r}")
-
-
-def warmup_linear_decay(warmup_steps: int, max_steps: int):
-    """lr multiplier: (s+1)/warmup during warmup, then linear to 0 at max_steps."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        span = max(1, max_steps - warmup_steps)
-        return max(0.0, (max_steps - step) / span)
-
-    return factor
 
 
 def build_scheduler(
