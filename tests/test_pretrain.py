@@ -766,6 +766,8 @@ def test_two_nodes_stopped_by_sigterm_then_killed_resume_each_time_exactly_like_
     assert [p.wait(timeout=600) for p in procs] == [0, 0], [log.read_text()[-3000:] for log in logs]
     text = logs[0].read_text() + logs[1].read_text()
     assert "resumed from" in text and "global_step8" in text
+    # node 1's command said its rank would say 'ready to train', and printed no such line (nor the batch)
+    assert "rank 1: ready to train after" in logs[1].read_text() and "global batch 16" in logs[1].read_text()
     for rank in (0, 1):
         assert (
             f"rank {rank}: data cache ready" in text

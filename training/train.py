@@ -569,11 +569,15 @@ def run_steps(
     model_cfg = spec.bert_config
     nan_step = int(os.environ.get(NAN_DEBUG_ENV, "0") or 0)
     step_delay = float(os.environ.get(DELAY_DEBUG_ENV, "0") or 0)
-    log0(
+    ready = (
         f"ready to train after {time.perf_counter() - T0:.1f}s: {len(data.store)} examples, world "
         f"{ranks.world}, global batch {data.plan.global_batch}, {data.plan.steps_per_epoch} steps/epoch, "
         f"{precision}, ZeRO {spec.zero_stage}, start step {start_step}"
     )
+    if ranks.rank == 0:
+        print(ready, flush=True)
+    elif ranks.local_rank == 0:  # another node's command said its ranks would say it (the steps: node 0's)
+        print(f"rank {ranks.rank}: {ready}; node 0 prints the steps", flush=True)
     bar = progress_bar(spec, ranks, start_step)
     last_tag = resume.tag_dir if resume else None
     window = ThroughputWindow(loader)
