@@ -18,7 +18,7 @@ from common.atomic import read_marker
 from common.console import warning_line
 from common.dir_lock import exclusive_dir
 from common.errors import UserError
-from common.stage_output import TAG_RE, refuse_overlapping_output
+from common.stage_output import TAG_RE, model_dir_hint, refuse_overlapping_output
 from model.heads import BertForPreTraining
 from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
 from model.model_card import CardFacts
@@ -51,9 +51,12 @@ def resolve_model(ckpt: Path) -> ResolvedModel:
         tag = resolve_tag_dir(ckpt)  # the newest verified one, or the one named
         model = load_model_from_tag(tag)  # ZeRO partitions merged to fp32
         return ResolvedModel(model, _run_tokenizer(ckpt), [], f"DeepSpeed checkpoint {tag.name}", tag)
+    hint = model_dir_hint(ckpt)  # runs/latest: its model/ is the one to pass
     raise UserError(
-        f"{ckpt} is not a BERT checkpoint: it has no config.json and no DeepSpeed checkpoint.",
-        fix="pass a model directory (config.json + model.safetensors) written by bertflow or transformers, "
+        f"{ckpt} is not a BERT checkpoint: it has no config.json and no DeepSpeed checkpoint{hint}.",
+        fix=f"pass {ckpt / 'model'}."
+        if hint
+        else "pass a model directory (config.json + model.safetensors) written by bertflow or transformers, "
         "or a pretrain output / checkpoints / global_stepN directory.",
     )
 

@@ -69,6 +69,11 @@ def test_model_info_describes_a_model_folder_and_refuses_what_is_not_one(minilm_
     (tmp_path / "empty").mkdir()
     assert cli(["model-info", str(tmp_path / "empty")]) == 2
     assert f"{tmp_path / 'empty'} is not a BERT checkpoint: it has no config.json" in capsys.readouterr().err
+    # a folder holding a model/ and no checkpoints (runs/latest): the model to pass is named
+    write_hf_dir(model, tmp_path / "latest" / "model")
+    assert cli(["model-info", str(tmp_path / "latest")]) == 2
+    err = capsys.readouterr().err
+    assert f"its model is {tmp_path / 'latest' / 'model'}). Fix: pass {tmp_path / 'latest' / 'model'}." in err
 
 
 def test_unknown_preset_is_a_user_error():
