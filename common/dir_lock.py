@@ -1,9 +1,9 @@
 """One process at a time per output directory.
 
 Every stage that writes a directory (the tokenizer, preprocess and pretrain stages, each
-fine-tuning unit), and export-hf / import-hf while they publish OUT_DIR, holds an exclusive `flock` while it writes: a second run on the same directory
-(`bertflow run cfg.yaml` twice on one run_dir) is refused with one message instead of both writing
-the same files. The lock dies with its process (kill -9 included), so a stale lock file never
+fine-tuning unit), and export-hf / import-hf while they publish OUT_DIR, holds an exclusive
+`flock` while it writes: a second run on the same directory (`bertflow run cfg.yaml` twice on one
+run_dir) is refused with one message instead of both writing the same files. The lock dies with its process (kill -9 included), so a stale lock file never
 blocks a rerun. The file holds the holder's pid, which the message names.
 
 The lock file of a stage output lies beside it (`PARENT/.NAME.lock`), so that the output holds
