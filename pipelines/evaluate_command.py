@@ -182,6 +182,8 @@ def _check_split_has_examples(shards: Path, split: str) -> None:
 
 
 def format_result(r: dict[str, Any]) -> str:
+    from model.model_card import CONTEXT_MARGIN_NATS
+
     m, b = r["metrics"], r["baselines"]
     lines = [
         f"{r['checkpoint']}{f' ({kind})' if (kind := r.get('checkpoint_kind')) else ''} on {r['shards']} "
@@ -204,7 +206,8 @@ def format_result(r: dict[str, Any]) -> str:
         lines.append("  WARNING: the MLM loss is not finite: the weights are broken.")
     elif not r["beats_unigram"]:
         lines.append(
-            "  WARNING: the MLM loss is not below the unigram entropy: this model does no better than "
+            f"  WARNING: the MLM loss is not below the unigram entropy by more than {CONTEXT_MARGIN_NATS:g} nats "
+            f"({m['val_mlm_loss']:.4f} against {b['unigram_entropy']:.4f}): this model does no better than "
             "predicting token frequencies without context (chance level)."
         )
     return "\n".join(lines)

@@ -364,6 +364,9 @@ def test_the_verdicts_follow_the_figures_both_ways():
     learned, plateau = printed(5.0, 0.80), printed(6.99, 0.51)
     assert "WARNING" not in learned and "(chance" not in learned
     assert "chance level" in plateau and "(chance: within noise of the majority label)" in plateau
+    # below the entropy, but within the margin: the warning says by how much it must be below
+    within = printed(6.95, 0.80)
+    assert "not below the unigram entropy by more than 0.1 nats (6.9500 against 7.0000)" in within, within
 
 
 def test_a_checkpoint_with_nan_weights_is_refused_naming_the_weight_before_evaluating(
