@@ -393,20 +393,30 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
 
 def detect_format(path: Path | str) -> str:
     """'jsonl' by suffix, else 'wiki' when one of the first 100 non-blank lines is a `<doc ...>` tag,
-    else 'plain'."""
+    else 'jsonl' when each of them is a JSON object (`part-00000`, a `.txt` export), else 'plain'."""
     name = str(path).rsplit("/", 1)[-1]
     name = name[:-3] if name.endswith(".gz") else name
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
-    seen = 0
+    seen, objects = 0, True
     for line in _lines(path, Counter(), quiet=True):
         if line.strip():
             if _DOC_OPEN.match(line.strip()):
                 return "wiki"
+            objects = objects and _is_json_object(line)
             seen += 1
             if seen >= 100:
                 break
-    return "plain"
+    return "jsonl" if seen and objects else "plain"
+
+
+def _is_json_object(line: str) -> bool:
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def read_documents(

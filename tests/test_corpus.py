@@ -70,6 +70,22 @@ def test_jsonl(tmp_path):
     ]
 
 
+def test_jsonl_without_its_suffix_is_read_as_jsonl(tmp_path):
+    """Spark's and Hadoop's `part-00000`, or a `.txt` export, of JSON lines: read as plain text, the
+    whole file was one document whose paragraphs were the JSON lines, braces, keys and escapes
+    included ('" text " : " brian eno is ...' in the shards), and nothing said so."""
+    rows = [{"id": 1, "text": "First doc. Two sentences."}, {"id": 2, "text": "Second.\nIts line two."}]
+    for name in ("part-00000", "export.txt"):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert detect_format(path) == "jsonl"
+        docs = list(read_documents(path, Counter()))
+        assert [d.paragraphs for d in docs] == [["First doc. Two sentences."], ["Second.", "Its line two."]]
+    prose = tmp_path / "notes.txt"  # one JSON line among prose: plain text, as written
+    prose.write_text('A sentence. Another.\n{"text": "a quoted example"}\n')
+    assert detect_format(prose) == "plain"
+
+
 def test_jsonl_without_text_field_says_what_the_lines_hold(tmp_path):
     """A corpus whose JSONL names its field "content" is refused with the field the lines have; a
     non-string "text" and a line that is not an object are named as such."""
