@@ -43,7 +43,7 @@ from pipelines.stage_keys import (
 )
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
-from preprocessing.corpus import corpus_file_warnings, expand_inputs, file_labels
+from preprocessing.corpus import corpus_file_warnings, expand_inputs, file_labels, text_size
 from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, schema_description
 
 if TYPE_CHECKING:
@@ -62,17 +62,6 @@ OUTPUT_BYTES_PER_TEXT_BYTE = 2.0
 
 # what the Beam job raises when one of its worker processes died (kill -9, the OOM killer)
 WORKER_DIED = ("Channel closed prematurely", "Worker subprocess exited with return code")
-
-
-def text_size(path: str) -> int:
-    """Uncompressed size: a gzip file's ISIZE trailer (exact below 4 GiB), else the file size."""
-    size = storage.size(path)
-    if size >= 18:
-        with storage.open_read(path) as fh:
-            if fh.read(2) == b"\x1f\x8b":
-                fh.seek(-4, 2)
-                return int.from_bytes(fh.read(4), "little")
-    return size
 
 
 def input_fingerprint(files: list[str]) -> list[dict]:

@@ -168,6 +168,24 @@ def _open_binary(path: Path | str) -> BinaryIO:
     return fh
 
 
+def text_size(path: Path | str) -> int:
+    """The bytes of text the reader gets from a file: a gzip file's inflated bytes, counted (its
+    trailer holds only its last member's size, modulo 4 GiB: a multi-member file, bgzip's or `cat
+    a.gz b.gz`, or a cut-off one misstated it), up to any damage; else the file's size."""
+    from preprocessing import storage
+
+    with _open_binary(path) as fh:
+        if not isinstance(fh, gzip.GzipFile):
+            return storage.size(str(path))
+        total = 0
+        try:
+            while chunk := fh.read1(READ_BLOCK_BYTES):  # read1: the bytes before damage count
+                total += len(chunk)
+        except (EOFError, OSError, zlib.error):
+            pass  # the reader keeps the text before the damage, and says so
+        return total
+
+
 class _GzipClosingSource(gzip.GzipFile):
     """GzipFile that also closes the stream it reads from."""
 

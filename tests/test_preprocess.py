@@ -483,6 +483,28 @@ def test_merge_by_key_range_yields_every_row_in_key_order_for_any_range_size(tmp
         assert all("key" not in g.column_names and g.num_rows for g in groups)
 
 
+def test_the_text_size_of_a_gzip_file_is_what_the_reader_gets(tmp_path) -> None:
+    """The buckets (memory per worker), the disk check and MB/s come from the corpus's text size.
+    A gzip file's trailer holds only its last member's size: a multi-member file (bgzip, `cat a.gz
+    b.gz`) was taken for a fraction of its text (37.4 MB read as 4.7: 2 buckets, not 10), and a
+    cut-off one for whatever its last 4 bytes held (1 MB of text read as 924 MB: 231 buckets)."""
+    from pipelines.stage_preprocess import text_size
+
+    text = b"One sentence here. Another one follows.\n\n" * 20000
+    multi = tmp_path / "multi.txt.gz"
+    multi.write_bytes(b"".join(gzip.compress(text) for _ in range(4)))
+    assert text_size(str(multi)) == 4 * len(text)
+    whole = gzip.compress(text)
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with gzip.open(cut) as fh:  # what the corpus reader keeps: the text before the damage
+        kept = len(fh.read(len(text) // 4))
+    assert kept <= text_size(str(cut)) < len(text)
+    plain = tmp_path / "plain.txt"
+    plain.write_bytes(text)
+    assert text_size(str(plain)) == len(text)
+
+
 def test_a_validation_split_is_said_empty_or_of_one_document_never_both() -> None:
     """A one-document split whose document gave no example was said to be empty and, in the same
     breath, to hold one document whose examples are all IsNext."""
