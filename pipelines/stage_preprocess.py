@@ -481,7 +481,7 @@ def _refuse_useless_output(
         raise UserError(
             f"the corpus has no documents: {', '.join(map(str, files))} (skipped: "
             f"{ {k: v for k, v in counts.items() if k != 'files_read' and ':' not in k} }).",
-            fix=" ".join(corpus_file_warnings(counts))
+            fix=" ".join(corpus_file_warnings(counts, empty=False))
             or "check preprocess.input (--input): plain text needs non-empty lines, WikiExtractor files "
             "<doc> blocks, JSONL a 'text' field.",
         )

@@ -237,7 +237,7 @@ def _train(cfg: TokenizerConfig, files: list[Path], counts: Counter) -> Tokenize
     if counts["documents_read"] == 0:
         raise UserError(
             f"the corpus {', '.join(map(str, files))} holds no documents to train a vocabulary on.",
-            fix=" ".join(corpus_file_warnings(counts))
+            fix=" ".join(corpus_file_warnings(counts, empty=False))
             or "check tokenizer.input (--input): plain text needs non-empty lines, WikiExtractor files "
             "<doc> blocks, JSONL a 'text' field.",
         )
@@ -320,13 +320,12 @@ def refuse_training_flags(args: argparse.Namespace, tcfg: TokenizerConfig) -> No
 
 
 class _Corpus:
-    """The corpus as a re-iterable stream (training reads it twice); skips are counted and logged
-    once, on the first pass."""
+    """The corpus as a re-iterable stream (training reads it twice); skips are counted on the first
+    pass, and said once, per file, after training (corpus_file_warnings)."""
 
     def __init__(self, files: list[Path], counts: Counter) -> None:
         self.files, self.counts, self.passes = files, counts, 0
 
     def __iter__(self):
         self.passes += 1
-        first = self.passes == 1
-        return iter_texts(self.files, self.counts if first else Counter(), quiet=not first)
+        return iter_texts(self.files, self.counts if self.passes == 1 else Counter(), quiet=True)

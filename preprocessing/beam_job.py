@@ -139,7 +139,8 @@ class ReadAndTokenize(_StorageFn):
         buffered: dict[str, list] = {}
         size, chunk, batch = 0, 0, []
         digests = bytearray()  # of each document's text: duplicates are counted across all files
-        for doc in read_documents(path, counts, label):
+        # quiet: the driver says each file's skips once, from these counts (corpus_file_warnings)
+        for doc in read_documents(path, counts, label, quiet=True):
             digests += hashlib.blake2b(doc.text.encode(), digest_size=8).digest()
             batch.append(doc)
             if len(batch) >= TOKENIZE_BATCH_DOCS:

@@ -49,6 +49,10 @@ BAD_JSON_KEY = "bad_json:"  # bad_json:PATH = its JSONL lines that are not JSON 
 NO_TEXT_KEY = "no_text:"  # no_text:PATH = its JSONL lines without a string `text` (skipped)
 NO_TEXT_FIRST_KEY = "no_text_first:"  # no_text_first:["PATH", "what its first such line holds"] = 1
 LONG_ONLY_KEY = "long_lines_only:"  # long_lines_only:PATH = its lines, all over 1 MiB (skipped)
+LONG_LINES_KEY = "long_lines:"  # long_lines:PATH = its lines over 1 MiB (skipped)
+EMPTY_KEY = "empty:"  # empty:PATH = 1, a file without text
+DAMAGED_KEY = "damaged:"  # damaged:["PATH", "the error"] = 1, a file read up to its damage
+UNCLOSED_KEY = "unclosed_doc:"  # unclosed_doc:PATH = its <doc> tags without </doc>
 BINARY_FIX = (
     "the corpus is read as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)"
 )
@@ -294,15 +298,18 @@ def _utf8_name(path: str) -> str:
     return (path[:-4] if path.endswith(".txt") else path) + ".utf8.txt"
 
 
-def corpus_file_warnings(counts: Mapping[str, int]) -> list[str]:
+def corpus_file_warnings(counts: Mapping[str, int], empty: bool = True) -> list[str]:
     """One line per corpus file of another encoding than UTF-8 (a UTF-16/32 file, skipped; or a
     meaningful share of lines with invalid UTF-8, replaced), naming it and the iconv command; one
     per binary file (skipped), per JSONL file with lines that are not JSON or hold no string `text`
-    (skipped) and per file whose every line is over 1 MiB (skipped)."""
+    (skipped), per file with lines over 1 MiB (skipped), per damaged file, per file with unclosed
+    <doc> tags and (`empty`) per empty file: what the reader counted, said once by the stage."""
     found = []
     firsts = dict(json.loads(k[len(NO_TEXT_FIRST_KEY) :]) for k in counts if k.startswith(NO_TEXT_FIRST_KEY))
     for key, n in sorted(counts.items()):
-        if key.startswith(NOT_UTF8_KEY):
+        if line := _read_trouble(key, n, counts, empty):
+            found.append(line)
+        elif key.startswith(NOT_UTF8_KEY):
             encoding, path = key[len(NOT_UTF8_KEY) :].split(":", 1)
             found.append(
                 f"{path} is {encoding} text, not UTF-8, and was skipped: convert it with "
@@ -342,6 +349,29 @@ def corpus_file_warnings(counts: Mapping[str, int]) -> list[str]:
     return found
 
 
+def _read_trouble(key: str, n: int, counts: Mapping[str, int], empty: bool) -> str | None:
+    """The warning of a damaged file, an empty one, lines over 1 MiB or unclosed <doc> tags."""
+    if key.startswith(DAMAGED_KEY):
+        path, error = json.loads(key[len(DAMAGED_KEY) :])
+        return (
+            f"{path}: damaged ({error}); the documents before the damage were kept, the rest of the "
+            "file is lost (a cut-off download or copy: fetch or compress it again)."
+        )
+    if key.startswith(EMPTY_KEY) and empty:
+        return f"{key[len(EMPTY_KEY) :]}: empty file (no text), skipped."
+    if key.startswith(LONG_LINES_KEY) and LONG_ONLY_KEY + key[len(LONG_LINES_KEY) :] not in counts:
+        return (
+            f"{key[len(LONG_LINES_KEY) :]}: {n} line{'' if n == 1 else 's'} longer than 1 MB skipped (a line "
+            "is read whole: a paragraph or a sentence); break such lines up to keep their text."
+        )
+    if key.startswith(UNCLOSED_KEY):
+        return (
+            f"{key[len(UNCLOSED_KEY) :]}: {n} <doc> tag{'' if n == 1 else 's'} without </doc>; the text up "
+            "to the next <doc> or the end of the file was kept as a document (a cut-off WikiExtractor file?)."
+        )
+    return None
+
+
 def _warner(quiet: bool) -> Callable[..., None]:
     """log.warning, or nothing for a quiet read (a second pass over a file already warned about)."""
     return (lambda *a: None) if quiet else log.warning
@@ -375,6 +405,7 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
 
             def long_line() -> None:
                 counts["lines_skipped_over_1mb"] += 1
+                counts[f"{LONG_LINES_KEY}{path}"] += 1
                 long_lines.append(1)
                 warn("%s: skipped a line longer than 1 MB", path)
 
@@ -399,6 +430,7 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
                 counts[f"{TEXT_LINES_KEY}{path}"] += lines
         except (EOFError, OSError, zlib.error) as exc:
             counts["files_truncated_or_corrupt"] += 1
+            counts[DAMAGED_KEY + json.dumps([str(path), str(exc)])] = 1
             warn("%s: stopped reading, file is damaged (%s); documents before the damage are kept", path, exc)
             return
     if not any_content and long_lines:  # not empty: a document written on one line of megabytes
@@ -406,6 +438,7 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
         warn("%s: every line of text is longer than 1 MB and was skipped", path)
     elif not any_content:
         counts["files_empty"] += 1
+        counts[f"{EMPTY_KEY}{path}"] = 1
         warn("%s: empty file", path)
 
 
@@ -476,6 +509,7 @@ def _read_wiki(path: Path | str, counts: Counter, quiet: bool = False) -> Iterat
         if _DOC_OPEN.match(stripped):
             if doc is not None:
                 counts["docs_unclosed_tag"] += 1
+                counts[f"{UNCLOSED_KEY}{path}"] += 1
                 warn("%s: <doc> without </doc>; its text is kept as a document", path)
                 yield doc
             doc = []
@@ -498,6 +532,7 @@ def _read_wiki(path: Path | str, counts: Counter, quiet: bool = False) -> Iterat
         doc.append(line)
     if doc is not None:
         counts["docs_unclosed_tag"] += 1
+        counts[f"{UNCLOSED_KEY}{path}"] += 1
         warn("%s: file ends inside a <doc>; its text is kept as a document", path)
         yield doc
 

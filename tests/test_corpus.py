@@ -254,6 +254,32 @@ def test_every_line_ending_convention_gives_the_same_documents(tmp_path: Path):
     assert counts["lines_skipped_over_1mb"] == 1
 
 
+def test_every_skip_of_a_file_is_named_in_its_warnings(tmp_path):
+    """The preprocess workers' own warnings reached the console twice (a raw `WARNING:preprocessing.
+    corpus:` line and Beam's relay of it as a protobuf dump) and never stats.json or the report: an
+    empty file, a damaged .gz (the rest of the file lost), a line over 1 MB among text and an
+    unclosed <doc> were counts only. The per-file warnings, said once by the stage, name them."""
+    from preprocessing.corpus import MAX_LINE_BYTES
+
+    (tmp_path / "empty.txt").write_text(" \n\n")
+    whole = gzip.compress(b"First doc. Two sentences.\n\n" * 50000)
+    (tmp_path / "cut.txt.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "long.txt").write_bytes(b"A line. Another.\n" + b"x" * (MAX_LINE_BYTES + 1) + b"\nLast.\n")
+    (tmp_path / "wiki.txt").write_text(
+        '<doc id="1" title="T">\nT\nText. More.\n<doc id="2" title="U">\nU\nEnd.\n'
+    )
+    counts: Counter = Counter()
+    for name in ("empty.txt", "cut.txt.gz", "long.txt", "wiki.txt"):
+        list(read_documents(tmp_path / name, counts, quiet=True))
+    said = corpus_file_warnings(counts)
+    assert len(said) == 4, said
+    assert said[0].startswith(f"{tmp_path / 'cut.txt.gz'}: damaged (Compressed file ended"), said[0]
+    assert "the documents before the damage were kept, the rest of the file is lost" in said[0]
+    assert said[1] == f"{tmp_path / 'empty.txt'}: empty file (no text), skipped."
+    assert said[2].startswith(f"{tmp_path / 'long.txt'}: 1 line longer than 1 MB skipped"), said[2]
+    assert said[3].startswith(f"{tmp_path / 'wiki.txt'}: 2 <doc> tags without </doc>"), said[3]
+
+
 def test_an_existing_file_whose_name_looks_like_a_glob_is_that_file(tmp_path: Path):
     """Issue 14 item 13: `wiki[1].txt` 'matched no file' (read as a glob for wiki1.txt)."""
     from preprocessing import storage

@@ -275,15 +275,19 @@ def test_binary_only_corpus_is_a_clear_error(tmp_path, minilm_dir):
     assert "Traceback" not in r.stderr and read_marker(tmp_path / "o") is None
 
 
-def test_a_corpus_without_documents_names_the_config_key_and_the_flag(tmp_path, minilm_dir):
+def test_a_corpus_without_documents_names_the_config_key_and_the_flag(tmp_path, minilm_dir, capfd, caplog):
     """Inside `bertflow run CONFIG` the user set preprocess.input, not --input: the fix names both.
-    A JSONL corpus whose lines name their field otherwise is refused naming the field they have."""
+    A JSONL corpus whose lines name their field otherwise is refused naming the field they have.
+    The workers' own warning of the empty file reached the console twice (raw, and relayed by Beam
+    as a protobuf dump); the stage says it once."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("   \n\n \t \n")
     cfg = PreprocessConfig(input=[str(corpus)], workers=1, num_shards=1)
     with pytest.raises(UserError) as exc:
         run_preprocess_stage(cfg, minilm_dir, tmp_path / "o")
     assert "the corpus has no documents" in str(exc.value) and "files_empty" in str(exc.value)
+    assert "empty file" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if "empty file" in r.getMessage()]
     assert "Fix: check preprocess.input (--input): " in str(exc.value) and "JSONL a 'text' field" in str(
         exc.value
     )
