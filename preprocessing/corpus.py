@@ -56,6 +56,8 @@ UNCLOSED_KEY = "unclosed_doc:"  # unclosed_doc:PATH = its <doc> tags without </d
 BINARY_FIX = (
     "the corpus is read as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)"
 )
+# after the iconv command: the converted copy lands beside the original, where a folder or glob reads both
+USE_CONVERTED = "use that file in place of this one (move this one out of a corpus folder or glob, which would read both)."
 INVALID_UTF8_WARN_SHARE = 0.01  # of a file's lines: more is another encoding, not a stray byte
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
@@ -313,7 +315,7 @@ def corpus_file_warnings(counts: Mapping[str, int], empty: bool = True) -> list[
             encoding, path = key[len(NOT_UTF8_KEY) :].split(":", 1)
             found.append(
                 f"{path} is {encoding} text, not UTF-8, and was skipped: convert it with "
-                f"`iconv -f {encoding} -t UTF-8 {path} > {_utf8_name(path)}` and use that file."
+                f"`iconv -f {encoding} -t UTF-8 {path} > {_utf8_name(path)}` and {USE_CONVERTED}"
             )
         elif key.startswith(BAD_JSON_KEY):
             found.append(
@@ -344,7 +346,7 @@ def corpus_file_warnings(counts: Mapping[str, int], empty: bool = True) -> list[
                     f"{path}: {n} of {lines} lines ({n / lines:.0%}) are not valid UTF-8; their bad bytes "
                     "were replaced by U+FFFD, so their accented letters are lost (the file is likely "
                     f"Latin-1 / Windows-1252): convert it with `iconv -f latin1 -t utf-8 {path} > "
-                    f"{_utf8_name(path)}` and use that file."
+                    f"{_utf8_name(path)}` and {USE_CONVERTED}"
                 )
     return found
 

@@ -315,13 +315,18 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
         assert docs == [] and counts["files_skipped_not_utf8"] == 1 and not counts["files_skipped_binary"]
         assert corpus_file_warnings(counts) == [
             f"{path} is {encoding} text, not UTF-8, and was skipped: convert it with "
-            f"`iconv -f {encoding} -t UTF-8 {path} > {tmp_path / name.replace('.txt', '.utf8.txt')}` and use that file."
+            f"`iconv -f {encoding} -t UTF-8 {path} > {tmp_path / name.replace('.txt', '.utf8.txt')}` and use that "
+            "file in place of this one (move this one out of a corpus folder or glob, which would read both)."
         ]
     docs, counts = read("latin1.txt")
     assert len(docs) == 40 and counts["lines_with_invalid_utf8_replaced"] == 20
     [warning] = corpus_file_warnings(counts)
     assert warning.startswith(f"{tmp_path / 'latin1.txt'}: 20 of 40 lines (50%) are not valid UTF-8")
     assert f"iconv -f latin1 -t utf-8 {tmp_path / 'latin1.txt'}" in warning
+    # the converted copy lands beside the original: a folder or glob entry would read both
+    assert warning.endswith(
+        "in place of this one (move this one out of a corpus folder or glob, which would read both)."
+    )
     docs, counts = read("stray.txt")
     assert counts["lines_with_invalid_utf8_replaced"] == 1 and corpus_file_warnings(counts) == []
     (tmp_path / "wiki.txt.bz2").write_bytes(bz2.compress(text.encode()))  # a compression not read
