@@ -29,6 +29,7 @@ from common.paths import resolve_data_path
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 1 << 20  # lines longer than this are skipped and counted
+MAX_DOC_CHARS = 1 << 20  # a plain-text document is cut into parts of about this size (memory)
 READ_BLOCK_BYTES = 1 << 20
 UTF8_BOM = b"\xef\xbb\xbf"
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -53,6 +54,7 @@ LONG_LINES_KEY = "long_lines:"  # long_lines:PATH = its lines over 1 MiB (skippe
 EMPTY_KEY = "empty:"  # empty:PATH = 1, a file without text
 DAMAGED_KEY = "damaged:"  # damaged:["PATH", "the error"] = 1, a file read up to its damage
 UNCLOSED_KEY = "unclosed_doc:"  # unclosed_doc:PATH = its <doc> tags without </doc>
+CUT_KEY = "doc_cuts:"  # doc_cuts:PATH = its plain-text documents' cuts at MAX_DOC_CHARS
 BINARY_FIX = (
     "the corpus is read as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)"
 )
@@ -366,6 +368,13 @@ def _read_trouble(key: str, n: int, counts: Mapping[str, int], empty: bool) -> s
             f"{key[len(LONG_LINES_KEY) :]}: {n} line{'' if n == 1 else 's'} longer than 1 MB skipped (a line "
             "is read whole: a paragraph or a sentence); break such lines up to keep their text."
         )
+    if key.startswith(CUT_KEY):
+        return (
+            f"{key[len(CUT_KEY) :]}: {n} cut{'' if n == 1 else 's'} in text without a blank line: a plain-text "
+            "document ends at a blank line, and one over 1 MB is read in parts of 1 MB, each a document. "
+            "If each line is a document, put a blank line after each (`sed G`) or write JSONL: read as "
+            "one, its next-sentence pairs join unrelated documents."
+        )
     if key.startswith(UNCLOSED_KEY):
         return (
             f"{key[len(UNCLOSED_KEY) :]}: {n} <doc> tag{'' if n == 1 else 's'} without </doc>; the text up "
@@ -491,13 +500,21 @@ def read_documents(
 
 
 def _read_plain(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[list[str]]:
+    """Documents end at a blank line; one over MAX_DOC_CHARS is yielded in parts of that size (a
+    file of one document per line, without blank lines, was otherwise one document)."""
     doc: list[str] = []
+    size = 0
     for line in _lines(path, counts, quiet):
         if line.strip():
             doc.append(line)
-        elif doc:
-            yield doc
-            doc = []
+            size += len(line)
+            if size < MAX_DOC_CHARS:
+                continue
+            counts[f"{CUT_KEY}{path}"] += 1
+        elif not doc:
+            continue
+        yield doc
+        doc, size = [], 0
     if doc:
         yield doc
 

@@ -280,6 +280,26 @@ def test_every_skip_of_a_file_is_named_in_its_warnings(tmp_path):
     assert said[3].startswith(f"{tmp_path / 'wiki.txt'}: 2 <doc> tags without </doc>"), said[3]
 
 
+def test_a_plain_document_of_megabytes_is_read_in_parts_and_said(tmp_path):
+    """A file with one document per line and no blank line (CC-100's, OSCAR's, many exports') was one
+    document: its examples had no NotNext pair ('IsNext share 1.000'), the validation split no
+    document, and nothing named the cause. Now a plain document is cut into parts of about 1 MB, each
+    a document, all text kept, and the file is named with the blank-line rule."""
+    from preprocessing.corpus import MAX_DOC_CHARS
+
+    lines = [f"Document {i} has a sentence. And it has a second one." for i in range(60000)]
+    path = tmp_path / "one_per_line.txt"
+    path.write_text("\n".join(lines) + "\n\nA last document. It is short.\n")
+    counts: Counter = Counter()
+    docs = list(read_documents(path, counts, quiet=True))
+    assert 3 <= len(docs) - 1 <= 4 and docs[-1].paragraphs == ["A last document. It is short."]
+    assert [p for d in docs[:-1] for p in d.paragraphs] == lines  # every line, in order
+    assert all(sum(map(len, d.paragraphs)) < MAX_DOC_CHARS + 100 for d in docs)  # one line over at most
+    [said] = corpus_file_warnings(counts)
+    assert said.startswith(f"{path}: 3 cuts in text without a blank line: a plain-text document ends"), said
+    assert "put a blank line after each (`sed G`) or write JSONL" in said
+
+
 def test_an_existing_file_whose_name_looks_like_a_glob_is_that_file(tmp_path: Path):
     """Issue 14 item 13: `wiki[1].txt` 'matched no file' (read as a glob for wiki1.txt)."""
     from preprocessing import storage
