@@ -57,6 +57,7 @@ from preprocessing.sentence_encoder import SentenceEncoder
 from preprocessing.shard_format import SCHEMA, shard_name, write_shard
 
 TOKENIZE_BATCH_DOCS = 64
+TOKENIZE_BATCH_CHARS = 2 * 2**20  # or fewer documents: tokenizing a batch takes ~30x its text in memory
 DOC_FLUSH_BYTES = 32 * 2**20  # tokenized text a worker buffers per input file before writing it out
 DOC_SCHEMA = pa.schema(
     [
@@ -107,7 +108,8 @@ class _StorageFn(beam.DoFn):
 class ReadAndTokenize(_StorageFn):
     """One corpus file → its documents tokenized and written as Arrow IPC files under
     work_dir/docs (one record batch per bucket); emits (bucket, (file, batch index)) and writes the
-    file's counters to work_dir/stats. Memory: about DOC_FLUSH_BYTES of tokens."""
+    file's counters to work_dir/stats. Memory: about DOC_FLUSH_BYTES of tokens, and the batch being
+    tokenized (TOKENIZE_BATCH_DOCS documents, at most about TOKENIZE_BATCH_CHARS of text)."""
 
     def __init__(
         self,
@@ -137,15 +139,16 @@ class ReadAndTokenize(_StorageFn):
         # deterministic names: a rerun rewrites the same files (atomically)
         file_id = hashlib.blake2b(path.encode(), digest_size=8).hexdigest()
         buffered: dict[str, list] = {}
-        size, chunk, batch = 0, 0, []
+        size, chunk, batch, batch_chars = 0, 0, [], 0
         digests = bytearray()  # of each document's text: duplicates are counted across all files
         # quiet: the driver says each file's skips once, from these counts (corpus_file_warnings)
         for doc in read_documents(path, counts, label, quiet=True):
             digests += hashlib.blake2b(doc.text.encode(), digest_size=8).digest()
             batch.append(doc)
-            if len(batch) >= TOKENIZE_BATCH_DOCS:
+            batch_chars += sum(map(len, doc.paragraphs))
+            if len(batch) >= TOKENIZE_BATCH_DOCS or batch_chars >= TOKENIZE_BATCH_CHARS:
                 size += self._tokenize(batch, counts, buffered)
-                batch = []
+                batch, batch_chars = [], 0
             if size >= DOC_FLUSH_BYTES:
                 yield from self._flush(buffered, file_id, chunk)
                 buffered, size, chunk = {}, 0, chunk + 1
