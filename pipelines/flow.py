@@ -21,6 +21,7 @@ from prefect.runtime import flow_run as runtime_flow_run
 
 from pipelines.beam_console import drop_import_chatter
 from pipelines.config import load_config
+from pipelines.flow_preflight import corpus_mismatch_note
 from pipelines.flow_run import FlowRun
 from pipelines.flow_tasks import (
     finetune_unit_task,
@@ -66,6 +67,9 @@ def bert_pipeline(
         and (note := cpu_run_note(cfg))
     ):
         get_run_logger().warning(note)  # before hours of tokenizing and preprocessing
+    if run.wanted("tokenizer") and not complete("tokenizer", run.dirs["tokenizer"]):
+        if note := corpus_mismatch_note(cfg):
+            get_run_logger().warning(note)
 
     with run.recorded():
         run.stage("verify", verify_task, cfg=cfg, wandb=run.wandb)

@@ -108,3 +108,28 @@ def check_flow_init_vocabulary(cfg: PipelineConfig) -> None:
     trained = stage_dir(cfg, "tokenizer")
     if read_marker(trained) is not None:
         check_init_vocabulary(init_dir, trained, first)
+
+
+def corpus_mismatch_note(cfg: PipelineConfig) -> str | None:
+    """The warning when the tokenizer would train on files that no preprocess.input (the main one or
+    a phase's) reads: a user who set preprocess.input to their corpus and left tokenizer.input as it
+    was got a vocabulary of the default corpus, unsaid. None with tokenizer.vocab, a tokenizer trained
+    on a sample of the corpus, or an object-store corpus."""
+    from preprocessing.corpus import match_inputs
+
+    inputs = [cfg.phase_config(i).preprocess.input for i in range(len(cfg.phases) + 1)]
+    if cfg.tokenizer.vocab or any(
+        "://" in p for p in [*cfg.tokenizer.input, *(p for ps in inputs for p in ps)]
+    ):
+        return None
+    trained = set(match_inputs(cfg.tokenizer.input, cfg.data_root)[0])
+    for patterns in inputs:
+        read = set(match_inputs(patterns, cfg.data_root)[0])
+        if trained and read and trained.isdisjoint(read):
+            return (
+                f"tokenizer.input {cfg.tokenizer.input} and preprocess.input {patterns} share no file: the "
+                "vocabulary is trained on other text than the shards are made of. If your corpus is "
+                "preprocess.input, set tokenizer.input to it too (or to a sample of it), or tokenizer.vocab "
+                "to a vocabulary."
+            )
+    return None

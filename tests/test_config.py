@@ -892,3 +892,24 @@ def test_a_fix_hint_pasted_runs_this_config_with_its_set_items(tmp_path: Path) -
     assert keys == stage_keys(cfg)
     # a config built in code has no file to name: the hint keeps the placeholder
     assert code_change_note("pretrain", [out]).endswith("bertflow run CONFIG --force pretrain")
+
+
+def test_a_flow_whose_tokenizer_and_preprocess_read_other_files_says_so(tmp_path: Path) -> None:
+    """A user who sets preprocess.input to their corpus and leaves tokenizer.input as it was had a
+    vocabulary trained on the default Wikipedia summaries, unsaid (a CJK corpus: 80.6% [UNK] after
+    the fact; an English one of another domain: nothing at all). The flow says so before it trains."""
+    from pipelines.flow_preflight import corpus_mismatch_note
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("One sentence. Two sentences.\n")
+    (corpus / "b.txt").write_text("Three sentences. Four.\n")
+    note = corpus_mismatch_note(load_config(None, [f"preprocess.input=[{corpus}]"]))
+    assert note is not None and note.startswith("tokenizer.input ['data:wiki/summaries_en.txt'] and ")
+    assert f"preprocess.input ['{corpus}'] share no file" in note and "set tokenizer.input" in note
+    both = [f"preprocess.input=[{corpus}]", f"tokenizer.input=[{corpus / 'a.txt'}]"]  # a sample: fine
+    assert corpus_mismatch_note(load_config(None, both)) is None
+    assert (
+        corpus_mismatch_note(load_config(None, [f"preprocess.input=[{corpus}]", "tokenizer.vocab=v.txt"]))
+        is None
+    )
