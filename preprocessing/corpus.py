@@ -14,6 +14,7 @@ import glob
 import gzip
 import json
 import logging
+import os
 import posixpath
 import re
 import zlib
@@ -100,14 +101,26 @@ def _entry_files(path: Path) -> list[Path]:
     files: list[Path] = []
     for match in matches:
         if match.is_dir():
-            files += [p for p in match.rglob("*") if p.is_file() and not _hidden(p.relative_to(match))]
+            files += _folder_files(match)
         elif match.is_file():
             files.append(match)
     return [f.resolve() for f in files]
 
 
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
+def _folder_files(folder: Path) -> list[Path]:
+    """Every file below `folder`, hidden ones (a name starting with '.') left out, through symlinked
+    folders as a `**` glob goes (Path.rglob does not), each real folder once (a link back up)."""
+    files: list[Path] = []
+    seen: set[str] = set()
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs.clear()
+            continue
+        seen.add(real)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        files += [p for n in names if not n.startswith(".") and (p := Path(root, n)).is_file()]
+    return files
 
 
 def expand_inputs(

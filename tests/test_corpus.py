@@ -300,6 +300,24 @@ def test_a_plain_document_of_megabytes_is_read_in_parts_and_said(tmp_path):
     assert "put a blank line after each (`sed G`) or write JSONL" in said
 
 
+def test_a_folder_input_reads_its_symlinked_folders_as_a_glob_does(tmp_path: Path):
+    """A corpus folder whose parts are symlinks to folders elsewhere (a cluster's /mnt/...) read the
+    linked files but not the linked folders (Path.rglob does not follow them), unsaid, while the glob
+    `corpus/**/*.txt` read them all. Now a folder is read as the glob reads it; a link back up (a
+    cycle) is read once."""
+    elsewhere = tmp_path / "mnt" / "part2"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "b.txt").write_text("Two. Sentences.\n")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("One. Sentence.\n")
+    (corpus / "part2").symlink_to(elsewhere, target_is_directory=True)
+    (corpus / "loop").symlink_to(corpus, target_is_directory=True)
+    expected = [corpus / "a.txt", elsewhere / "b.txt"]
+    assert expand_inputs([str(corpus)]) == expected
+    assert expand_inputs([f"{corpus}/*.txt", f"{corpus}/part2/*.txt"]) == expected
+
+
 def test_an_existing_file_whose_name_looks_like_a_glob_is_that_file(tmp_path: Path):
     """Issue 14 item 13: `wiki[1].txt` 'matched no file' (read as a glob for wiki1.txt)."""
     from preprocessing import storage
