@@ -55,6 +55,7 @@ LONG_LINES_KEY = "long_lines:"  # long_lines:PATH = its lines over 1 MiB (skippe
 EMPTY_KEY = "empty:"  # empty:PATH = 1, a file without text
 DAMAGED_KEY = "damaged:"  # damaged:["PATH", "the error"] = 1, a file read up to its damage
 UNCLOSED_KEY = "unclosed_doc:"  # unclosed_doc:PATH = its <doc> tags without </doc>
+ARRAY_KEY = "json_array:"  # json_array:PATH = 1, a JSONL file whose first line opens a JSON array
 CUT_KEY = "doc_cuts:"  # doc_cuts:PATH = its plain-text documents' cuts at MAX_DOC_CHARS
 BINARY_FIX = (
     "the corpus is read as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)"
@@ -324,8 +325,8 @@ def corpus_file_warnings(counts: Mapping[str, int], empty: bool = True) -> list[
     found = []
     firsts = dict(json.loads(k[len(NO_TEXT_FIRST_KEY) :]) for k in counts if k.startswith(NO_TEXT_FIRST_KEY))
     for key, n in sorted(counts.items()):
-        if line := _read_trouble(key, n, counts, empty):
-            found.append(line)
+        if (line := _read_trouble(key, n, counts, empty)) is not None:
+            found += [line] if line else []
         elif key.startswith(NOT_UTF8_KEY):
             encoding, path = key[len(NOT_UTF8_KEY) :].split(":", 1)
             found.append(
@@ -367,7 +368,17 @@ def corpus_file_warnings(counts: Mapping[str, int], empty: bool = True) -> list[
 
 
 def _read_trouble(key: str, n: int, counts: Mapping[str, int], empty: bool) -> str | None:
-    """The warning of a damaged file, an empty one, lines over 1 MiB or unclosed <doc> tags."""
+    """The warning of a damaged file, an empty one, lines over 1 MiB, unclosed <doc> tags or a JSON
+    array ('' for the bad lines of that array: said by it); None for other keys."""
+    if key.startswith(ARRAY_KEY):
+        path = key[len(ARRAY_KEY) :]
+        jsonl = (path[:-5] if path.endswith(".json") else path) + ".jsonl"
+        return (
+            f"{path} holds one JSON array, not JSON lines (one object per line), and was skipped: convert "
+            f"it with `jq -c '.[]' {path} > {jsonl}` and {USE_CONVERTED}"
+        )
+    if key.startswith((BAD_JSON_KEY, NO_TEXT_KEY)) and ARRAY_KEY + key.split(":", 1)[1] in counts:
+        return ""
     if key.startswith(DAMAGED_KEY):
         path, error = json.loads(key[len(DAMAGED_KEY) :])
         return (
@@ -572,9 +583,13 @@ def _read_wiki(path: Path | str, counts: Counter, quiet: bool = False) -> Iterat
 def _read_jsonl(
     path: Path | str, counts: Counter, field: str = "text", quiet: bool = False
 ) -> Iterator[list[str]]:
+    first = True
     for line in _lines(path, counts, quiet):
         if not line.strip():
             continue
+        if first and line.lstrip().startswith("["):  # one JSON array: corpus_file_warnings says so
+            counts[f"{ARRAY_KEY}{path}"] = 1
+        first = False
         try:
             obj = json.loads(line)
         except json.JSONDecodeError:

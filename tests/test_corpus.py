@@ -70,6 +70,24 @@ def test_jsonl(tmp_path):
     ]
 
 
+def test_a_json_array_file_is_named_as_such_with_the_jq_fix(tmp_path):
+    """A `.json` corpus that is one JSON array (pandas' to_json(orient='records'), many dataset
+    downloads) was '1502 lines are not valid JSON' (pretty-printed) or '1 line has no string "text"
+    field (the first is a JSON array, not an object)' (compact): true, but not what to do. Now the
+    file is named as a JSON array with the jq command that writes it as JSON lines."""
+    rows = [{"text": f"Document {i}. It has two sentences."} for i in range(20)]
+    for name, indent in (("pretty.json", 2), ("compact.json", None)):
+        path = tmp_path / name
+        path.write_text(json.dumps(rows, indent=indent) + "\n")
+        counts: Counter = Counter()
+        assert list(read_documents(path, counts)) == []
+        assert corpus_file_warnings(counts) == [
+            f"{path} holds one JSON array, not JSON lines (one object per line), and was skipped: convert "
+            f"it with `jq -c '.[]' {path} > {tmp_path / name.replace('.json', '.jsonl')}` and use that file "
+            "in place of this one (move this one out of a corpus folder or glob, which would read both)."
+        ]
+
+
 def test_jsonl_without_its_suffix_is_read_as_jsonl(tmp_path):
     """Spark's and Hadoop's `part-00000`, or a `.txt` export, of JSON lines: read as plain text, the
     whole file was one document whose paragraphs were the JSON lines, braces, keys and escapes
