@@ -62,6 +62,13 @@ BINARY_FIX = (
 )
 # after the iconv command: the converted copy lands beside the original, where a folder or glob reads both
 USE_CONVERTED = "use that file in place of this one (move this one out of a corpus folder or glob, which would read both)."
+ARCHIVE_KEY = "archive:"  # archive:KIND:PATH = 1, a binary file that is a compressed file or archive
+# compressions the reader does not open, by their magic bytes: (the tool that decompresses, its suffix)
+_COMPRESSED = {
+    "bzip2": (b"BZh", "bunzip2 -k", ".bz2"),
+    "xz": (b"\xfd7zXZ\x00", "unxz -k", ".xz"),
+    "zstd": (b"\x28\xb5\x2f\xfd", "unzstd", ".zst"),
+}
 INVALID_UTF8_WARN_SHARE = 0.01  # of a file's lines: more is another encoding, not a stray byte
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
@@ -273,8 +280,44 @@ def wide_encoding(head: bytes) -> str | None:
 
 def head_kind(head: bytes) -> str | None:
     """Why the reader skips a file unread, by its first bytes: its encoding ("UTF-16", ...: see
-    `wide_encoding`) or "binary" (NUL bytes); None for text it reads."""
-    return wide_encoding(head) or ("binary" if b"\x00" in head else None)
+    `wide_encoding`) or "binary" (NUL bytes, or an archive); None for text it reads."""
+    return wide_encoding(head) or ("binary" if b"\x00" in head or archive_kind(head) else None)
+
+
+def archive_kind(head: bytes) -> str | None:
+    """'bzip2', 'xz', 'zstd', 'zip' or 'tar' (gzipped or not: `head` is what the reader gets) by
+    a file's first bytes; None for anything else."""
+    for kind, (magic, _, _) in _COMPRESSED.items():
+        if head.startswith(magic):
+            return kind
+    if head.startswith(b"PK\x03\x04"):
+        return "zip"
+    return "tar" if head[257:262] == b"ustar" else None
+
+
+def binary_fix(path: str, archive: str | None) -> tuple[str, str]:
+    """(what a skipped binary file is, what to do with it): the command that decompresses or
+    unpacks an archive, naming what it writes."""
+    if archive in _COMPRESSED:
+        _, tool, suffix = _COMPRESSED[archive]
+        out = path[: -len(suffix)] if path.endswith(suffix) else f"{path}.out"
+        return (
+            f"{'an' if archive == 'xz' else 'a'} {archive}-compressed file",
+            f"decompress it with `{tool} {path}` (it writes {out}) and {USE_CONVERTED}",
+        )
+    if archive in ("zip", "tar"):
+        folder = re.sub(r"(\.tar\.gz|\.tgz|\.tar|\.zip)$", "", path)
+        folder = folder if folder != path else f"{path}.files"
+        unpack = (
+            f"unzip {path} -d {folder}"
+            if archive == "zip"
+            else f"mkdir {folder} && tar xf {path} -C {folder}"
+        )
+        return f"a {archive} archive", (
+            f"unpack it with `{unpack}` and name the folder {folder} in place of this file (move this one "
+            "out of a corpus folder or glob)."
+        )
+    return "a binary file (NUL bytes)", f"{BINARY_FIX}."
 
 
 def _head(fh: BinaryIO) -> bytes:
@@ -287,7 +330,7 @@ def refuse_unreadable_corpus(files: list[Path], key: str) -> None:
     files aside) is refused naming the first such file and the fix, before any stage runs (the flow's
     tokenizer would otherwise train on its own input first). Reads the first SNIFF_BYTES of each
     file, up to the first of text; a file it cannot open is left to the stage to say."""
-    skipped: list[tuple[Path, str]] = []
+    skipped: list[tuple[Path, str, bytes]] = []
     for path in files:
         try:
             with _open_binary(path) as fh:
@@ -296,15 +339,16 @@ def refuse_unreadable_corpus(files: list[Path], key: str) -> None:
             return
         if head and kind is None:
             return
-        skipped += [(path, kind)] if kind else []
+        skipped += [(path, kind, head)] if kind else []
     if not skipped:
         return  # every file empty: the stages say so
-    path, kind = skipped[0]
+    path, kind, head = skipped[0]
     rest = f" (and no other file of {key} holds text either)" if len(files) > 1 else ""
     if kind == "binary":
+        what, fix = binary_fix(str(path), archive_kind(head))
         raise UserError(
-            f"{key}: {path} is a binary file (NUL bytes), not text{rest}: the run would find no document.",
-            fix=f"name your text corpus in {key}: {BINARY_FIX}.",
+            f"{key}: {path} is {what}, not text{rest}: the run would find no document.",
+            fix=f"name your text corpus in {key}: {fix}",
         )
     raise UserError(
         f"{key}: {path} is {kind} text, not UTF-8{rest}: the run would find no document.",
@@ -324,6 +368,9 @@ def corpus_file_warnings(counts: Mapping[str, int], empty: bool = True) -> list[
     <doc> tags and (`empty`) per empty file: what the reader counted, said once by the stage."""
     found = []
     firsts = dict(json.loads(k[len(NO_TEXT_FIRST_KEY) :]) for k in counts if k.startswith(NO_TEXT_FIRST_KEY))
+    archives = dict(
+        reversed(k[len(ARCHIVE_KEY) :].split(":", 1)) for k in counts if k.startswith(ARCHIVE_KEY)
+    )
     for key, n in sorted(counts.items()):
         if (line := _read_trouble(key, n, counts, empty)) is not None:
             found += [line] if line else []
@@ -353,7 +400,8 @@ def corpus_file_warnings(counts: Mapping[str, int], empty: bool = True) -> list[
             )
         elif key.startswith(BINARY_KEY):
             path = key[len(BINARY_KEY) :]
-            found.append(f"{path} is a binary file (NUL bytes), not text, and was skipped: {BINARY_FIX}.")
+            what, fix = binary_fix(path, archives.get(path))
+            found.append(f"{path} is {what}, not text, and was skipped: {fix}")
         elif key.startswith(REPLACED_KEY):
             path = key[len(REPLACED_KEY) :]
             lines = counts.get(TEXT_LINES_KEY + path, 0)
@@ -421,10 +469,12 @@ def _lines(path: Path | str, counts: Counter, quiet: bool = False) -> Iterator[s
         raise UserError(f"cannot read corpus file {path}: {exc}") from None
     with fh:
         try:
-            kind = head_kind(_head(fh))
+            kind = head_kind(head := _head(fh))
             if kind == "binary":
                 counts["files_skipped_binary"] += 1
                 counts[f"{BINARY_KEY}{path}"] = 1
+                if archive := archive_kind(head):
+                    counts[f"{ARCHIVE_KEY}{archive}:{path}"] = 1
                 warn("skipping %s: binary file (NUL bytes)", path)
                 return
             if kind is not None:  # another encoding: UTF-16, UTF-32

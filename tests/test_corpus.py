@@ -5,7 +5,10 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import lzma
 import shutil
+import tarfile
+import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -385,11 +388,33 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
     )
     docs, counts = read("stray.txt")
     assert counts["lines_with_invalid_utf8_replaced"] == 1 and corpus_file_warnings(counts) == []
-    (tmp_path / "wiki.txt.bz2").write_bytes(bz2.compress(text.encode()))  # a compression not read
-    for name in ("nuls.bin", "wiki.txt.bz2"):
+    docs, counts = read("nuls.bin")
+    assert docs == [] and counts["files_skipped_binary"] == 1
+    assert corpus_file_warnings(counts) == [
+        f"{tmp_path / 'nuls.bin'} is a binary file (NUL bytes), not text, and was skipped: the corpus is "
+        "read as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)."
+    ]
+    # a compression or archive the reader does not open is named, with the command that opens it
+    # (a .tar.gz of text files, the usual download, was 'a binary file (NUL bytes)' with no word of tar)
+    (tmp_path / "wiki.txt.bz2").write_bytes(bz2.compress(text.encode()))
+    (tmp_path / "wiki.txt.xz").write_bytes(lzma.compress(text.encode()))
+    with zipfile.ZipFile(tmp_path / "corpus.zip", "w") as archive:
+        archive.writestr("a.txt", text)
+    with tarfile.open(tmp_path / "corpus.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "stray.txt", "stray.txt")
+    use = "use that file in place of this one (move this one out of a corpus folder or glob, which would read both)."
+    expected = {
+        "wiki.txt.bz2": f"a bzip2-compressed file, not text, and was skipped: decompress it with `bunzip2 -k "
+        f"{tmp_path / 'wiki.txt.bz2'}` (it writes {tmp_path / 'wiki.txt'}) and {use}",
+        "wiki.txt.xz": f"an xz-compressed file, not text, and was skipped: decompress it with `unxz -k "
+        f"{tmp_path / 'wiki.txt.xz'}` (it writes {tmp_path / 'wiki.txt'}) and {use}",
+        "corpus.zip": f"a zip archive, not text, and was skipped: unpack it with `unzip {tmp_path / 'corpus.zip'} "
+        f"-d {tmp_path / 'corpus'}` and name the folder {tmp_path / 'corpus'} in place of this file",
+        "corpus.tar.gz": f"a tar archive, not text, and was skipped: unpack it with `mkdir {tmp_path / 'corpus'} "
+        f"&& tar xf {tmp_path / 'corpus.tar.gz'} -C {tmp_path / 'corpus'}` and name the folder",
+    }
+    for name, said in expected.items():
         docs, counts = read(name)
         assert docs == [] and counts["files_skipped_binary"] == 1
-        assert corpus_file_warnings(counts) == [
-            f"{tmp_path / name} is a binary file (NUL bytes), not text, and was skipped: the corpus is read "
-            "as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)."
-        ]
+        [warning] = corpus_file_warnings(counts)
+        assert warning.startswith(f"{tmp_path / name} is {said}"), warning
