@@ -2,10 +2,12 @@
 
 Files may be gzip-compressed, on local disk or on any filesystem Beam knows (`s3://`, `gs://`,
 `hdfs://`): every read goes through `preprocessing.storage` (Beam's FileSystems). Every irregularity is counted in a `Counter` (it ends up in
-stats.json) and logged, never silently dropped, never a traceback:
-non-UTF-8 bytes (replaced), UTF-16/32 files, empty and binary files, lines over 1 MB, unclosed
-`<doc>` tags, text outside `<doc>`, bad JSON lines, empty documents. A file of another encoding is
-said by name with the iconv command that converts it (`corpus_file_warnings`).
+stats.json), never silently dropped, never a traceback:
+non-UTF-8 bytes (replaced), UTF-16/32 files, empty and binary files (archives named), lines over
+1 MB, damaged .gz files, unclosed `<doc>` tags, text outside `<doc>`, bad JSON lines, a JSON array,
+empty documents, plain-text documents cut at 1 MB. The stages say each file's trouble once, from the
+counts (`corpus_file_warnings`: a file of another encoding with the iconv command that converts it,
+an archive with the command that opens it); a read that is not `quiet` also logs it as it goes.
 """
 
 from __future__ import annotations
