@@ -287,13 +287,15 @@ def head_kind(head: bytes) -> str | None:
 
 
 def archive_kind(head: bytes) -> str | None:
-    """'bzip2', 'xz', 'zstd', 'zip' or 'tar' (gzipped or not: `head` is what the reader gets) by
-    a file's first bytes; None for anything else."""
+    """'bzip2', 'xz', 'zstd', 'zip', 'parquet' or 'tar' (gzipped or not: `head` is what the reader
+    gets) by a file's first bytes; None for anything else."""
     for kind, (magic, _, _) in _COMPRESSED.items():
         if head.startswith(magic):
             return kind
     if head.startswith(b"PK\x03\x04"):
         return "zip"
+    if head.startswith(b"PAR1"):
+        return "parquet"
     return "tar" if head[257:262] == b"ustar" else None
 
 
@@ -318,6 +320,17 @@ def binary_fix(path: str, archive: str | None) -> tuple[str, str]:
         return f"a {archive} archive", (
             f"unpack it with `{unpack}` and name the folder {folder} in place of this file (move this one "
             "out of a corpus folder or glob)."
+        )
+    if archive == "parquet":  # a Hugging Face dataset's format; pyarrow comes with bertflow
+        jsonl = re.sub(r"\.parquet$", "", path) + ".jsonl"
+        write = (
+            f"import json, pyarrow.parquet as pq; out = open('{jsonl}', 'w'); [out.write(json.dumps("
+            "{'text': t}, ensure_ascii=False) + '\\n') for b in pq.ParquetFile("
+            f"'{path}').iter_batches(columns=['text']) for t in b.column(0).to_pylist()]"
+        )
+        return "a Parquet file", (
+            f'write its text column as JSON lines (`python -c "{write}"`, your column\'s name for '
+            f"'text') and {USE_CONVERTED}"
         )
     return "a binary file (NUL bytes)", f"{BINARY_FIX}."
 

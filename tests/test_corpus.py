@@ -413,6 +413,15 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
         "corpus.tar.gz": f"a tar archive, not text, and was skipped: unpack it with `mkdir {tmp_path / 'corpus'} "
         f"&& tar xf {tmp_path / 'corpus.tar.gz'} -C {tmp_path / 'corpus'}` and name the folder",
     }
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # a Hugging Face dataset's own format: was 'a .bz2, .xz or .zip file must be decompressed first'
+    pq.write_table(pa.table({"text": [text]}), tmp_path / "train.parquet")
+    expected["train.parquet"] = (
+        'a Parquet file, not text, and was skipped: write its text column as JSON lines (`python -c "import '
+        f"json, pyarrow.parquet as pq; out = open('{tmp_path / 'train.jsonl'}', 'w')"
+    )
     for name, said in expected.items():
         docs, counts = read(name)
         assert docs == [] and counts["files_skipped_binary"] == 1
