@@ -58,6 +58,7 @@ EMPTY_KEY = "empty:"  # empty:PATH = 1, a file without text
 DAMAGED_KEY = "damaged:"  # damaged:["PATH", "the error"] = 1, a file read up to its damage
 UNCLOSED_KEY = "unclosed_doc:"  # unclosed_doc:PATH = its <doc> tags without </doc>
 ARRAY_KEY = "json_array:"  # json_array:PATH = 1, a JSONL file whose first line opens a JSON array
+TABLE_KEY = "table:"  # table:PATH = 1, a .csv or .tsv file read as plain text
 CUT_KEY = "doc_cuts:"  # doc_cuts:PATH = its plain-text documents' cuts at MAX_DOC_CHARS
 BINARY_FIX = (
     "the corpus is read as plain text, gzipped or not (a .bz2, .xz or .zip file must be decompressed first)"
@@ -455,6 +456,8 @@ def _read_trouble(key: str, n: int, counts: Mapping[str, int], empty: bool) -> s
             f"{key[len(LONG_LINES_KEY) :]}: {n} line{'' if n == 1 else 's'} longer than 1 MB skipped (a line "
             "is read whole: a paragraph or a sentence); break such lines up to keep their text."
         )
+    if key.startswith(TABLE_KEY):
+        return _table_warning(key[len(TABLE_KEY) :])
     if key.startswith(CUT_KEY):
         return (
             f"{key[len(CUT_KEY) :]}: {n} cut{'' if n == 1 else 's'} in text without a blank line: a plain-text "
@@ -468,6 +471,26 @@ def _read_trouble(key: str, n: int, counts: Mapping[str, int], empty: bool) -> s
             "to the next <doc> or the end of the file was kept as a document (a cut-off WikiExtractor file?)."
         )
     return None
+
+
+def _table_warning(path: str) -> str:
+    """A .csv/.tsv file is read as plain text: said, with the python line that writes its text
+    column as JSON lines (csv is in Python's standard library)."""
+    jsonl = re.sub(r"\.(csv|tsv)(\.gz)?$", "", path) + ".jsonl"
+    opened = (
+        f"gzip.open('{path}', 'rt', newline='')" if path.endswith(".gz") else f"open('{path}', newline='')"
+    )
+    delimiter = "'\\t'" if re.search(r"\.tsv(\.gz)?$", path) else "','"
+    write = (
+        f"import csv, gzip, json, sys; csv.field_size_limit(sys.maxsize); out = open('{jsonl}', 'w'); "
+        "[out.write(json.dumps({'text': r['text']}, ensure_ascii=False) + '\\n') for r in "
+        f"csv.DictReader({opened}, delimiter={delimiter})]"
+    )
+    return (
+        f"{path} is read as plain text, each row a line, its other columns, delimiters and quotes included "
+        f'(a .csv or .tsv is not read by column): write its text column as JSON lines (`python -c "{write}"`, '
+        f"your column's name for 'text') and {USE_CONVERTED}"
+    )
 
 
 def _warner(quiet: bool) -> Callable[..., None]:
@@ -577,6 +600,8 @@ def read_documents(
     label = label or str(path).rsplit("/", 1)[-1]
     fmt = fmt or detect_format(path)
     reader = {"wiki": _read_wiki, "plain": _read_plain, "jsonl": _read_jsonl}[fmt]
+    if fmt == "plain" and re.search(r"\.(csv|tsv)(\.gz)?$", str(path)):
+        counts[f"{TABLE_KEY}{path}"] = 1  # read as it is: corpus_file_warnings says how to convert it
     ordinal = 0
     for paragraphs in reader(path, counts, quiet=quiet):
         paragraphs = [p.strip() for p in paragraphs if p.strip()]

@@ -91,6 +91,27 @@ def test_a_json_array_file_is_named_as_such_with_the_jq_fix(tmp_path):
         ]
 
 
+def test_a_csv_corpus_is_read_as_text_and_said_with_the_conversion(tmp_path):
+    """A .csv or .tsv corpus (a text column beside ids and labels) was read as plain text, unsaid:
+    every row a line of one document, its ids, delimiters and quotes trained on. It is still read
+    (its rows are text), but named, with the python line that writes its text column as JSON lines;
+    the python line, run as printed, writes the rows' text."""
+    for name, sep in (("reviews.csv", ","), ("reviews.tsv.gz", "\t")):
+        path = tmp_path / name
+        rows = f'id{sep}text{sep}label\n1{sep}"Good film, really. I liked it."{sep}pos\n'
+        path.write_bytes(gzip.compress(rows.encode()) if name.endswith(".gz") else rows.encode())
+        counts: Counter = Counter()
+        assert len(list(read_documents(path, counts))) == 1
+        [said] = corpus_file_warnings(counts)
+        assert said.startswith(f"{path} is read as plain text, each row a line, its other columns"), said
+        command = said.split('`python -c "')[1].split('"`')[0]  # a shell keeps its backslashes as they are
+        exec(command, {})
+        written = (tmp_path / "reviews.jsonl").read_text()
+        assert [json.loads(line) for line in written.splitlines()] == [
+            {"text": "Good film, really. I liked it."}
+        ]
+
+
 def test_jsonl_without_its_suffix_is_read_as_jsonl(tmp_path):
     """Spark's and Hadoop's `part-00000`, or a `.txt` export, of JSON lines: read as plain text, the
     whole file was one document whose paragraphs were the JSON lines, braces, keys and escapes
