@@ -82,7 +82,8 @@ def check_flow_preprocess(cfg: PipelineConfig) -> None:
 def check_corpus_is_text(patterns: list[str], data_root: str | None, key: str) -> None:
     """`key`'s local corpus holds a file of text (by the first 8 KiB of each, see
     `refuse_unreadable_corpus`); one on an object store is checked by its stage."""
-    from preprocessing.corpus import match_inputs, refuse_unreadable_corpus
+    from preprocessing.corpus import match_inputs
+    from preprocessing.corpus_trouble import refuse_unreadable_corpus
 
     if not any("://" in p for p in patterns):
         refuse_unreadable_corpus(match_inputs(patterns, data_root)[0], key)

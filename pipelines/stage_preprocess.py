@@ -43,7 +43,8 @@ from pipelines.stage_keys import (
 )
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
-from preprocessing.corpus import corpus_file_warnings, expand_inputs, file_labels, text_size
+from preprocessing.corpus import expand_inputs, file_labels, text_size
+from preprocessing.corpus_trouble import corpus_file_warnings
 from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, schema_description
 
 if TYPE_CHECKING:

@@ -29,7 +29,8 @@ from common.paths import resolve_data_path
 from common.stage_output import check_own_output, refuse_foreign_files
 from pipelines.stage_keys import code_change_note, stage_code, stage_dir, stage_key_inputs, write_stage_key
 from preprocessing.config import TokenizerConfig
-from preprocessing.corpus import corpus_file_warnings, expand_inputs, iter_texts
+from preprocessing.corpus import expand_inputs, iter_texts
+from preprocessing.corpus_trouble import corpus_file_warnings
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

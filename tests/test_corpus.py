@@ -16,12 +16,12 @@ import pytest
 
 from common.errors import UserError
 from preprocessing.corpus import (
-    corpus_file_warnings,
     detect_format,
     expand_inputs,
     file_labels,
     read_documents,
 )
+from preprocessing.corpus_trouble import corpus_file_warnings
 from preprocessing.sentences import split_sentences
 
 
