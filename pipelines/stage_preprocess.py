@@ -208,6 +208,11 @@ NSP_RATIO_TOLERANCE = 0.1
 UNK_RATIO_WARN = 0.05
 
 
+def _documents(n: int | None) -> str:
+    """'1 document', 'N documents'."""
+    return f"{n} document{'' if n == 1 else 's'}"
+
+
 def data_warnings(stats: dict, cfg: PreprocessConfig) -> list[str]:
     """Statistics that make pretraining on these shards meaningless or misleading, each one line
     (stats.json `warnings`, logged loudly, and shown in the report)."""
@@ -227,7 +232,7 @@ def data_warnings(stats: dict, cfg: PreprocessConfig) -> list[str]:
     if cfg.validation_fraction > 0 and not stats.get("examples_per_split", {}).get("validation"):
         found.append(
             f"the validation split is empty (validation_fraction {cfg.validation_fraction}, "
-            f"{stats.get('documents_read')} documents): pretraining will report no validation metrics."
+            f"{_documents(stats.get('documents_read'))}): pretraining will report no validation metrics."
         )
     elif stats.get("documents_used", {}).get("validation") == 1:  # (an empty split says so above)
         found.append(
@@ -488,7 +493,7 @@ def _refuse_useless_output(
         )
     if counts.get("examples", 0) == 0:
         raise UserError(
-            f"the corpus {', '.join(map(str, files))} gave no examples ({counts.get('documents_read')} documents).",
+            f"the corpus {', '.join(map(str, files))} gave no examples ({_documents(counts.get('documents_read'))}).",
             fix="next-sentence pairs need documents with at least two sentences, or at least two documents.",
         )
     if counts.get("masked_positions", 0) == 0:

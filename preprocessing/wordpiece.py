@@ -212,7 +212,8 @@ def _check_specials(tok: Tokenizer, path: Path) -> None:
     missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
     if missing:
         raise UserError(
-            f"{path}: the vocabulary lacks the special tokens {', '.join(missing)}.",
+            f"{path}: the vocabulary lacks the special token{'' if len(missing) == 1 else 's'} "
+            f"{', '.join(missing)}.",
             fix="use a BERT vocabulary holding [PAD] [UNK] [CLS] [SEP] [MASK], or train one with `bertflow tokenizer`.",
         )
     if tok.get_vocab_size(with_added_tokens=True) <= len(SPECIAL_TOKENS):

@@ -503,7 +503,7 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
             "phase seq32: preprocess.max_predictions_per_seq=40 exceeds the 29 maskable tokens of max_seq_length=32. "
             "Fix: set it to at most 29; about max_seq_length × masked_lm_prob positions are masked (5 here;",
         ),
-        ("tokenizer.vocab=NO_MASK/vocab.txt", "the vocabulary lacks the special tokens [MASK]"),
+        ("tokenizer.vocab=NO_MASK/vocab.txt", "the vocabulary lacks the special token [MASK]."),
         (
             "tokenizer.vocab=OTHER_VOCAB_MODEL/tokenizer/vocab.txt pretrain.init_from=OTHER_VOCAB_MODEL",
             "was trained with another vocabulary than",

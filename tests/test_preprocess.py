@@ -546,6 +546,9 @@ def test_a_validation_split_is_said_empty_or_of_one_document_never_both() -> Non
     empty = {"examples_per_split": {"train": 90, "validation": 0}, "documents_used": {"validation": 1}}
     said = data_warnings({**empty, "documents_read": 50}, cfg)
     assert len(said) == 1 and said[0].startswith("the validation split is empty"), said
+    assert "50 documents)" in said[0]
+    [said] = data_warnings({**empty, "documents_read": 1}, cfg)
+    assert "(validation_fraction 0.01, 1 document)" in said, said
     one = {"examples_per_split": {"train": 90, "validation": 4}, "documents_used": {"validation": 1}}
     said = data_warnings({**one, "documents_read": 50}, cfg)
     assert len(said) == 1 and said[0].startswith("the validation split holds one document"), said

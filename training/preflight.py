@@ -47,7 +47,10 @@ def read_vocab(tokenizer_dir: Path) -> list[str]:
     vocab = read_user_text(path, "vocabulary").splitlines()
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
-        raise UserError(f"{path} lacks the special tokens {missing}.", fix="retrain the tokenizer.")
+        raise UserError(
+            f"{path} lacks the special token{'' if len(missing) == 1 else 's'} {', '.join(missing)}.",
+            fix="retrain the tokenizer.",
+        )
     return vocab
 
 
