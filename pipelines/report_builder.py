@@ -116,8 +116,8 @@ def render_markdown(inputs: ReportInputs, links: Links) -> str:
     lines = [
         f"# {cfg.report.title}",
         "",
-        f"Config **{cfg.name}** · model **{cfg.model.preset or 'of pretrain.init_from'}** · run directory `{links.root}` · "
-        f"generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+        f"Config **{cfg.name}** · model **{cfg.model.preset or 'of pretrain.init_from'}** · corpus "
+        f"{' '.join(f'`{p}`' for p in cfg.preprocess.input)} · run directory `{links.root}` · generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
         "",
     ]
     lines += result_section(inputs.scorecard, inputs.card, dirs["pretrain"] / "model", inputs.record, links)

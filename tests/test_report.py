@@ -115,6 +115,8 @@ def test_report_leads_with_the_result_then_the_evidence(run_dir) -> None:
     _, dirs, paths, _ = run_dir
     md = paths["report_md"].read_text()
     headings = [line for line in md.splitlines() if line.startswith("## ")]
+    # the corpus read, under the title (a config's title may name another: its default's)
+    assert "· corpus `data:wiki/summaries_en.txt` ·" in md.split("## ")[0]
     assert headings == ["## Result", "## Fine-tuning scorecard", "## Pretraining", "## Data",
                         "## How the run went", "## Weights & Biases runs"]  # fmt: skip
     result = md.split("## Result")[1].split("## Fine-tuning")[0]
