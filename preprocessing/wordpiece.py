@@ -179,6 +179,12 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
     vocab: dict[str, int] = {}
     for i, token in enumerate(lines):
         token = token.rstrip("\r")
+        if token == "" and token in vocab:
+            raise UserError(
+                f"{path}: lines {vocab[token] + 1} and {i + 1} are blank; a vocab.txt holds one token per "
+                "line, its line number being its id.",
+                fix="delete the blank lines (an editor or a script may have added them at the end).",
+            )
         if token in vocab:
             raise UserError(
                 f"{path}: token {token!r} appears twice (lines {vocab[token] + 1} and {i + 1}).",

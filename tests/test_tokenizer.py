@@ -138,6 +138,7 @@ def test_cased_next_to_an_uncased_vocab_names_the_flag_to_drop(tmp_path, minilm_
     [
         ("hello\nworld\n", "special tokens"),
         ("[PAD]\n[PAD]\n", r"appears twice \(lines 1 and 2\)\. Fix: a vocab.txt lists each token once"),
+        ("[PAD]\n[UNK]\n\n\n", r"lines 3 and 4 are blank; .* Fix: delete the blank lines"),
     ],
 )
 def test_bad_vocab_is_a_user_error(tmp_path, content, message):
