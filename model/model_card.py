@@ -41,6 +41,7 @@ class DataFacts:
     vocab_size: int
     lowercase: bool | None
     is_next_share: float | None = None  # share of examples whose B segment is the true next one
+    skipped_files: list[str] = field(default_factory=list)  # corpus files with no text read (stats.json)
 
 
 @dataclass
@@ -209,7 +210,10 @@ def verdict(e: EvalFacts) -> str:
 
 
 def _data(d: DataFacts) -> list[str]:
-    files = "; ".join(f"`{name}` ({size / 2**20:.1f} MiB)" for name, size in d.corpus_files)
+    files = "; ".join(
+        f"`{name}` ({size / 2**20:.1f} MiB{' gzipped' if name.endswith('.gz') else ''})"
+        for name, size in d.corpus_files
+    )
     examples = ", ".join(f"{n:,} {split}" for split, n in d.examples.items())
     masking = (
         f"{d.masked_lm_prob:.0%} of tokens masked (at most {d.max_predictions_per_seq} per example"
@@ -220,6 +224,9 @@ def _data(d: DataFacts) -> list[str]:
     lines = ["## Data", ""]
     if files:
         lines.append(f"- Corpus: {files}")
+    if d.skipped_files:
+        shown = ", ".join(f"`{name}`" for name in d.skipped_files)
+        lines.append(f"- Skipped, no text read (the preprocess stage's stats.json says why): {shown}")
     if d.tokens:
         lines.append(
             f"- {_n(d.documents)} documents, {_n(d.tokens)} WordPiece tokens (vocabulary {d.vocab_size:,}{case})"

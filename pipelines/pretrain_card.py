@@ -31,6 +31,7 @@ def _data_facts(
     cfg = manifest.get("config", {})
     inputs = manifest.get("input_fingerprint")
     inputs = inputs if isinstance(inputs, list) else []
+    skipped = [str(p) for p in stats.get("files_skipped") or []]
     lowercase = (
         read_json_or_empty(tokenizer_dir / "tokenizer_config.json").get("do_lower_case")
         if tokenizer_dir
@@ -38,8 +39,11 @@ def _data_facts(
     )
     return DataFacts(
         corpus_files=[
-            (str(f.get("path", "?")), int(f.get("size", 0))) for f in inputs if isinstance(f, dict)
+            (str(f.get("path", "?")), int(f.get("size", 0)))
+            for f in inputs
+            if isinstance(f, dict) and f.get("path") not in skipped
         ],
+        skipped_files=skipped,
         documents=stats.get("documents_read"),
         tokens=stats.get("tokens"),
         examples={

@@ -44,7 +44,7 @@ from pipelines.stage_keys import (
 from preprocessing import storage
 from preprocessing.config import PreprocessConfig
 from preprocessing.corpus import expand_inputs, file_labels, text_size
-from preprocessing.corpus_trouble import corpus_file_warnings
+from preprocessing.corpus_trouble import corpus_file_warnings, unread_files
 from preprocessing.shard_format import MANIFEST_NAME, SCHEMA_VERSION, SPLITS, STATS_NAME, schema_description
 
 if TYPE_CHECKING:
@@ -374,6 +374,10 @@ def run_preprocess_stage(
         except UserError:
             _clear_outputs(out_dir, work_dir)
             raise
+        labels = {str(p): label for p, label in file_labels(files).items()}
+        stats["files_skipped"] = [
+            labels.get(p, p) for p in unread_files(counts)
+        ]  # as the manifest names them
         stats["warnings"] = (
             data_warnings(stats, cfg) + empty_shard_warnings(entries, cfg) + corpus_file_warnings(counts)
         )

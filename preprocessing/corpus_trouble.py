@@ -111,6 +111,19 @@ def refuse_unreadable_corpus(files: list[Path], key: str) -> None:
     )
 
 
+def unread_files(counts: Mapping[str, int]) -> list[str]:
+    """The files the reader skipped whole, as their keys in `counts` name them (binary, UTF-16/32,
+    empty, only lines over 1 MiB, one JSON array): no text of theirs is in the run."""
+    paths = set()
+    for key in counts:
+        if key.startswith(NOT_UTF8_KEY):
+            paths.add(key[len(NOT_UTF8_KEY) :].split(":", 1)[1])
+        for whole in (BINARY_KEY, EMPTY_KEY, LONG_ONLY_KEY, ARRAY_KEY):
+            if key.startswith(whole):
+                paths.add(key[len(whole) :])
+    return sorted(paths)
+
+
 def _utf8_name(path: str) -> str:
     return (path[:-4] if path.endswith(".txt") else path) + ".utf8.txt"
 

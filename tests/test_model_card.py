@@ -212,8 +212,16 @@ def test_pretraining_card_reads_the_runs_facts(tmp_path: Path, minilm_dir: Path,
     spec_path.write_text(json.dumps(spec))
     manifest = json.loads(manifest_path.read_text())
     manifest["config"]["masked_lm_prob"] = 0.2
+    # a corpus of three files: one gzipped, one skipped whole by the reader (stats.json says which)
+    read = {"path": "corpus.txt", "sha256": "0" * 64, "size": 2**20}
+    manifest["input_fingerprint"] = [read, {**read, "path": "more.txt.gz"}, {**read, "path": "x.tar.gz"}]
     manifest_path.write_text(json.dumps(manifest))
-    stats_path.write_text(json.dumps({**json.loads(stats_path.read_text()), "mean_tokens_per_example": 50.5}))
+    stats = {
+        **json.loads(stats_path.read_text()),
+        "mean_tokens_per_example": 50.5,
+        "files_skipped": ["x.tar.gz"],
+    }
+    stats_path.write_text(json.dumps(stats))
 
     facts = pretraining_card(dirs["pretrain"])
     assert facts.evaluation.examples == 16
@@ -222,6 +230,9 @@ def test_pretraining_card_reads_the_runs_facts(tmp_path: Path, minilm_dir: Path,
     assert "300 optimizer steps × 64 sequences = 19,200 sequences, about 969,600 tokens" in text
     assert "precision bf16; DeepSpeed ZeRO stage 2 on 2 process(es)" in text
     assert "20% of tokens masked" in text
+    corpus = next(line for line in text.splitlines() if line.startswith("- Corpus: "))
+    assert corpus == "- Corpus: `corpus.txt` (1.0 MiB); `more.txt.gz` (1.0 MiB gzipped)", corpus
+    assert "- Skipped, no text read (the preprocess stage's stats.json says why): `x.tar.gz`" in text
     total = facts.evaluation.split_examples
     assert total is not None and total > 16
     assert f"on the first 16 (`pretrain.eval_batches` global batches) of the {total:,} held-out" in text

@@ -146,6 +146,9 @@ def test_shards_round_trip_and_agree_with_manifest_and_stats(runs, minilm_dir):
         skipped["lines_with_invalid_utf8_replaced"] == 1 and skipped["jsonl_lines_skipped_invalid_json"] == 1
     )
     assert stats["input_files"] == 7
+    # the files of which no text was read, named as the manifest names the inputs (the model card
+    # lists the others as the corpus)
+    assert stats["files_skipped"] == ["empty.txt", "image.bin"]
     # pandas-free check that the files are plain Parquet any tool can open
     schema = pq.ParquetFile(shard_paths(directory, "train")[0]).schema_arrow
     assert schema.names[0] == "input_ids"
