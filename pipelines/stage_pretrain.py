@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from common.atomic import MARKER_NAME, mark_in_progress, read_marker, write_marker
 from common.console import warning_line
-from common.dir_lock import exclusive_dir
+from common.dir_lock import exclusive_dir, lock_file_of
 from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output, has_model, newest_verified_step, refuse_foreign_files
 from common.tracking import WandbTarget
@@ -100,8 +100,10 @@ def run_pretrain_stage(
     out_dir = Path(out_dir).resolve()  # the launcher runs in the project root, not the caller's directory
     cfg = with_phase_init(cfg)  # a phase after the first starts from the one before's model
     check_own_output(out_dir, "pretrain", {"shards": shards_dir, "tokenizer": tokenizer_dir})
-    if newest_verified_step(out_dir) is None:  # a verified checkpoint, like run_spec.json, is a run's
-        refuse_foreign_files(out_dir, "pretrain", OUTPUT_NAMES, own=("run_spec.json",))
+    if newest_verified_step(out_dir) is None:  # a verified checkpoint is a run's, and so is run_spec.json
+        # beside the lock a run holds while it writes it (without it, one copied in with the user's files)
+        own = ("run_spec.json",) if lock_file_of(out_dir).is_file() else ()
+        refuse_foreign_files(out_dir, "pretrain", OUTPUT_NAMES, own=own)
     on_gpu, bf16_ok = _device_caps()
     asked = cfg.pretrain
     p = resolve_ranks(asked, visible_gpus())

@@ -709,3 +709,12 @@ def test_an_output_holding_the_users_files_is_refused_before_any_work(tmp_path, 
     (killed / IN_PROGRESS_NAME).write_text("{}")
     (tmp_path / ".killed.lock").write_text("1\n")  # the lock the killed run held beside it
     refuse_foreign_files(killed, "pretrain", OUTPUT_NAMES)  # a killed run's: resumed
+    stray = tmp_path / "stray"  # a run_spec.json copied in with the user's files, no run's lock beside it
+    stray.mkdir()
+    (stray / "metrics.jsonl").write_text("mine\n")
+    (stray / "run_spec.json").write_text("{}")
+    assert cli([*command, "--output", str(stray), "--preset", "tiny", "--num-processes", "1"]) == 2
+    err = capsys.readouterr().err
+    said = f"the pretrain output {stray} already holds metrics.jsonl, run_spec.json, and it is not"
+    assert said in err, err
+    assert (stray / "metrics.jsonl").read_text() == "mine\n"
