@@ -155,6 +155,11 @@ def card_record(facts: CardFacts) -> dict[str, Any]:
     return {"card": facts_record(facts), **steps}
 
 
+def came_from(command: str) -> str:
+    """The Provenance line naming the directory `command` read: "imported from", "exported from"."""
+    return {"import-hf": "imported from", "export-hf": "exported from"}.get(command, "source")
+
+
 def carried_card(source: Path, command: str, fresh: list[str]) -> CardFacts | None:
     """The card facts an earlier export-hf or import-hf kept in the model directory `source`'s
     marker (`card_record`), for `command` writing the same weights elsewhere: its provenance names
@@ -164,7 +169,7 @@ def carried_card(source: Path, command: str, fresh: list[str]) -> CardFacts | No
     facts = facts_of_record((read_marker(source) or {}).get("card")) if source.is_dir() else None
     if facts is None:
         return None
-    came = {"import-hf": "imported from", "export-hf": "exported from"}.get(command, "source")
+    came = came_from(command)
     earlier = {k: v for k, v in facts.provenance.items() if k not in (came, "written by")}
     facts.provenance = {
         came: f"`{source.absolute()}`",

@@ -22,7 +22,7 @@ from common.stage_output import TAG_RE, model_dir_hint, refuse_overlapping_outpu
 from model.heads import BertForPreTraining
 from model.hf_io import has_tokenizer, load_checkpoint, tokenizer_fit_problem, tokenizer_size
 from model.model_card import CardFacts
-from model.model_dir import carried_card, publish_model_dir, replaced_model_note
+from model.model_dir import came_from, carried_card, publish_model_dir, replaced_model_note
 from preprocessing.wordpiece import refuse_other_tokenizer
 
 
@@ -255,11 +255,12 @@ def fresh_weights(ckpt: Path, fresh: list[str]) -> list[str]:
     return list(dict.fromkeys([*fresh, *(earlier if isinstance(earlier, list) else [])]))
 
 
-def pretraining_card_of(ckpt: Path, tag: Path | None = None) -> CardFacts | None:
+def pretraining_card_of(ckpt: Path, tag: Path | None = None, command: str = "export-hf") -> CardFacts | None:
     """The model card facts when CKPT is a bertflow pretraining output or lies in one: its model/
     (a finished run), or `tag`, the DeepSpeed checkpoint read from the run dir, its checkpoints/ or
     a global_stepN: then the card says which step, and carries the data, training and held-out
-    figures of the run's records up to that step. None otherwise (no run records next to it)."""
+    figures of the run's records up to that step. None otherwise (no run records next to it).
+    `command` (export-hf, import-hf) names CKPT first under Provenance (`came_from`)."""
     from pipelines.pretrain_card import checkpoint_provenance, pretraining_card
     from training.checkpoint import step_of
 
@@ -276,5 +277,5 @@ def pretraining_card_of(ckpt: Path, tag: Path | None = None) -> CardFacts | None
         card = pretraining_card(run, step=step_of(tag))
     else:
         return None
-    card.provenance = {"exported from": f"`{ckpt.absolute()}`", **card.provenance}
+    card.provenance = {came_from(command): f"`{ckpt.absolute()}`", **card.provenance}
     return card

@@ -17,6 +17,7 @@ from common.dir_lock import exclusive_dir
 from common.stage_output import refuse_overlapping_output
 from model.hf_io import has_tokenizer, load_checkpoint
 from model.model_dir import carried_card, publish_model_dir, replaced_model_note
+from pipelines.model_commands_export import pretraining_card_of
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # through links to the directory itself, as export-hf: `runs/latest/model` lies in the
+    # pretraining output it links to (its card and steps), and the import names that output
+    args.hf_dir = args.hf_dir.resolve()
     inputs = {"source checkpoint": args.hf_dir, "tokenizer": args.tokenizer}
     refuse_overlapping_output(args.out_dir, inputs, "import-hf")
     with exclusive_dir(args.out_dir, "import-hf"):  # the stages' lock: one writer of OUT_DIR at a time
@@ -44,7 +48,9 @@ def _import(args: argparse.Namespace) -> int:
         args.out_dir,
         tokenizer_dir,
         info={"source": str(args.hf_dir.absolute()), "command": "import-hf", "fresh": loaded.fresh},
-        card=carried_card(args.hf_dir, "import-hf", loaded.fresh),  # an export's or import's facts
+        # a pretraining run's model: the run's card (as export-hf); an export's or import's: the one it carries
+        card=pretraining_card_of(args.hf_dir, command="import-hf")
+        or carried_card(args.hf_dir, "import-hf", loaded.fresh),
     )
     cfg = loaded.model.config
     print(

@@ -407,6 +407,13 @@ def test_export_of_latest_model_carries_the_pretraining_runs_card(
     from pipelines.pretrain_card import steps_before
 
     assert steps_before(str(tmp_path / "hf")) == steps_before(str(dirs["pretrain"] / "model")) == [300]
+    # an import-hf of the run's model itself, through the link, gets the same card and steps (it
+    # wrote a card of the shape and source alone, "BERT from model (import-hf)", and no steps)
+    assert cli(["import-hf", str(latest / "model"), str(tmp_path / "direct")]) == 0
+    text = (tmp_path / "direct" / "README.md").read_text()
+    assert text.split("## Use it")[0] == card.split("## Use it")[0], text
+    assert f"- imported from: `{dirs['pretrain'] / 'model'}`" in text and "runs/latest" not in text, text
+    assert json.loads((tmp_path / "direct" / "_COMPLETE.json").read_text())["pretraining_steps"] == [300]
 
     # an import-hf of the export, and an export-hf of that import, keep its card and steps (they
     # wrote a card of the shape and source alone, and a marker without the steps)
