@@ -246,6 +246,12 @@ def removal_plan(
     outputs = {d.resolve() for _, d in _output_dirs(root)}
     for target in targets:
         if target in names or target == LATEST:
+            if not runs:  # only `latest` gets here: nothing to clean (find_run's hint makes a run)
+                raise UserError(
+                    f"{root} has no flow runs (no records in {root / 'flow_runs'}), so no {target} run to "
+                    "clean; nothing deleted.",
+                    fix="to clean another run directory's runs, name it: --run-dir DIR (or --config YAML).",
+                )
             run = find_run(runs, target, root, config)
             others = {d.resolve() for r in runs if r is not run for d in r.out_dirs()}
             plan += [d.resolve() for d in run.out_dirs() if d.resolve() in outputs - others]

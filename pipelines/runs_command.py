@@ -283,8 +283,11 @@ def clean(root: Path, targets: list[str], incomplete: bool, yes: bool, config: s
             "nothing to clean.", fix="name flow runs or stage output directories, or pass --incomplete."
         )
     plan = removal_plan(root, targets, incomplete, config)
-    if not plan:
-        return "nothing to delete (every output of these runs is still used by another flow run)."
+    if not plan:  # a named run or stage output is always in the plan: only --incomplete finds none
+        return (
+            f"nothing to delete: {root} holds no interrupted or unfinished stage output "
+            "(one that a running flow run will resume is not counted)."
+        )
     sizes = {p: dir_size(p) if p.is_dir() else p.stat().st_size for p in plan}
     users = _users(root, plan)
     lines = [f"  {byte_size(sizes[p]):>10}  {p}{users.get(p, '')}" for p in plan]

@@ -529,7 +529,6 @@ def test_the_no_flow_runs_hint_names_a_flow_run_that_writes_there(
     for argv, root in (
         (["runs", "--run-dir", "empty"], tmp_path / "empty"),
         (["runs", "show", "--run-dir", "empty"], tmp_path / "empty"),
-        (["runs", "clean", "latest", "--run-dir", "empty"], tmp_path / "empty"),
         (["runs", "--config", "c.yaml"], tmp_path / "mine"),
         (["runs", "show", "--config", "c.yaml", "--run-dir", "empty"], tmp_path / "empty"),
         (["runs"], tmp_path / "runs"),
@@ -541,3 +540,14 @@ def test_the_no_flow_runs_hint_names_a_flow_run_that_writes_there(
         words = [default if w == "CONFIG" else w for w in shlex.split(command.group(1))]
         args = build_parser("run").parse_args(words[1:])
         assert run_root(load_config(args.config, args.overrides)) == root, (argv, command.group(1))
+    # cleaning a run directory without flow runs: nothing to clean there (it said "run `bertflow run
+    # CONFIG --set run_dir=R` first", a flow run to make something to clean; and --incomplete said
+    # "every output of these runs is still used by another flow run", of no runs and no outputs)
+    assert cli(["runs", "clean", "latest", "--yes", "--run-dir", "empty"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'empty'} has no flow runs" in err and "nothing deleted" in err, err
+    assert "bertflow run " not in err and "first" not in err, err
+    assert cli(["runs", "clean", "--incomplete", "--yes", "--run-dir", "empty"]) == 0
+    out = capsys.readouterr().out
+    said = f"nothing to delete: {tmp_path / 'empty'} holds no interrupted or unfinished stage output"
+    assert said in out, out
