@@ -201,7 +201,12 @@ def _finished_model(
         log_line(f"pretrain: {out_dir} is already complete (same settings); nothing to do.")
         if note := code_change_note("pretrain", [out_dir], **rerun):
             log_line(note)
-        fix = f"delete {out_dir} (or choose another --output) and run again."
+        # the user's --output: delete it; the flow's folder of `cfg`: its flow command (as code_change_note)
+        fix = (
+            f"delete {out_dir} (or choose another --output) and run again."
+            if "own_output" in rerun
+            else f"rerun with `{rerun['cfg'].command_line('run', '--force', 'pretrain')}` (it trains again)."
+        )
         if note := unapplied_settings_note("pretrain", out_dir, spec.pretrain, fix):
             log_line(warning_line(note))
         return out_dir / "model"

@@ -319,16 +319,21 @@ def test_rerun_after_completion_is_a_no_op(ref_run, data):
 
     # other values of the run-only settings that show in the output: reused as it is, and said
     lines.clear()
-    run_pretrain_stage(
-        config("pretrain.eval_every=3", "pretrain.keep_checkpoints=5"), *data, out, log_line=lines.append
-    )
+    other = config("pretrain.eval_every=3", "pretrain.keep_checkpoints=5")
+    run_pretrain_stage(other, *data, out, log_line=lines.append)
+    run_pretrain_stage(other, *data, out, log_line=lines.append, own_output=True)
     made = json.loads((out / "run_spec.json").read_text())["pretrain"]
+    # the flow's folder of the config: its flow command, as the note on other code gives (it said
+    # "delete OUT (or choose another --output)" there too); the user's --output: delete it
     assert [ln for ln in lines if "not applied" in ln] == [
         f"warning: pretrain: reusing the finished run in {out}, which was made with pretrain.eval_every "
         f"{made['eval_every']} (this run: 3), pretrain.keep_checkpoints {made['keep_checkpoints']} (this "
         "run: 5). These settings are not applied to it: they change what the run logged and kept (the "
-        "curve, the checkpoints), not the model, so the stage key is the same. To apply them, delete "
-        f"{out} (or choose another --output) and run again."
+        f"curve, the checkpoints), not the model, so the stage key is the same. To apply them, {how}"
+        for how in (
+            f"rerun with `{other.command_line('run', '--force', 'pretrain')}` (it trains again).",
+            f"delete {out} (or choose another --output) and run again.",
+        )
     ]
     assert (out / "metrics.jsonl").read_bytes() == before
 
