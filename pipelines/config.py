@@ -8,6 +8,7 @@ a pretraining phase's setting by the phase's name: `phases.seq32.pretrain.max_st
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import types
@@ -125,6 +126,20 @@ class PipelineConfig(Section):
         path, overrides = self._source or (None, ())
         words = ["bertflow", command, path or "CONFIG", *args]
         return shlex.join(words + (["--set", *overrides] if overrides else []))
+
+    def with_section(self, name: Literal["tokenizer", "preprocess"], section: Section) -> PipelineConfig:
+        """This config with its section `name` replaced by `section` (a stage command's flags), its
+        changed keys added to the `--set` items it was loaded with (a phase's as `phases.NAME.KEY`):
+        `command_line` then names a flow command of these settings, which writes the same folder."""
+        before = getattr(self, name).model_dump()
+        prefix = f"phases.{self._phase}.{name}" if self._phase else name
+        items = [
+            f"{prefix}.{k}={json.dumps(v)}" for k, v in section.model_dump().items() if before.get(k) != v
+        ]
+        cfg = self.model_copy(update={name: section})
+        path, overrides = self._source or (None, ())
+        cfg._source = (path, (*overrides, *items))
+        return cfg
 
     def phase_flag(self) -> tuple[str, ...]:
         """`--phase NAME` for the config of a phase (`phase_config`), which a hint's stage command

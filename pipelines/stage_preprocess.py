@@ -330,8 +330,9 @@ def run_preprocess_stage(
     """Write the shard directory `out_dir` (a local path or a URL); returns the stats (also in
     stats.json). `replace` False (an --output the user named): finished shards of other settings,
     tokenizer or corpus there are refused, not recomputed over. `flow`: the config whose flow writes `out_dir`, whose command the note on an output of other
-    code names; None: a folder of the user's (--output) or of flags no flow command gives, which
-    the note says to delete and make again with the same command."""
+    code names (a stage command's flags among its --set items: `PipelineConfig.with_section`);
+    None: a folder of the user's (--output), which the note says to delete and make again with the
+    same command."""
     from preprocessing.wordpiece import load_tokenizer, vocab_list
 
     out_dir = str(out_dir)
@@ -628,7 +629,8 @@ def main(args: argparse.Namespace) -> int:
         check_positions(cfg.model_copy(update={"preprocess": pcfg}))
     # defaults: where the flow puts the tokenizer and the shards for this config (pipelines.stage_keys)
 
-    flow = stage_dirs(cfg.model_copy(update={"preprocess": pcfg}))
+    flow_cfg = cfg.with_section("preprocess", pcfg)  # the flags as --set items of its flow command
+    flow = stage_dirs(flow_cfg)
     vocab = Path(args.vocab) if args.vocab else flow_input(cfg, flow["tokenizer"], "tokenizer", "--vocab")
     if args.vocab and not args.output and vocab.resolve() != flow["tokenizer"].resolve():
         # the flow's shard directory is keyed by the flow's own tokenizer
@@ -644,12 +646,12 @@ def main(args: argparse.Namespace) -> int:
     )
     from pipelines.beam_console import beam_log_path, quiet_beam
 
-    flow_cfg = cfg if not args.output and pcfg == cfg.preprocess else None  # (flags: not the flow's)
     with quiet_beam(beam_log_path(out)):
+        flow_of_out = None if args.output else flow_cfg  # whose flow command recomputes the folder
         stats = run_preprocess_stage(
-            pcfg, vocab, out, cfg.data_root, list(args.extra_args or []), not args.output, flow_cfg
+            pcfg, vocab, out, cfg.data_root, list(args.extra_args or []), not args.output, flow_of_out
         )
     if not args.output:
-        write_stage_key(out, stage_key_inputs(cfg.model_copy(update={"preprocess": pcfg}))["preprocess"])
+        write_stage_key(out, stage_key_inputs(flow_cfg)["preprocess"])
     print(f"{out}: {stats['examples']} examples, IsNext ratio {stats['is_next_ratio']:.3f}")
     return 0

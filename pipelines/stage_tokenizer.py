@@ -148,8 +148,9 @@ def run_tokenizer_stage(
     `tokenizer.vocab`, or trained on the corpus; a trained one is reused while its settings, corpus
     and files are unchanged. `replace` False (an --output the user named): a vocabulary trained
     there with other settings or inputs is refused, not retrained over. `flow`: the config whose flow writes `out_dir`, whose command the note on an output of other
-    code names; None: a folder of the user's (--output) or of flags no flow command gives, which
-    the note says to delete and make again with the same command. Returns `out_dir`."""
+    code names (a stage command's flags among its --set items: `PipelineConfig.with_section`); None:
+    a folder of the user's (--output), which the note says to delete and make again with the same
+    command. Returns `out_dir`."""
     from preprocessing.wordpiece import load_tokenizer, save_tokenizer
 
     out_dir = Path(out_dir)
@@ -288,10 +289,9 @@ def main(args: argparse.Namespace) -> int:
         flagged = {k: v for k, v in given.items() if v is not None}
         raise section_flag_error(exc, "tokenizer", flagged, cfg.tokenizer.model_dump()) from None
     refuse_training_flags(args, tcfg)
-    flow_cfg = cfg.model_copy(update={"tokenizer": tcfg})
+    flow_cfg = cfg.with_section("tokenizer", tcfg)  # the flags as --set items of its flow command
     out = Path(args.output) if args.output else stage_dir(flow_cfg, "tokenizer")  # or where the flow puts it
-    # the flow command of CONFIG recomputes its folder unless flags changed the settings
-    flow = cfg if not args.output and tcfg == cfg.tokenizer else None
+    flow = None if args.output else flow_cfg  # whose flow command recomputes the folder
     run_tokenizer_stage(tcfg, out, cfg.data_root, replace=not args.output, flow=flow)
     if not args.output:
         write_stage_key(out, stage_key_inputs(flow_cfg)["tokenizer"])

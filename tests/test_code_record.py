@@ -129,6 +129,51 @@ def test_the_tokenizer_stage_reuses_and_says_when_its_code_changed(
     assert (out / "vocab.txt").stat().st_mtime_ns == vocab_mtime  # reused, not retrained
 
 
+def test_a_stage_command_with_flags_in_the_flows_folder_names_the_flow_command_of_its_flags(
+    tmp_path: Path, data_dir: Path, caplog, capsys
+) -> None:
+    """`bertflow tokenizer CONFIG --input F --vocab-size 300` (no --output) writes the flow's folder
+    of those settings. Its note on an output of other code said "delete DIR and run this command
+    again", a user's --output's advice, where the same settings given as --set items named the flow
+    command. Now it names the flow command with the flags as --set items; parsed as typed, that
+    command's config has the same settings and folder."""
+    import shlex
+
+    from pipelines.cli import build_parser
+    from pipelines.cli import main as cli
+    from pipelines.stage_keys import stage_dir
+
+    corpus = tmp_path / "corpus.txt"
+    lines = (data_dir / "wiki" / "summaries_en.txt").read_text(encoding="utf-8").splitlines()[:400]
+    corpus.write_text("\n".join(lines), encoding="utf-8")
+    config = str(PROJECT_ROOT / "configs" / "default.yaml")
+    argv = [
+        "tokenizer",
+        config,
+        "--set",
+        f"run_dir={tmp_path}",
+        "--input",
+        str(corpus),
+        "--vocab-size",
+        "300",
+    ]
+    assert cli(argv) == 0
+    out = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    marker = read_marker(out)
+    marker["code"]["preprocessing/wordpiece.py"] = "0" * 16  # as if an older version had trained it
+    (out / MARKER_NAME).write_text(json.dumps(marker))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bertflow"):
+        assert cli(argv) == 0
+    note = next(r.getMessage() for r in caplog.records if "other code" in r.getMessage())
+    command = note.partition("to recompute with this code: ")[2]
+    assert command.startswith(f"bertflow run {config} --force tokenizer --set run_dir={tmp_path} "), note
+    args = build_parser("run").parse_args(shlex.split(command)[1:])
+    flow = load_config(args.config, args.overrides)
+    assert flow.tokenizer.vocab_size == 300 and flow.tokenizer.input == [str(corpus)]
+    assert stage_dir(flow, "tokenizer") == out
+
+
 def test_a_flow_run_records_and_prints_a_reuse_across_a_code_change(tmp_path: Path, data_dir: Path) -> None:
     from pipelines.flow import bert_pipeline
     from pipelines.flow_command import end_summary
