@@ -376,9 +376,8 @@ def run_preprocess_stage(
             _clear_outputs(out_dir, work_dir)
             raise
         labels = {str(p): label for p, label in file_labels(files).items()}
-        stats["files_skipped"] = [
-            labels.get(p, p) for p in unread_files(counts)
-        ]  # as the manifest names them
+        # the files of which no text was read, named as the manifest names the inputs
+        stats["files_skipped"] = [labels.get(p, p) for p in unread_files(counts)]
         stats["warnings"] = (
             data_warnings(stats, cfg) + empty_shard_warnings(entries, cfg) + corpus_file_warnings(counts)
         )
