@@ -182,7 +182,7 @@ def _check_split_has_examples(shards: Path, split: str) -> None:
 
 
 def format_result(r: dict[str, Any]) -> str:
-    from model.model_card import CONTEXT_MARGIN_NATS
+    from model.model_card import context_shortfall
 
     m, b = r["metrics"], r["baselines"]
     lines = [
@@ -206,9 +206,8 @@ def format_result(r: dict[str, Any]) -> str:
         lines.append("  WARNING: the MLM loss is not finite: the weights are broken.")
     elif not r["beats_unigram"]:
         lines.append(
-            f"  WARNING: the MLM loss is not below the unigram entropy by more than {CONTEXT_MARGIN_NATS:g} nats "
-            f"({m['val_mlm_loss']:.4f} against {b['unigram_entropy']:.4f}): this model does no better than "
-            "predicting token frequencies without context (chance level)."
+            f"  WARNING: {context_shortfall(m, b, digits=4)}: this model does no better than predicting "
+            "token frequencies without context (chance level)."
         )
     return "\n".join(lines)
 

@@ -420,15 +420,19 @@ def finish_model_dir(out_dir: Path, seconds: float | None = None) -> tuple[Path,
 def context_free_note(e: EvalFacts) -> str | None:
     """What the stage says when its last held-out evaluation shows no use of context: a run that
     diverged (loss 7.6 -> 205, held-out 67.5) ended 'pretrain: done' with no word of it."""
-    from model.model_card import CONTEXT_MARGIN_NATS
+    from model.model_card import context_shortfall
 
-    loss, entropy = e.loss_and_entropy
-    if e.beats_unigram or not math.isfinite(entropy):
+    _, entropy = e.loss_and_entropy
+    if (
+        e.beats_unigram
+        or not math.isfinite(entropy)
+        or (shortfall := context_shortfall(e.metrics, e.baselines)) is None
+    ):
         return None
     return (
-        f"pretrain: the held-out masked-LM loss at step {e.step} ({loss:.3f} nats) is not below the unigram "
-        f"entropy ({entropy:.3f}) by more than {CONTEXT_MARGIN_NATS:g} nats: the model predicts no better than token frequencies without context "
-        "(a diverged run, too high a lr, or too few steps); see metrics.jsonl and the model card."
+        f"pretrain: at step {e.step} {shortfall}: the model predicts no better than token frequencies "
+        "without context (a diverged run, too high a lr, or too few steps); see metrics.jsonl and the "
+        "model card."
     )
 
 

@@ -349,13 +349,16 @@ def test_the_verdicts_follow_the_figures_both_ways():
     assert beats_unigram({"val_mlm_loss": 6.5}, baselines) is True
     assert beats_unigram({"val_mlm_loss": 6.95}, baselines) is False  # within the 0.1-nat margin
     assert beats_unigram({"val_mlm_loss": math.nan}, baselines) is False
+    # clearly below the entropy, but its accuracy no better than always the most frequent token
+    assert beats_unigram({"val_mlm_loss": 6.85, "val_mlm_acc": 0.04}, baselines) is False
+    assert beats_unigram({"val_mlm_loss": 6.85, "val_mlm_acc": 0.06}, baselines) is True
     reference = baselines.as_dict()
     assert nsp_at_chance({"val_nsp_acc": 0.80}, reference, 1000) is False
     assert nsp_at_chance({"val_nsp_acc": 0.51}, reference, 1000) is True
     assert nsp_at_chance({"val_nsp_acc": 0.80}, reference, None) is None
 
-    def printed(loss: float, nsp_acc: float) -> str:
-        metrics = {"val_mlm_acc": 0.3, "val_mlm_loss": loss, "val_nsp_acc": nsp_acc, "val_nsp_loss": 0.5}
+    def printed(loss: float, nsp_acc: float, mlm_acc: float = 0.3) -> str:
+        metrics = {"val_mlm_acc": mlm_acc, "val_mlm_loss": loss, "val_nsp_acc": nsp_acc, "val_nsp_loss": 0.5}
         result = {"checkpoint": "m", "shards": "s", "split": "validation", "examples": 1000}
         result |= {"masked_tokens": 15000, "metrics": metrics, "baselines": reference}
         result |= {"beats_unigram": beats_unigram(metrics, baselines)}
@@ -367,6 +370,12 @@ def test_the_verdicts_follow_the_figures_both_ways():
     # below the entropy, but within the margin: the warning says by how much it must be below
     within = printed(6.95, 0.80)
     assert "not below the unigram entropy by more than 0.1 nats (6.9500 against 7.0000)" in within, within
+    frequent = printed(6.85, 0.80, mlm_acc=0.04)  # below by more than the margin, its accuracy not
+    assert (
+        "WARNING: the masked-LM accuracy is not above always guessing the most frequent token (0.0400 "
+        "against 0.0500), though the loss is 0.1500 nats below the unigram entropy: this model does no "
+        "better than predicting token frequencies without context (chance level)." in frequent
+    ), frequent
 
 
 def test_a_checkpoint_with_nan_weights_is_refused_naming_the_weight_before_evaluating(

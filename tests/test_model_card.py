@@ -97,7 +97,8 @@ def test_the_stage_says_a_model_no_better_than_token_frequencies_out_loud() -> N
 
     note = context_free_note(_facts(67.5, False).evaluation)
     assert (
-        "held-out masked-LM loss at step 300 (67.500 nats) is not below the unigram entropy (6.000)" in note
+        "at step 300 the masked-LM loss is not below the unigram entropy by more than 0.1 nats (67.500 "
+        in note
     )
     assert context_free_note(_facts(5.1, True).evaluation) is None
 
@@ -349,9 +350,19 @@ def test_a_loss_just_below_the_unigram_entropy_is_not_said_to_be_not_below_it() 
         "The masked-LM loss is not below the unigram entropy by more than 0.1 nats (5.950 against 6.000)"
         in text
     )
-    assert "is not below the unigram entropy (6.000) by more than 0.1 nats" in context_free_note(
-        facts.evaluation
+    assert (
+        "is not below the unigram entropy by more than 0.1 nats (5.950 against 6.000)"
+        in context_free_note(facts.evaluation)
     )
+    # below by more than the margin, its accuracy (20.0%) not above the most frequent token's: not "uses"
+    facts.evaluation.baselines["most_frequent_token_acc"] = 0.2
+    facts.evaluation.metrics["val_mlm_loss"] = 5.5
+    text = render_model_card(facts, Path("/m"))
+    assert (
+        "**The masked-LM accuracy is not above always guessing the most frequent token (0.200 against "
+        in text
+    )
+    assert "the model uses the context" not in text
 
 
 def test_pretraining_card_of_a_moved_run_directory_reads_the_shards_where_they_are_now(

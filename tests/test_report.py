@@ -273,7 +273,8 @@ def test_result_states_the_pretraining_figures_and_verdict(run_dir) -> None:
     assert (
         "> **Pretraining (300 steps):** held-out masked-LM accuracy 25.0% (always the most frequent "
         "token: 16.7%), loss 5.00 nats (unigram entropy: 7.84). The masked-LM loss is below the unigram "
-        "entropy: the model uses the context." in md
+        "entropy, and its accuracy above always guessing the most frequent token: the model uses the "
+        "context." in md
     )
     assert "300 steps × 64 sequences on 1 process(es), adamw, peak lr 0.0005, fp32, ZeRO stage 2." in md
 
