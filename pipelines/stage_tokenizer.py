@@ -95,6 +95,33 @@ def vocab_source(cfg: TokenizerConfig, data_root: str | None) -> Path:
     return source
 
 
+# Hangul conjoining letters (jamo): what Unicode NFD, which `lowercase` applies to strip accents,
+# splits each Hangul syllable into
+_JAMO = range(0x1100, 0x1200)
+JAMO_WARN_SHARE = 0.05  # of the trained vocabulary's tokens
+
+
+def hangul_warning(cfg: TokenizerConfig, tok) -> str | None:
+    """A lowercased vocabulary of Korean text: BERT-uncased's normalization (NFD, accents stripped)
+    splits every Hangul syllable into its letters, so WordPieces are letters and the tokens per word
+    several times those of a cased vocabulary, unsaid (`서울은` → `ᄉ ##ᅥ ...`)."""
+    from preprocessing.wordpiece import vocab_list
+
+    if not cfg.lowercase:
+        return None
+    words = vocab_list(tok)
+    jamo = sum(any(ord(c) in _JAMO for c in w) for w in words)
+    if jamo < JAMO_WARN_SHARE * len(words):
+        return None
+    return (
+        f"{jamo} of the {len(words)} WordPieces hold Hangul letters (jamo): tokenizer.lowercase true "
+        "normalizes text as BERT-uncased does (Unicode NFD, accents stripped), which splits every Hangul "
+        "syllable into its letters, so a Korean word becomes several pieces of single letters. For Korean "
+        "text set tokenizer.lowercase: false (`bertflow tokenizer --cased`), as multilingual BERT's cased "
+        "model does."
+    )
+
+
 def vocab_size_warning(cfg: TokenizerConfig, tok) -> str | None:
     """A trained vocabulary whose size is not tokenizer.vocab_size, and why (None when it is)."""
     from preprocessing.wordpiece import SPECIAL_TOKENS, vocab_list
@@ -192,7 +219,11 @@ def run_tokenizer_stage(
             warnings.append(unused_training_settings(cfg))
         else:
             tok, lowercase = _train(cfg, files, counts), cfg.lowercase
-            warnings += [vocab_size_warning(cfg, tok), *corpus_file_warnings(counts)]
+            warnings += [
+                vocab_size_warning(cfg, tok),
+                hangul_warning(cfg, tok),
+                *corpus_file_warnings(counts),
+            ]
         warnings = [w for w in warnings if w]
         for line in warnings:
             log.warning("%s: %s", out_dir, line)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,39 @@ def test_cased_training_keeps_case(tmp_path, data_dir):
     tok, lowercase = load_tokenizer(out)
     assert lowercase is False
     assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is False
+
+
+def test_a_lowercased_vocabulary_of_korean_text_says_it_is_made_of_letters(tmp_path, caplog):
+    """Lowercasing (NFD, accents stripped, as BERT-uncased) splits each Hangul syllable into its
+    letters: a Korean corpus's vocabulary is then single letters, which nothing said."""
+    words = [
+        "서울은",
+        "대한민국의",
+        "수도이다",
+        "한국어",
+        "문장",
+        "학교에",
+        "간다",
+        "사람들이",
+        "많다",
+        "오늘",
+    ]
+    src = tmp_path / "ko.txt"
+    src.write_text(
+        "\n\n".join(" ".join(words[i:] + words[:i]) + "." for i in range(10)) * 20, encoding="utf-8"
+    )
+    with caplog.at_level(logging.WARNING):
+        out = run_tokenizer_stage(TokenizerConfig(input=[str(src)], vocab_size=300), tmp_path / "uncased")
+    said = [r.getMessage() for r in caplog.records if "Hangul letters (jamo)" in r.getMessage()]
+    assert len(said) == 1 and "set tokenizer.lowercase: false (`bertflow tokenizer --cased`)" in said[0], said
+    assert "ᄉ" in (out / "vocab.txt").read_text(encoding="utf-8").splitlines()  # the letter, not 서
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        cased = run_tokenizer_stage(
+            TokenizerConfig(input=[str(src)], vocab_size=300, lowercase=False), tmp_path / "cased"
+        )
+    assert not [r for r in caplog.records if "Hangul" in r.getMessage()]
+    assert "서울은" in (cased / "vocab.txt").read_text(encoding="utf-8").splitlines()
 
 
 def test_given_vocab_is_copied_not_trained(tmp_path, minilm_dir):
