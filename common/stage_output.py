@@ -76,10 +76,14 @@ def has_model(pretrain_dir: str | os.PathLike) -> bool:
 
 
 def model_dir_hint(directory: str | os.PathLike) -> str:
-    """' (DIR is a pretrain output: its model is DIR/model)' where that is so, else ''."""
+    """' (DIR is a pretraining output directory: its model is DIR/model)', or for another folder
+    holding a model/ (a flow run's directory, runs/latest) ' (DIR holds a model directory: its
+    model is DIR/model)'; '' for anything else."""
     directory = Path(directory)
-    if stage_of(directory) == "pretrain" or has_model(directory):
+    if stage_of(directory) == "pretrain":
         return f" ({directory} is a pretraining output directory: its model is {directory / 'model'})"
+    if has_model(directory):
+        return f" ({directory} holds a model directory: its model is {directory / 'model'})"
     return ""
 
 

@@ -74,6 +74,7 @@ def test_model_info_describes_a_model_folder_and_refuses_what_is_not_one(minilm_
     assert cli(["model-info", str(tmp_path / "latest")]) == 2
     err = capsys.readouterr().err
     assert f"its model is {tmp_path / 'latest' / 'model'}). Fix: pass {tmp_path / 'latest' / 'model'}." in err
+    assert f"({tmp_path / 'latest'} holds a model directory: " in err  # not "a pretraining output"
 
 
 def test_unknown_preset_is_a_user_error():
