@@ -99,10 +99,17 @@ def _crashed(run: FlowRunRecord, rerun: str) -> State:
 def _cancelled(run: FlowRunRecord) -> State:
     from prefect.states import Cancelled
 
+    from common.errors import DEPLOYMENT_SIGTERM
+
+    by = run.data.get("stopped_by", "SIGTERM or Ctrl-C")
+    again = (  # a deployment's flow run has no command of the user's: its deployment runs again
+        "run its deployment again with the same parameters (`prefect deployment run`, or Run in the UI)"
+        if by == DEPLOYMENT_SIGTERM
+        else "rerun the same command"
+    )
     return Cancelled(
-        message=f"bertflow: stopped on request ({run.data.get('stopped_by', 'SIGTERM or Ctrl-C')}); "
-        f"rerun the same command to go on from there. `{runs_cli(run.run_dir, 'show ' + run.name)}` "
-        "says what it left."
+        message=f"bertflow: stopped on request ({by}); {again} to go on from there. "
+        f"`{runs_cli(run.run_dir, 'show ' + run.name)}` says what it left."
     )
 
 

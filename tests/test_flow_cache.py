@@ -266,10 +266,16 @@ def test_a_killed_flow_run_left_running_in_prefect_is_set_crashed_by_the_next_on
         client.set_task_run_state(UUID(rerun_task), Crashed(), force=True)
         client.set_flow_run_state(UUID(rerun["flow_run_id"]), Cancelled(), force=True)
     rerun_record = Path(rerun["record"])
-    rerun_record.write_text(json.dumps({**json.loads(rerun_record.read_text()), "status": "stopped"}))
+    from common.errors import DEPLOYMENT_SIGTERM
+
+    stopped = {"status": "stopped", "stopped_by": DEPLOYMENT_SIGTERM}  # a Cancel of a deployment's run
+    rerun_record.write_text(json.dumps({**json.loads(rerun_record.read_text()), **stopped}))
     assert cancel_stopped_runs(tmp_path, lambda line: None) == [rerun["flow_run"]]
     with get_client(sync_client=True) as client:
-        assert client.read_task_run(UUID(rerun_task)).state.is_cancelled()
+        state = client.read_task_run(UUID(rerun_task)).state
+    assert state.is_cancelled()
+    # no command of the user's ran it: its deployment runs again (it said "rerun the same command")
+    assert "; run its deployment again with the same parameters (`prefect deployment run`" in state.message
 
 
 def test_a_fine_tuning_unit_stopped_with_its_flow_run_is_no_error() -> None:
