@@ -208,7 +208,8 @@ def find_run(
     'latest' = the newest. `config`: the `--config` of `bertflow runs`, for the hint."""
     if not runs:
         raise UserError(
-            "this run directory has no flow runs yet.", fix=f"run `{flow_run_cli(root, config)}` first."
+            f"{root} has no flow runs yet (no records in {root / 'flow_runs'}).",
+            fix=f"run `{flow_run_cli(root, config)}` first.",
         )
     if name in (None, LATEST):
         return runs[0]

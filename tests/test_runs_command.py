@@ -540,6 +540,8 @@ def test_the_no_flow_runs_hint_names_a_flow_run_that_writes_there(
         words = [default if w == "CONFIG" else w for w in shlex.split(command.group(1))]
         args = build_parser("run").parse_args(words[1:])
         assert run_root(load_config(args.config, args.overrides)) == root, (argv, command.group(1))
+        if "show" in argv:  # it said "this run directory has no flow runs yet": which one, unsaid
+            assert f"{root} has no flow runs yet (no records in {root / 'flow_runs'})" in said.err, said
     # cleaning a run directory without flow runs: nothing to clean there (it said "run `bertflow run
     # CONFIG --set run_dir=R` first", a flow run to make something to clean; and --incomplete said
     # "every output of these runs is still used by another flow run", of no runs and no outputs)
