@@ -132,10 +132,8 @@ class PipelineConfig(Section):
         changed keys added to the `--set` items it was loaded with (a phase's as `phases.NAME.KEY`):
         `command_line` then names a flow command of these settings, which writes the same folder."""
         before = getattr(self, name).model_dump()
-        prefix = f"phases.{self._phase}.{name}" if self._phase else name
-        items = [
-            f"{prefix}.{k}={json.dumps(v)}" for k, v in section.model_dump().items() if before.get(k) != v
-        ]
+        changed = {f"{name}.{k}": v for k, v in section.model_dump().items() if before.get(k) != v}
+        items = flag_items(changed, self._phase)
         cfg = self.model_copy(update={name: section})
         path, overrides = self._source or (None, ())
         cfg._source = (path, (*overrides, *items))
@@ -251,6 +249,29 @@ def _override_value(key: str, raw: str) -> Any:
             f"as a,b without brackets (--set {key}=a*.gz,b.txt).",
         ) from None
     return value
+
+
+def flag_items(settings: dict[str, Any], phase: str | None = None) -> list[str]:
+    """A stage command's flags as `--set` items of its flow command: `KEY=VALUE` for each setting
+    (dotted key → value), the value as typed when `--set` reads it back as it (`model.preset=mini`),
+    else as JSON (`tokenizer.input=["a.txt"]`); with `phase`, a preprocess or pretrain setting as
+    that phase's (`phases.NAME.pretrain.max_steps=100`). Used by every stage command's hints."""
+    own = set(PhaseSection.model_fields) - {"name"}  # the sections a phase changes
+    items = []
+    for key, value in settings.items():
+        prefix = f"phases.{phase}." if phase and key.split(".")[0] in own else ""
+        items.append(f"{prefix}{key}={_item_value(key, value)}")
+    return items
+
+
+def _item_value(key: str, value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            if _override_value(key, value) == value:
+                return value
+        except UserError:  # not valid YAML as it is
+            pass
+    return json.dumps(value)
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:

@@ -13,7 +13,6 @@ kept), 2 when every failed unit failed on bad input (a rerun as it is would fail
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ from common.paths import check_output_dir
 from common.stage_output import check_own_output, refuse_foreign_files
 from finetuning.config import FinetuneConfig
 from finetuning.keep import MODEL_DIR
-from pipelines.config import PipelineConfig, bad_flag_value, load_config, validation_message
+from pipelines.config import PipelineConfig, bad_flag_value, flag_items, load_config, validation_message
 from pipelines.stage_keys import (
     code_change_note,
     run_root,
@@ -155,7 +154,7 @@ def flow_config(args: argparse.Namespace) -> PipelineConfig:
     """The config of this command's flow with the flags as `--set finetune.*` items: the flow command
     that makes or recomputes its units (`bertflow run` has no finetune flags). Call after
     `apply_flags`, which names a bad flag as the flag's."""
-    items = [f"finetune.{setting}={json.dumps(value)}" for setting, value in _flag_values(args).items()]
+    items = flag_items({f"finetune.{setting}": value for setting, value in _flag_values(args).items()})
     return load_config(args.config, [*args.set, *items])
 
 

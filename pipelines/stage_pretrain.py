@@ -35,7 +35,7 @@ from common.errors import UserError, sigterm_as_interrupt
 from common.stage_output import check_own_output, has_model, newest_verified_step, refuse_foreign_files
 from common.tracking import WandbTarget
 from model.config import BertConfig
-from pipelines.config import PipelineConfig, bad_flag_value, load_config, parse_overrides
+from pipelines.config import PipelineConfig, bad_flag_value, flag_items, load_config, parse_overrides
 from pipelines.pretrain_card import steps_before
 from pipelines.stage_keys import (
     code_change_note,
@@ -496,7 +496,7 @@ FLAG_FIXES = {
 }
 
 
-def name_the_flags(error: UserError, flags: list[tuple[str, str, str]]) -> UserError:
+def name_the_flags(error: UserError, flags: list[tuple[str, str, Any]]) -> UserError:
     """`error` with the flags the user typed named next to the settings they gave: a refusal of
     `model.preset 'mini'` (or of the model.hidden_size its --preset decides) reads as the config's
     unless it says that here it is `--preset mini` to change or drop. A fix that sets a setting
@@ -517,24 +517,13 @@ def name_the_flags(error: UserError, flags: list[tuple[str, str, str]]) -> UserE
     return UserError(f"{text} (On this command line: {'; '.join(notes)}.)")
 
 
-def flag_settings(args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """(flag, setting, value) of each flag given, `--nnodes`, `pretrain.nnodes`, `2`."""
+def flag_settings(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
+    """(flag, setting, value) of each flag given, `--nnodes`, `pretrain.nnodes`, 2."""
     given = [(flag, key, getattr(args, flag)) for flag, key in FLAG_KEYS]
-    return [
-        (f"--{flag.replace('_', '-')}", key, str(value)) for flag, key, value in given if value is not None
-    ]
+    return [(f"--{flag.replace('_', '-')}", key, value) for flag, key, value in given if value is not None]
 
 
-def flag_override(args: argparse.Namespace, key: str, value: str) -> str:
-    """The `--set` override of a flag; with --phase, a pretrain flag changes that phase's settings."""
-    return (
-        f"phases.{args.phase}.{key}={value}"
-        if args.phase and key.startswith("pretrain.")
-        else f"{key}={value}"
-    )
-
-
-def check_flag_values(cfg: PipelineConfig, flags: list[tuple[str, str, str]]) -> None:
+def check_flag_values(cfg: PipelineConfig, flags: list[tuple[str, str, Any]]) -> None:
     """Each flag's value validated as its setting of `cfg` (the config and --set, valid): a bad
     value is the flag's error, not the config file's."""
     for flag, key, value in flags:
@@ -542,7 +531,7 @@ def check_flag_values(cfg: PipelineConfig, flags: list[tuple[str, str, str]]) ->
         current = getattr(cfg, section)
         try:
             type(current).model_validate(
-                {**current.model_dump(), **parse_overrides([f"{key}={value}"])[section]}
+                {**current.model_dump(), **parse_overrides(flag_items({key: value}))[section]}
             )
         except ValidationError as exc:
             raise bad_flag_value(flag, value, exc, key, getattr(current, name)) from None
@@ -558,8 +547,11 @@ def main(args: argparse.Namespace) -> int:
         raise name_the_flags(error, flags) from None
 
 
-def _run(args: argparse.Namespace, flags: list[tuple[str, str, str]]) -> int:
-    cfg = load_config(args.config, [*args.set, *(flag_override(args, key, value) for _, key, value in flags)])
+def _run(args: argparse.Namespace, flags: list[tuple[str, str, Any]]) -> int:
+    # the flags as --set items (a pretrain flag with --phase: that phase's), which its hints name
+    cfg = load_config(
+        args.config, [*args.set, *flag_items({key: value for _, key, value in flags}, args.phase)]
+    )
     cfg = cfg.phase_config(cfg.phase_index(args.phase))
     # defaults: the directories the flow uses for this config (pipelines.stage_keys)
     flow = stage_dirs(cfg)

@@ -913,3 +913,44 @@ def test_a_flow_whose_tokenizer_and_preprocess_read_other_files_says_so(tmp_path
         corpus_mismatch_note(load_config(None, [f"preprocess.input=[{corpus}]", "tokenizer.vocab=v.txt"]))
         is None
     )
+
+
+def test_a_stage_commands_flags_as_set_items_read_back_as_the_flags_values(tmp_path: Path) -> None:
+    """Every stage command's hint names its flow command with its flags as --set items, made by
+    one helper (`flag_items`; pretrain, finetune and tokenizer/preprocess had one each): read back
+    by --set, each item is the flag's value; a string as typed when that reads back as it, JSON
+    when not (`yes` would be true); with a phase, its preprocess and pretrain settings as its own."""
+    from pipelines.config import flag_items
+
+    settings = {
+        "model.preset": "mini",
+        "pretrain.max_steps": 7,
+        "preprocess.num_shards": 2,
+        "tokenizer.vocab": "/my data/vocab.txt",
+        "tokenizer.lowercase": False,
+        "name": "yes",
+        "finetune.lrs": [5e-05, 3e-05],
+    }
+    items = flag_items(settings, "seq32")
+    assert items[:4] == [
+        "model.preset=mini",
+        "phases.seq32.pretrain.max_steps=7",
+        "phases.seq32.preprocess.num_shards=2",
+        "tokenizer.vocab=/my data/vocab.txt",
+    ]
+    assert items[5] == 'name="yes"'
+    (config := tmp_path / "c.yaml").write_text("phases: [{name: seq32}]\n")
+    cfg = load_config(config, items)
+    main, phase = cfg, cfg.phase_config(0)
+    assert (main.model.preset, main.tokenizer.vocab, main.tokenizer.lowercase, main.name) == (
+        "mini",
+        "/my data/vocab.txt",
+        False,
+        "yes",
+    )
+    assert (phase.pretrain.max_steps, phase.preprocess.num_shards, main.finetune.lrs) == (
+        7,
+        2,
+        [5e-05, 3e-05],
+    )
+    assert main.pretrain.max_steps != 7 and main.preprocess.num_shards != 2  # the phase's, not the main one's
