@@ -64,7 +64,24 @@ def read_squad(path: Path, spec: TaskSpec) -> list[list[QAExample]]:
                 f"{path}: article {a_i} is not in the SQuAD v1.1 layout ({type(exc).__name__}: {exc}).",
                 fix="each article needs paragraphs of {context, qas: [{id, question, answers: [{text, answer_start}]}]}.",
             ) from None
+    _check_unique_ids(path, articles)
     return articles
+
+
+def _check_unique_ids(path: Path, articles: list[list[QAExample]]) -> None:
+    """Answers and predictions are keyed by question id: a repeated id dropped a question from the
+    score while the scorecard counted it."""
+    seen: dict[str, int] = {}
+    for a_i, article in enumerate(articles):
+        for ex in article:
+            if ex.qid in seen:
+                where = f"article {a_i}" if seen[ex.qid] == a_i else f"articles {seen[ex.qid]} and {a_i}"
+                raise UserError(
+                    f"{path}: question id {ex.qid!r} is used twice ({where}); "
+                    "answers and predictions are matched by id, so one of the two would not be scored.",
+                    fix="give every question its own id.",
+                )
+            seen[ex.qid] = a_i
 
 
 def _example(path: Path, article: int, context: str, qa: dict[str, Any]) -> QAExample:

@@ -142,7 +142,8 @@ def test_windows_too_short_for_squad_and_no_questions_are_user_errors(squad, min
     # the training part without a question: the step loop waited forever for a first batch
     path = tmp_path / "squad.json"
     path.write_text(json.dumps({"data": [{"paragraphs": []}] * 40 + [{"paragraphs": [{"context": "a b",
-        "qas": [{"id": "q", "question": "a?", "answers": [{"text": "b", "answer_start": 2}]}]}]}] * 10}))  # fmt: skip
+        "qas": [{"id": f"q{i}", "question": "a?", "answers": [{"text": "b", "answer_start": 2}]}]}]}
+        for i in range(10)]}))  # fmt: skip
     spec = get_task("squad").model_copy(update={"train": str(path), "dev": str(path)})
     with pytest.raises(UserError, match="hold 0 questions to train on"):
         SquadTask(spec, tok, 128, None, None, None)
@@ -318,3 +319,23 @@ def test_readme_states_the_squad_windowing_settings():
     assert f"overlap by min({DOC_STRIDE}, max_seq_length / 4) tokens (transformers' `stride`" in readme
     assert f"cut to at most {MAX_QUERY_LENGTH} tokens" in readme
     assert f"at most {MAX_ANSWER_LENGTH} tokens among each window's {N_BEST} best starts" in readme
+
+
+def test_a_question_id_used_twice_in_a_squad_file_is_refused(tmp_path):
+    """Answers and predictions are keyed by question id: a second question with the same id replaced
+    the first, so the unit scored one question fewer than the scorecard's eval count said, silently."""
+    import json
+
+    from common.errors import UserError
+
+    spec = get_task("squad")
+    path = tmp_path / "squad.json"
+    qa = {"id": "q1", "question": "which?", "answers": [{"text": "gamma", "answer_start": 11}]}
+    other = {**qa, "question": "what?"}
+    paragraphs = [
+        {"context": "alpha beta gamma", "qas": [qa]},
+        {"context": "alpha beta gamma", "qas": [other]},
+    ]
+    path.write_text(json.dumps({"data": [{"paragraphs": paragraphs[:1]}, {"paragraphs": paragraphs[1:]}]}))
+    with pytest.raises(UserError, match=r"question id 'q1' is used twice \(articles 0 and 1\)"):
+        read_squad(path, spec)
