@@ -67,6 +67,30 @@ def read_conll(spec: TaskSpec, path: Path, limit: int | None = None) -> list[tup
     return sentences
 
 
+def tag_warnings(
+    spec: TaskSpec,
+    train: list[tuple[list[str], list[str]]],
+    dev: list[tuple[list[str], list[str]]],
+    train_path: Path,
+    dev_path: Path,
+) -> list[str]:
+    """The dev set's tags that no training word has (`tasks.label_warnings` for token tasks): never
+    predicted, so every entity they mark is missed. Said by the data check, kept in the unit's notes."""
+    seen = {tag for _, tags in train for tag in tags}
+    missing = [tag for _, tags in dev for tag in tags if tag not in seen]
+    if not missing:
+        return []
+    names = [tag for tag in spec.labels or [] if tag in missing]
+    tags, verb, them, they = (
+        ("tag", "occurs", "it", "it") if len(names) == 1 else ("tags", "occur", "them", "they")
+    )
+    return [
+        f"task {spec.name!r}: {tags} {', '.join(map(repr, names))} {verb} in {dev_path} ({len(missing)} "
+        f"words) but never in the {len(train)} training sentences read from {train_path}; the model "
+        f"cannot learn to predict {them}, so the entities {they} mark count as missed."
+    ]
+
+
 def encode_words(
     tok: Tokenizer,
     sentences: list[tuple[list[str], list[str]]],
@@ -110,8 +134,10 @@ class TokenTask:
     ) -> None:
         self.spec = spec
         self.label_ids = {t: i for i, t in enumerate(spec.labels or [])}
-        train = read_conll(spec, spec.path("train", data_root), max_train)
-        self.dev = read_conll(spec, spec.path("dev", data_root), max_eval)
+        train_path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
+        train = read_conll(spec, train_path, max_train)
+        self.dev = read_conll(spec, dev_path, max_eval)
+        warnings = tag_warnings(spec, train, self.dev, train_path, dev_path)  # said once, by the data check
         self.train_features = encode_words(tok, train, self.label_ids, max_seq_length)
         self.eval_features = encode_words(tok, self.dev, self.label_ids, max_seq_length)
         self.n_train, self.n_eval = len(train), len(self.dev)
@@ -119,6 +145,8 @@ class TokenTask:
             len(w) - len(f["first_token"]) for (w, _), f in zip(self.dev, self.eval_features, strict=True)
         )
         self.notes: dict[str, Any] = {**redefined_builtin_note(spec), "eval_words_truncated": cut}
+        if warnings:
+            self.notes["labels"] = " ".join(warnings)
 
     def make_model(self, config: BertConfig) -> torch.nn.Module:
         return BertForTokenClassification(config, self.spec.num_labels)

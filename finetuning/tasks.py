@@ -363,18 +363,18 @@ def check_task_data(
 ) -> list[str]:
     """Read a task's train and dev data as its units will (the same caps), so that a wrong column,
     an empty file, an unknown label or a SQuAD file too small for its split is refused before
-    compute starts, with the units' own messages; returns the label warnings (`label_warnings`)."""
+    compute starts, with the units' own messages; returns the label warnings (`label_warnings`,
+    `ner.tag_warnings`)."""
     train_path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
     if spec.format == "tsv":
         train = read_tsv_examples(spec, train_path, max_train)
         dev = read_tsv_examples(spec, dev_path, max_eval)
         return label_warnings(spec, train, dev, train_path, dev_path)
     if spec.format == "conll":
-        from finetuning.ner import read_conll
+        from finetuning.ner import read_conll, tag_warnings
 
-        read_conll(spec, train_path, max_train)
-        read_conll(spec, dev_path, max_eval)
-        return []
+        sentences = read_conll(spec, train_path, max_train), read_conll(spec, dev_path, max_eval)
+        return tag_warnings(spec, *sentences, train_path, dev_path)
     from finetuning.squad import read_squad_split
 
     read_squad_split(spec, data_root, max_train, max_eval)

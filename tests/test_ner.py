@@ -55,3 +55,26 @@ def test_words_cut_by_the_sequence_length_are_counted_and_said_in_the_scorecard(
               "n_eval": 200, "epochs": 1.0, "max_seq_length": 32, "train_examples_per_s": 1.0, "notes": task.notes}  # fmt: skip
     card = build_scorecard([result], tmp_path)
     assert any(f"CoNLL dev words past max_seq_length, scored as O: {cut}" in n for n in card["notes"])
+
+
+def test_a_tag_of_the_dev_set_never_trained_on_is_warned_about(tmp_path, minilm_dir):
+    """A CoNLL task whose dev set tags B-MISC where its training sentences never do ran silently, its
+    MISC entities all missed: the data check now says so, as for a classification label, and the unit
+    keeps the note for the scorecard's Notes."""
+    from finetuning.tasks import check_requested_tasks, load_task_specs
+
+    (tmp_path / "train.txt").write_text("Paris B-LOC\nis O\nnice O\n\nBob B-PER\nran O\n")
+    (tmp_path / "dev.txt").write_text("Bob B-PER\nsaw O\nEuro B-MISC\n2000 I-MISC\n")
+    cfg = tmp_path / "tasks.yaml"
+    cfg.write_text(
+        "ner: {format: conll, kind: token_classification, train: train.txt, dev: dev.txt, label: 1, "
+        "labels: [O, B-PER, I-PER, B-LOC, I-LOC, B-MISC, I-MISC], metrics: [entity_f1]}\n"
+    )
+    notes = check_requested_tasks(["ner"], str(cfg), None, None, None)
+    assert notes == [
+        f"task 'ner': tags 'B-MISC', 'I-MISC' occur in {tmp_path / 'dev.txt'} (2 words) but never in the "
+        f"2 training sentences read from {tmp_path / 'train.txt'}; the model cannot learn to predict "
+        "them, so the entities they mark count as missed."
+    ]
+    task = TokenTask(load_task_specs(str(cfg))["ner"], load_tokenizer(minilm_dir)[0], 32, None, None, None)
+    assert task.notes["labels"] == notes[0]
