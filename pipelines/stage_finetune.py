@@ -336,11 +336,15 @@ def main(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)
-    others = [j for j in jobs if j not in selected]  # --unit: the plan's others, finished ones as theirs
-    others_done = [as_job_result(j, r) for j in others if (r := finished_result(j.out_dir)) is not None]
-    keep_options = {"data_root": cfg_all.data_root, "wandb": wandb, "report": report}
-    results = _keep_models(cfg, selected, results, others_done, **keep_options) + others_done
+    try:
+        results = fanout.run(cfg, selected, data_root=cfg_all.data_root, wandb=wandb, on_result=report)
+        others = [j for j in jobs if j not in selected]  # --unit: the plan's others, finished ones as theirs
+        others_done = [as_job_result(j, r) for j in others if (r := finished_result(j.out_dir)) is not None]
+        keep_options = {"data_root": cfg_all.data_root, "wandb": wandb, "report": report}
+        results = _keep_models(cfg, selected, results, others_done, **keep_options) + others_done
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what is kept and how to go on, then cli's 'interrupted.'
+        print(f"bertflow finetune: {_stopped_note(selected, output)}", file=sys.stderr, flush=True)
+        raise
     _build_scorecard(cfg, results, output, wandb, group)
     print()
     print((output / "scorecard.md").read_text())
@@ -354,6 +358,17 @@ def main(args: argparse.Namespace) -> int:
         write_marker(output, {"stage": "finetune", "by": "bertflow finetune", "code": stage_code("finetune")})
         write_stage_key(output, stage_key_inputs(cfg_all.model_copy(update={"finetune": cfg}))["finetune"])
     return 0
+
+
+def _stopped_note(jobs: list[Job], output: Path) -> str:
+    """What a stopped command leaves: its complete units (a rerun reuses them) and those still to run."""
+    from finetuning import keep
+
+    done = sum(keep.unit_complete(j) for j in jobs)
+    return (
+        f"stopped with {done} of {len(jobs)} unit(s) complete in {output}; rerun the same command to run the "
+        f"other {len(jobs) - done} (complete units are reused, the stopped ones train again)."
+    )
 
 
 def _print_task_notes(cfg: FinetuneConfig, jobs: list[Job], data_root: str | None) -> None:

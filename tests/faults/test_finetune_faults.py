@@ -154,6 +154,12 @@ def test_ctrl_c_stops_the_units_in_flight_with_their_workers(tmp_path, minilm_di
     said = proc.communicate(timeout=300)[0]
     assert proc.returncode != 0, said[-3000:]
     assert not (d / "_COMPLETE.json").exists(), said[-3000:]
+    # it said only 'interrupted.': what is kept and how to go on, as pretraining's stop says
+    assert said.rstrip().endswith(
+        f"bertflow finetune: stopped with 0 of 3 unit(s) complete in {out}; rerun the same command to run "
+        "the other 3 (complete units are reused, the stopped ones train again).\n"
+        "bertflow finetune: interrupted."
+    ), said[-3000:]
     assert workers and not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
 
 
