@@ -352,10 +352,30 @@ def label_warnings(
     if len(dev_labels) == 1:
         only = names[next(iter(dev_labels))]
         notes.append(
-            f"task {spec.name!r}: every example of {dev_path} has label {only!r}; MCC and F1 are "
-            "undefined there and accuracy measures that one class only."
+            f"task {spec.name!r}: every example of {dev_path} has label {only!r}; "
+            + _one_class_metrics(spec.metrics, [int(e.label) for e in dev])
         )
     return notes
+
+
+def _one_class_metrics(metrics: list[str], labels: list[int]) -> str:
+    """What a one-class dev set leaves of a task's metrics: those it cannot define (MCC; F1 unless the
+    class is the positive label) and those that measure that class only (`classification_metrics`)."""
+    from finetuning.metrics import classification_metrics
+
+    names = {"accuracy": "accuracy", "f1": "F1", "mcc": "MCC"}
+    values = classification_metrics(metrics, labels, labels)
+    undefined = [names[m] for m in metrics if values[m] is None]
+    measured = [names[m] for m in metrics if values[m] is not None]
+    parts = (
+        [f"{' and '.join(undefined)} {'is' if len(undefined) == 1 else 'are'} undefined there"]
+        if undefined
+        else []
+    )
+    if measured:
+        verb = "measures" if len(measured) == 1 else "measure"
+        parts.append(f"{' and '.join(measured)} {verb} that one class only")
+    return " and ".join(parts) + "."
 
 
 def check_task_data(

@@ -16,6 +16,7 @@ from finetuning.tasks import (
     TextExample,
     check_requested_tasks,
     get_task,
+    label_warnings,
     load_task_specs,
     read_tsv_examples,
 )
@@ -264,7 +265,7 @@ def test_a_label_never_trained_on_or_a_one_class_dev_set_is_warned_about_once(
     assert notes == [
         f"task 'movies': label 'pos' never occurs in the 3 training examples read from {tsv}; "
         "the model cannot learn to predict it.",
-        f"task 'movies': every example of {tsv} has label 'neg'; MCC and F1 are undefined there and "
+        f"task 'movies': every example of {tsv} has label 'neg'; F1 is undefined there and "
         "accuracy measures that one class only.",
     ]
     task = SequenceTask(
@@ -274,6 +275,28 @@ def test_a_label_never_trained_on_or_a_one_class_dev_set_is_warned_about_once(
     assert capsys.readouterr().err == ""  # the unit keeps it, the check said it
     cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)  # both labels on both sides: no warning
     assert check_requested_tasks(["movies"], str(cfg), None, None, None) == []
+
+
+def test_a_dev_set_of_the_positive_label_only_is_not_said_to_leave_f1_undefined(tmp_path, data_dir):
+    """F1 is that of the positive label: a dev set of `pos` only defines it (the scorecard showed F1 0.0
+    or 100.0), but the warning said 'MCC and F1 are undefined there' whatever the class and metrics.
+    It now names the task's metrics the dev set leaves undefined and those it still measures."""
+    rows = "text\tsentiment\ngood film\tpos\nbad film\tneg\n"
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK, rows)
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("text\tsentiment\nfine film\tpos\ngreat film\tpos\n")
+    spec = load_task_specs(str(cfg))["movies"].model_copy(update={"dev": str(dev)})
+    train = read_tsv_examples(spec, tsv)
+    notes = label_warnings(spec, train, read_tsv_examples(spec, dev), tsv, dev)
+    assert notes == [
+        f"task 'movies': every example of {dev} has label 'pos'; accuracy and F1 measure that one class only."
+    ]
+    spec = spec.model_copy(update={"metrics": ["accuracy", "mcc", "f1"]})
+    notes = label_warnings(spec, train, read_tsv_examples(spec, dev), tsv, dev)
+    assert notes == [
+        f"task 'movies': every example of {dev} has label 'pos'; MCC is undefined there and accuracy and F1 "
+        "measure that one class only."
+    ]
 
 
 def test_integer_labels_are_read_as_their_text(tmp_path, data_dir):
