@@ -104,6 +104,13 @@ def _example(path: Path, article: int, context: str, qa: dict[str, Any]) -> QAEx
 def split_articles(
     articles: list[list[QAExample]], n_train: int, path: Path | None = None
 ) -> tuple[list[QAExample], list[QAExample]]:
+    if len(articles) < 2:  # squad_train_articles is at least 1: no value leaves an article to evaluate
+        raise UserError(
+            f"{path or 'the SQuAD file'}: squad_train_articles={n_train} leaves no article for evaluation "
+            f"(the file has {len(articles)}); one article or none is too few to split into training and "
+            "evaluation articles.",
+            fix="give the task a separate `dev` file (a SQuAD file with the questions to evaluate on).",
+        )
     if n_train >= len(articles):
         raise UserError(
             f"{path or 'the SQuAD file'}: squad_train_articles={n_train} leaves no article for "

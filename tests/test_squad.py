@@ -339,3 +339,18 @@ def test_a_question_id_used_twice_in_a_squad_file_is_refused(tmp_path):
     path.write_text(json.dumps({"data": [{"paragraphs": paragraphs[:1]}, {"paragraphs": paragraphs[1:]}]}))
     with pytest.raises(UserError, match=r"question id 'q1' is used twice \(articles 0 and 1\)"):
         read_squad(path, spec)
+
+
+def test_a_squad_file_of_one_article_is_not_told_to_split_below_one(squad):
+    """Where `dev` is the train file and it holds one article (or none), the fix said 'set
+    squad_train_articles below 1', a value the schema refuses (ge=1): only a separate dev file helps."""
+    from common.errors import UserError
+
+    _, articles = squad
+    for few in (articles[:1], []):
+        with pytest.raises(UserError) as err:
+            split_articles(few, 38)
+        assert "below" not in str(err.value)
+        assert f"(the file has {len(few)})" in str(err.value)
+        assert "too few to split into training and evaluation articles" in str(err.value)
+        assert "give the task a separate `dev` file" in str(err.value)
