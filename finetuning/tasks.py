@@ -258,6 +258,7 @@ def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> l
         raise UserError(
             f"task {spec.name!r}: {path} is empty.", fix="point the task at a file with examples."
         )
+    _check_tab_separated(spec, path, lines)
     index, width = _tsv_columns(spec, path, lines[0])
     first_row = 2 if spec.header else 1
     label_ids = {lab: i for i, lab in enumerate(spec.labels or [])}
@@ -282,6 +283,28 @@ def read_tsv_examples(spec: TaskSpec, path: Path, limit: int | None = None) -> l
             f"task {spec.name!r}: {path} has a header but no examples.", fix="add examples to the file."
         )
     return out
+
+
+def _check_tab_separated(spec: TaskSpec, path: Path, lines: list[str]) -> None:
+    """A task reads two columns at least (text and label): a first line without a tab is another
+    format (a CSV, JSON lines), which the column messages only called a missing column."""
+    lineno, first_line = next((i, line) for i, line in enumerate(lines, start=1) if line.strip())
+    if "\t" in first_line or len(set(spec.columns())) < 2:
+        return
+    stripped = first_line.lstrip("\ufeff").strip()
+    kind = (
+        "JSON lines"
+        if stripped.startswith("{")
+        else "comma-separated (CSV)"
+        if "," in stripped
+        else "one column"
+    )
+    raise UserError(
+        f"{path} line {lineno} has no tab: it looks {kind}, but format tsv reads tab-separated columns and "
+        f"task {spec.name!r} needs {len(set(spec.columns()))} ({', '.join(map(repr, spec.columns()))}).",
+        fix="convert the file to TSV: one example per line, its columns separated by tabs, a header line "
+        "naming them (or `header: false` and column numbers), no quoting.",
+    )
 
 
 def _tsv_columns(spec: TaskSpec, path: Path, first_line: str) -> tuple[dict[str | int, int], int]:

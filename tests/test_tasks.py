@@ -299,6 +299,21 @@ def test_a_dev_set_of_the_positive_label_only_is_not_said_to_leave_f1_undefined(
     ]
 
 
+def test_a_csv_or_jsonl_file_given_as_tsv_is_named_as_such(tmp_path, data_dir):
+    """README's task files are TSV. A user's CSV or JSON-lines file was refused with 'header has no
+    column 'text' ... it has ['text,sentiment']' and 'Fix: name an existing column', which sends
+    the user to the task definition; the fix now says the file is not tab-separated and to convert it."""
+    for rows, kind in (
+        ("text,sentiment\ngood film,pos\n", "comma-separated (CSV)"),
+        ('{"text": "good film", "sentiment": "pos"}\n', "JSON lines"),
+    ):
+        cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK, rows)
+        with pytest.raises(UserError) as err:
+            read_tsv_examples(load_task_specs(str(cfg))["movies"], tsv)
+        assert f"{tsv} line 1 has no tab: it looks {kind}" in str(err.value)
+        assert "format tsv reads tab-separated columns" in str(err.value)
+
+
 def test_integer_labels_are_read_as_their_text(tmp_path, data_dir):
     """`labels: [0, 1]` failed with `labels.0: Input should be a valid string` and a fix that did not
     say to quote them, blocking every other task of the file; TSV labels are read as text."""
