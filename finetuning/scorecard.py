@@ -591,6 +591,7 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
                 else _fmt(chance.get(f"{t}/{m}"))
             )
             + (f" (always {said[t]})" if t in said and f"{t}/{m}" in chance else "")
+            + (" (no correlation)" if m in ("pearson", "spearman") and f"{t}/{m}" in chance else "")
             for t, m in columns
         ]
         table.append([card["chance"]["name"], *cells, "—"])
@@ -655,7 +656,8 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
         "over seeds. Chance row: the scores of the constant answer (`always LABEL`) whose dev score (the mean "
         "of the task's metrics) is best: the majority class for accuracy alone, but beside F1 (of the "
         "positive label) often the positive label even where it is the minority; for SQuAD the no-learning "
-        "answer, the context sentence sharing most words with the question. (chance): a dev score not above "
+        "answer, the context sentence sharing most words with the question; for a regression 0, a constant "
+        "prediction having no correlation with the gold scores. (chance): a dev score not above "
         "that constant answer's dev score by more than evaluation noise on this many examples (one-sided "
         "95%; `finetuning/chance.py`), so a metric can exceed the chance row's and still be marked. Δ rows: the difference of the seed means "
         "± its seed-noise margin (standard error × Student's t at 95%, Welch; `finetuning/seed_noise.py`); "

@@ -229,3 +229,16 @@ def test_a_failed_unit_is_said_in_the_average_and_the_seed_count(tmp_path):
         in text
     )
     assert "mean of 2-3 seeds per task." in text
+
+
+def test_a_regressions_chance_cells_say_what_the_zero_is(tmp_path):
+    """The chance row named the constant answer of a classification (`52.0 (always pos)`) and the
+    legend SQuAD's baseline, but a regression's cells read a bare `0.0`, said nowhere: a constant
+    prediction has no correlation with the gold scores."""
+    chance = {"pearson": 0.0, "spearman": 0.0}
+    results = [_ours("stsb", 1, {"pearson": 20.0, "spearman": 18.0}, chance=chance, n_eval=100)]
+    results += [_ours("sst2", 1, {"accuracy": 60.0}, chance={"accuracy": 52.0}, n_eval=100)]
+    build_scorecard(results, tmp_path)
+    lines = (tmp_path / "scorecard.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| best constant prediction (chance) |"))
+    assert row.count(" 0.0 (no correlation) |") == 2 and "| 52.0 |" in row, row
