@@ -179,6 +179,16 @@ def retrain_best_note(count: int) -> str:
     )
 
 
+def kept_models_note(jobs: Iterable[Any], setting: str) -> str | None:
+    """The fine-tuned models the units keep now (`best`'s others removed), one directory a line, for
+    the end of `bertflow finetune` and of the flow's units; None when none is kept."""
+    kept = [job.out_dir / MODEL_DIR for job in jobs if kept_model(job.out_dir)]
+    if not kept:
+        return None
+    shown = "\n  ".join(map(str, kept))
+    return f"{len(kept)} fine-tuned model(s) kept (finetune.save_models: {setting}):\n  {shown}"
+
+
 def removed_note(count: int) -> str:
     return f"removed the models of {count} unit(s) that are not the best lr"
 

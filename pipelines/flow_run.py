@@ -330,12 +330,8 @@ class FlowRun:
         """List the fine-tuned models the units kept (`finetune.save_models`)."""
         from finetuning import keep
 
-        if kept := [job.out_dir / keep.MODEL_DIR for job in jobs if keep.kept_model(job.out_dir)]:
-            shown = "\n  ".join(map(str, kept))
-            get_run_logger().info(
-                "finetune: %d fine-tuned model(s) kept (finetune.save_models: %s):\n  %s",
-                len(kept), self.cfg.finetune.save_models, shown,
-            )  # fmt: skip
+        if note := keep.kept_models_note(jobs, self.cfg.finetune.save_models):
+            get_run_logger().info("finetune: %s", note)
 
     def _keep_models(
         self, task_fn: Any, jobs: list[Any], futures: list[Any], pool: Any, wait_for: list[Any]

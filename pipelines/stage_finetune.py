@@ -348,6 +348,8 @@ def main(args: argparse.Namespace) -> int:
     _build_scorecard(cfg, results, output, wandb, group)
     print()
     print((output / "scorecard.md").read_text())
+    if note := keep.kept_models_note(jobs, cfg.save_models):  # `best` removed some the unit lines named
+        print(f"bertflow finetune: {note}", flush=True)
     failed = [r for r in results if "error" in r]
     if failed:
         print(

@@ -152,7 +152,13 @@ def test_best_keeps_the_best_lrs_model_of_each_seed_and_removes_the_others(tmp_p
     assert kept == {best} and len(results) == 2
     assert all((d / keep.PREDICTIONS_FILE).is_file() for d in results)  # predictions stay
     assert "removed the models of 1 unit(s)" in proc.stdout
-    assert f"model kept: {next(d for d, r in results.items() if r['lr'] == best) / 'model'}" in proc.stdout
+    best_model = next(d for d, r in results.items() if r["lr"] == best) / "model"
+    assert f"model kept: {best_model}" in proc.stdout
+    # each unit's line said 'model kept' of both lrs, one of them removed after: the command now ends
+    # with the models that are kept, as the flow lists them
+    assert proc.stdout.rstrip().endswith(
+        f"bertflow finetune: 1 fine-tuned model(s) kept (finetune.save_models: best):\n  {best_model}"
+    ), proc.stdout[-2000:]
 
     # `--unit` of the other lr: the best is the plan's, not that one unit's (it was: the unit, alone
     # in its run, was "the best lr", trained again to keep its model, which the scorecard did not pick)
