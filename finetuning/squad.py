@@ -87,7 +87,17 @@ def _check_unique_ids(path: Path, articles: list[list[QAExample]]) -> None:
 def _example(path: Path, article: int, context: str, qa: dict[str, Any]) -> QAExample:
     """One question; its first answer must be where `answer_start` says (it is the training span)."""
     if not qa.get("answers"):
-        raise UserError(f"{path}: question {qa.get('id')!r} (article {article}) has no answers.")
+        squad2 = (
+            ": it is unanswerable (SQuAD 2.0 `is_impossible`), and the task reads SQuAD v1.1, every "
+            "question answered by a span of its context"
+            if qa.get("is_impossible")
+            else ""
+        )
+        raise UserError(
+            f"{path}: question {qa.get('id')!r} (article {article}) has no answers{squad2}.",
+            fix="remove the unanswerable questions (or give each question its answers: text and "
+            "answer_start, a character offset into the context).",
+        )
     first = qa["answers"][0]
     start = first["answer_start"]
     if not isinstance(start, int) or context[start : start + len(first["text"])] != first["text"]:

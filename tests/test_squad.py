@@ -354,3 +354,23 @@ def test_a_squad_file_of_one_article_is_not_told_to_split_below_one(squad):
         assert f"(the file has {len(few)})" in str(err.value)
         assert "too few to split into training and evaluation articles" in str(err.value)
         assert "give the task a separate `dev` file" in str(err.value)
+
+
+def test_an_unanswerable_squad2_question_is_refused_with_a_fix(tmp_path):
+    """A SQuAD 2.0 file (questions with `is_impossible: true` and no answers) was refused with
+    'question 'q2' (article 0) has no answers.' and no fix: the task reads SQuAD v1.1, every question
+    answered in its context; the message now says so and what to do."""
+    import json
+
+    from common.errors import UserError
+
+    spec = get_task("squad")
+    path = tmp_path / "squad2.json"
+    answered = {"id": "q1", "question": "which?", "answers": [{"text": "gamma", "answer_start": 11}]}
+    unanswerable = {"id": "q2", "question": "why?", "answers": [], "is_impossible": True}
+    paragraph = {"context": "alpha beta gamma", "qas": [answered, unanswerable]}
+    path.write_text(json.dumps({"version": "v2.0", "data": [{"paragraphs": [paragraph]}]}))
+    with pytest.raises(UserError) as err:
+        read_squad(path, spec)
+    assert "question 'q2' (article 0) has no answers: it is unanswerable (SQuAD 2.0" in str(err.value)
+    assert "Fix: remove the unanswerable questions" in str(err.value)
