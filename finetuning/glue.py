@@ -10,7 +10,14 @@ from tokenizers import Tokenizer
 
 from finetuning.chance import best_constant
 from finetuning.metrics import classification_metrics, regression_metrics
-from finetuning.tasks import TaskSpec, TextExample, label_warnings, read_tsv_examples, redefined_builtin_note
+from finetuning.tasks import (
+    TaskSpec,
+    TextExample,
+    dev_is_train_note,
+    label_warnings,
+    read_tsv_examples,
+    redefined_builtin_note,
+)
 from model.config import BertConfig
 from model.heads import BertForSequenceClassification
 
@@ -46,7 +53,7 @@ class SequenceTask:
         self.eval_features = encode_pairs(tok, dev, max_seq_length)
         self.n_train, self.n_eval = len(train), len(dev)
         self.dev_examples = dev
-        self.notes: dict[str, Any] = redefined_builtin_note(spec)
+        self.notes: dict[str, Any] = {**redefined_builtin_note(spec), **dev_is_train_note(spec, data_root)}
         if warnings:
             self.notes["labels"] = " ".join(warnings)
 

@@ -16,7 +16,7 @@ from common.errors import UserError
 from common.textfile import read_user_text
 from finetuning.batching import IGNORE_INDEX
 from finetuning.metrics import entity_f1
-from finetuning.tasks import TaskSpec, check_file, redefined_builtin_note
+from finetuning.tasks import TaskSpec, check_file, dev_is_train_note, redefined_builtin_note
 from model.config import BertConfig
 from model.heads import BertForTokenClassification
 
@@ -144,7 +144,11 @@ class TokenTask:
         cut = sum(
             len(w) - len(f["first_token"]) for (w, _), f in zip(self.dev, self.eval_features, strict=True)
         )
-        self.notes: dict[str, Any] = {**redefined_builtin_note(spec), "eval_words_truncated": cut}
+        self.notes: dict[str, Any] = {
+            **redefined_builtin_note(spec),
+            **dev_is_train_note(spec, data_root),
+            "eval_words_truncated": cut,
+        }
         if warnings:
             self.notes["labels"] = " ".join(warnings)
 

@@ -257,6 +257,7 @@ _NOTE_PREFIX = {
     "squad_split": "SQuAD:",
     "labels": "Labels:",
     "redefined": "Task definition:",
+    "dev": "Dev set:",
     "pooler": "{name}: pooler",
     "eval_words_truncated": "{name}: CoNLL dev words past max_seq_length, scored as O:",
 }

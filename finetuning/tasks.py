@@ -232,6 +232,19 @@ def redefined_builtin_note(spec: TaskSpec) -> dict[str, str]:
     }
 
 
+def dev_is_train_note(spec: TaskSpec, data_root: str | None) -> dict[str, str]:
+    """{"dev": why} when a TSV or CoNLL task evaluates on its own train file (WNLI's built-in entry
+    does, having no other labelled file): its dev scores are then training-set scores. A SQuAD task
+    with one file is split by article instead."""
+    train_path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
+    if spec.format == "squad" or train_path.resolve() != dev_path.resolve():
+        return {}
+    return {
+        "dev": f"task {spec.name!r}: its dev file is its train file {dev_path}, so its dev scores are "
+        "measured on examples it was trained on, not on held-out ones."
+    }
+
+
 @dataclass(frozen=True)
 class TextExample:
     text_a: str
@@ -409,15 +422,16 @@ def check_task_data(
     compute starts, with the units' own messages; returns the label warnings (`label_warnings`,
     `ner.tag_warnings`)."""
     train_path, dev_path = spec.path("train", data_root), spec.path("dev", data_root)
+    same_file = list(dev_is_train_note(spec, data_root).values())
     if spec.format == "tsv":
         train = read_tsv_examples(spec, train_path, max_train)
         dev = read_tsv_examples(spec, dev_path, max_eval)
-        return label_warnings(spec, train, dev, train_path, dev_path)
+        return label_warnings(spec, train, dev, train_path, dev_path) + same_file
     if spec.format == "conll":
         from finetuning.ner import read_conll, tag_warnings
 
         sentences = read_conll(spec, train_path, max_train), read_conll(spec, dev_path, max_eval)
-        return tag_warnings(spec, *sentences, train_path, dev_path)
+        return tag_warnings(spec, *sentences, train_path, dev_path) + same_file
     from finetuning.squad import read_squad_split
 
     read_squad_split(spec, data_root, max_train, max_eval)

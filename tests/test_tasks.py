@@ -15,6 +15,7 @@ from finetuning.ner import read_conll
 from finetuning.tasks import (
     TextExample,
     check_requested_tasks,
+    dev_is_train_note,
     get_task,
     label_warnings,
     load_task_specs,
@@ -267,14 +268,15 @@ def test_a_label_never_trained_on_or_a_one_class_dev_set_is_warned_about_once(
         "the model cannot learn to predict it.",
         f"task 'movies': every example of {tsv} has label 'neg'; F1 is undefined there and "
         "accuracy measures that one class only.",
+        *dev_is_train_note(load_task_specs(str(cfg))["movies"], None).values(),  # USER_TASK's dev is train
     ]
     task = SequenceTask(
         load_task_specs(str(cfg))["movies"], load_tokenizer(minilm_dir)[0], 32, None, None, None
     )
-    assert task.notes["labels"] == " ".join(notes)
+    assert task.notes["labels"] == " ".join(notes[:2])
     assert capsys.readouterr().err == ""  # the unit keeps it, the check said it
-    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)  # both labels on both sides: no warning
-    assert check_requested_tasks(["movies"], str(cfg), None, None, None) == []
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)  # both labels on both sides: no label warning
+    assert check_requested_tasks(["movies"], str(cfg), None, None, None) == notes[2:]
 
 
 def test_a_dev_set_of_the_positive_label_only_is_not_said_to_leave_f1_undefined(tmp_path, data_dir):
@@ -312,6 +314,31 @@ def test_a_csv_or_jsonl_file_given_as_tsv_is_named_as_such(tmp_path, data_dir):
             read_tsv_examples(load_task_specs(str(cfg))["movies"], tsv)
         assert f"{tsv} line 1 has no tab: it looks {kind}" in str(err.value)
         assert "format tsv reads tab-separated columns" in str(err.value)
+
+
+def test_a_task_that_evaluates_on_its_training_file_is_said_so(tmp_path, data_dir, minilm_dir):
+    """A user task with `dev` set to its train file trained and scored without a word: its dev scores
+    were measured on the examples it trained on. The data check warns, and the scorecard's Notes keep it."""
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)
+    note = (
+        f"task 'movies': its dev file is its train file {tsv}, so its dev scores are measured on "
+        "examples it was trained on, not on held-out ones."
+    )
+    assert check_requested_tasks(["movies"], str(cfg), None, None, None) == [note]
+    task = SequenceTask(
+        load_task_specs(str(cfg))["movies"], load_tokenizer(minilm_dir)[0], 32, None, None, None
+    )
+    assert task.notes["dev"] == note
+    from finetuning.scorecard import build_scorecard
+
+    result = {
+        "unit": "movies-lr5e-05-s1", "task": "movies", "metric_names": ["accuracy"], "metrics": {"accuracy": 90.0},
+        "score": 90.0, "lr": 5e-5, "seed": 1, "checkpoint": "/x/ours", "checkpoint_label": "ours",
+        "checkpoint_kind": "pretrained", "glue": False, "n_train": 40, "n_eval": 40, "epochs": 1.0,
+        "max_seq_length": 32, "train_examples_per_s": 1.0, "notes": task.notes, "chance_metrics": None,
+    }  # fmt: skip
+    build_scorecard([result], tmp_path / "card")
+    assert f"- Dev set: {note}" in (tmp_path / "card" / "scorecard.md").read_text()
 
 
 def test_integer_labels_are_read_as_their_text(tmp_path, data_dir):
