@@ -78,3 +78,21 @@ def test_a_tag_of_the_dev_set_never_trained_on_is_warned_about(tmp_path, minilm_
     ]
     task = TokenTask(load_task_specs(str(cfg))["ner"], load_tokenizer(minilm_dir)[0], 32, None, None, None)
     assert task.notes["labels"] == notes[0]
+
+
+def test_a_dev_set_without_entities_is_warned_about(tmp_path):
+    """A dev set tagged O throughout (a few sentences of a cap, a file of one class) scored entity F1
+    0.0 whatever the model predicted, shown as a result: the data check now says it measures nothing."""
+    from finetuning.tasks import check_requested_tasks
+
+    (tmp_path / "train.txt").write_text("Paris B-LOC\nis O\nnice O\n")
+    (tmp_path / "dev.txt").write_text("it O\nrains O\n")
+    cfg = tmp_path / "tasks.yaml"
+    cfg.write_text(
+        "ner: {format: conll, kind: token_classification, train: train.txt, dev: dev.txt, label: 1, "
+        "labels: [O, B-LOC, I-LOC], metrics: [entity_f1]}\n"
+    )
+    assert check_requested_tasks(["ner"], str(cfg), None, None, None) == [
+        f"task 'ner': the 1 dev sentence(s) read from {tmp_path / 'dev.txt'} hold no entity (every word "
+        "is tagged O), so entity F1 is 0 whatever the model predicts."
+    ]
