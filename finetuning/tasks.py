@@ -76,6 +76,11 @@ class TaskSpec(BaseModel):
             )
         if self.kind in ("classification", "token_classification") and not self.labels:
             raise ValueError(f"kind {self.kind} needs a `labels` list")
+        if self.kind == "classification" and len(self.labels or []) < 2:
+            raise ValueError(
+                f"kind classification needs two labels or more, this task has 1 {self.labels} (a model "
+                "of one label can only predict it); add the other labels, or use kind regression for scores"
+            )
         if self.kind == "regression" and self.labels:
             raise ValueError("kind regression takes no `labels`")
         if self.labels is not None and len(set(self.labels)) != len(self.labels):

@@ -341,6 +341,19 @@ def test_a_task_that_evaluates_on_its_training_file_is_said_so(tmp_path, data_di
     assert f"- Dev set: {note}" in (tmp_path / "card" / "scorecard.md").read_text()
 
 
+def test_a_classification_with_one_label_is_refused(tmp_path, data_dir):
+    """`labels: [pos]` trained a one-way classifier that can only answer `pos`: it reported accuracy
+    100.0 on a dev set of that label (a kept model's config, num_labels 1, reads as a regression in
+    transformers). Refused where the task file is read."""
+    cfg, _ = _user_task(tmp_path, data_dir, USER_TASK.replace("[neg, pos]", "[pos]").replace(", f1", ""))
+    with pytest.raises(UserError) as err:
+        load_task_specs(str(cfg))
+    assert re.search(
+        r"task 'movies' is invalid: .*kind classification needs two labels or more, this task has 1 \['pos'\]",
+        str(err.value),
+    )
+
+
 def test_integer_labels_are_read_as_their_text(tmp_path, data_dir):
     """`labels: [0, 1]` failed with `labels.0: Input should be a valid string` and a fix that did not
     say to quote them, blocking every other task of the file; TSV labels are read as text."""
