@@ -601,8 +601,14 @@ def table_rows(card: dict[str, Any], columns: list[tuple[str, str]]) -> tuple[li
     for t, m in columns:
         v = ref["values"].get(f"{t}/{m}")
         cells.append("—" if v is None else _fmt(v) + ("†" if f"{t}/{m}" in ref["test_set_figures"] else ""))
-    table.append([f"reference: {ref['name']}", *cells, "—"])
+    if _has_reference(card, columns):  # a row of dashes only says nothing
+        table.append([f"reference: {ref['name']}", *cells, "—"])
     return header, table
+
+
+def _has_reference(card: dict[str, Any], columns: list[tuple[str, str]]) -> bool:
+    """Whether a column has a BERT-base reference figure (user tasks have none)."""
+    return any(card["reference"]["values"].get(f"{t}/{m}") is not None for t, m in columns)
 
 
 def _delta_cell(value: float | None, margin: float | None) -> str:
@@ -668,9 +674,13 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
         "|" + "---|" * len(header),
         *["| " + " | ".join(r) + " |" for r in table],
         "",
-        "GLUE avg: mean over this row's GLUE tasks of each task's dev score. † = the paper gives only a "
-        "GLUE test-set figure; all other reference figures are dev-set figures of BERT-base with the full "
-        "training sets (our runs use the budgets below).",
+        "GLUE avg: mean over this row's GLUE tasks of each task's dev score. "
+        + (
+            "† = the paper gives only a GLUE test-set figure; all other reference figures are dev-set "
+            "figures of BERT-base with the full training sets (our runs use the budgets below)."
+            if _has_reference(card, columns)
+            else "No task here has a BERT-base reference figure (Devlin et al. 2019 report the built-in tasks)."
+        ),
         "",
         f"{heading} Runs",
         "",

@@ -242,3 +242,22 @@ def test_a_regressions_chance_cells_say_what_the_zero_is(tmp_path):
     lines = (tmp_path / "scorecard.md").read_text().splitlines()
     row = next(line for line in lines if line.startswith("| best constant prediction (chance) |"))
     assert row.count(" 0.0 (no correlation) |") == 2 and "| 52.0 |" in row, row
+
+
+def test_a_scorecard_of_tasks_without_reference_figures_has_no_row_of_dashes(tmp_path):
+    """User tasks have no BERT-base figure: the scorecard showed a 'reference: BERT-base' row of
+    dashes only, and a footnote about the reference figures' † and budgets, for a row that says
+    nothing. It now says in one line that these tasks have no reference figure."""
+    results = [
+        _ours("movies", 1, {"accuracy": 70.0}, glue=False),
+        _ours("myner", 1, {"entity_f1": 20.0}, glue=False),
+    ]
+    build_scorecard(results, tmp_path)
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "| reference: BERT-base" not in md and "† = the paper" not in md
+    assert (
+        "No task here has a BERT-base reference figure (Devlin et al. 2019 report the built-in tasks)." in md
+    )
+    build_scorecard([*results, _ours("sst2", 1, {"accuracy": 80.0})], tmp_path)
+    md = (tmp_path / "scorecard.md").read_text()
+    assert "| reference: BERT-base (Devlin et al. 2019) | — | — | 92.7 |" in md and "† = the paper" in md
