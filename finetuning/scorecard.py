@@ -658,13 +658,23 @@ def render_tables(card: dict[str, Any], columns: list[tuple[str, str]], heading:
     """The score table with its explanation, the runs behind it, notes and failed units; `heading`
     is the markdown level of the sub-headings (the report nests them one level deeper)."""
     header, table = table_rows(card, columns)
+    metrics = {m for _, m in columns}
+    squad = (
+        "; for SQuAD the no-learning answer, the context sentence sharing most words with the question"
+        if "exact_match" in metrics
+        else ""
+    )
+    regression = (
+        "; for a regression 0, a constant prediction having no correlation with the gold scores"
+        if metrics & {"pearson", "spearman"}
+        else ""
+    )
     lines = [
         "Dev-set scores (0-100); the best lr by dev score when several were run, mean ± standard deviation "
         "over seeds. Chance row: the scores of the constant answer (`always LABEL`) whose dev score (the mean "
         "of the task's metrics) is best: the majority class for accuracy alone, but beside F1 (of the "
-        "positive label) often the positive label even where it is the minority; for SQuAD the no-learning "
-        "answer, the context sentence sharing most words with the question; for a regression 0, a constant "
-        "prediction having no correlation with the gold scores. (chance): a dev score not above "
+        f"positive label) often the positive label even where it is the minority{squad}{regression}. "
+        "(chance): a dev score not above "
         "that constant answer's dev score by more than evaluation noise on this many examples (one-sided "
         "95%; `finetuning/chance.py`), so a metric can exceed the chance row's and still be marked. Δ rows: the difference of the seed means "
         "± its seed-noise margin (standard error × Student's t at 95%, Welch; `finetuning/seed_noise.py`); "

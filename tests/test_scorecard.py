@@ -242,6 +242,12 @@ def test_a_regressions_chance_cells_say_what_the_zero_is(tmp_path):
     lines = (tmp_path / "scorecard.md").read_text().splitlines()
     row = next(line for line in lines if line.startswith("| best constant prediction (chance) |"))
     assert row.count(" 0.0 (no correlation) |") == 2 and "| 52.0 |" in row, row
+    # the legend explains the baselines of the tasks on the card: a regression's, not SQuAD's
+    legend = next(line for line in lines if line.startswith("Dev-set scores"))
+    assert "for a regression 0, a constant prediction" in legend and "SQuAD" not in legend, legend
+    build_scorecard(results[1:], tmp_path)  # SST-2 alone: neither
+    legend = next(x for x in (tmp_path / "scorecard.md").read_text().splitlines() if x.startswith("Dev-set"))
+    assert "regression" not in legend and "SQuAD" not in legend, legend
 
 
 def test_a_scorecard_of_tasks_without_reference_figures_has_no_row_of_dashes(tmp_path):
