@@ -7,7 +7,10 @@ of the same message (`bertflow run` ends by printing it once more).
 A run the user stopped (Ctrl-C, SIGTERM) is one Prefect's engine logs as "Crash detected! Execution was
 aborted by ... signal." at ERROR, for the flow run and for the task run it stopped: said as what it
 is, at INFO, and its "Finished in state Crashed(...)" at INFO too (`bertflow run` then sets both
-Cancelled and says so, `pipelines.prefect_killed_runs`)."""
+Cancelled and says so, `pipelines.prefect_killed_runs`). A deployment's flow run stopped by a Cancel in
+Prefect ends with the engine's "Finished in state Running()": the worker that sent the SIGTERM sets the
+final state (Cancelled) once the process is gone, so the engine logs the state it last held; said as
+what it is (`WORKER_SETS_STATE`)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ EXPLAINED = (UserError, TransientError)  # what `pipelines.cli` prints as one pa
 # TerminationSignal (SIGTERM while its flow engine runs): prefect.states.exception_to_crashed_state
 STOPS = ("Execution was aborted by an interrupt signal.", "Execution was aborted by a termination signal.")
 STOPPED = "stopped on request (Ctrl-C or SIGTERM), not a crash: bertflow sets it Cancelled"
+# prefect.flow_engine logs the state it holds as the process ends; after a Cancel its worker sets the final one
+WORKER_SETS_STATE = "Finished: stopped by its worker (a Cancel in Prefect), which sets the flow run Cancelled"
 
 
 class _UserErrorWithoutTraceback(logging.Filter):
@@ -36,11 +41,14 @@ class _UserErrorWithoutTraceback(logging.Filter):
 
 class _StopNotCrash(logging.Filter):
     """Prefect's "Crash detected!" for a run the user stopped said as a stop, at INFO, and its
-    "Finished in state Crashed(...)" at INFO too, as a task run's "Finished in state Cancelled(...)"."""
+    "Finished in state Crashed(...)" at INFO too, as a task run's "Finished in state Cancelled(...)";
+    a flow run's "Finished in state Running()" (its worker sets the final state) as `WORKER_SETS_STATE`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg in [f"Crash detected! {said}" for said in STOPS]:
             record.msg, record.args = STOPPED, ()
+        if record.name == "prefect.flow_runs" and str(record.msg).startswith("Finished in state Running("):
+            record.msg, record.args = WORKER_SETS_STATE, ()
         stopped = record.msg in [STOPPED, *(f"Finished in state Crashed({said!r})" for said in STOPS)]
         # a fine-tuning unit stopped with its flow run (`finetune_unit_task`): Prefect says it at ERROR
         if stopped or record.getMessage().startswith("Finished in state Cancelled("):

@@ -294,3 +294,21 @@ def test_a_fine_tuning_unit_stopped_with_its_flow_run_is_no_error() -> None:
         "prefect.task_runs", logging.ERROR, __file__, 1, "Finished in state Failed('x')", None, None
     )
     assert _StopNotCrash().filter(failed) and failed.levelno == logging.ERROR
+
+
+def test_a_deployment_run_cancelled_in_prefect_does_not_say_it_finished_running() -> None:
+    """A Cancel in Prefect (the UI, `prefect flow-run cancel`) of a deployment's flow run: its log
+    ended "Flow run was cancelled." then "Finished in state Running()", Prefect's engine logging the
+    state it held, since the worker sets the final one (Cancelled) once the process is gone."""
+    import logging
+
+    from pipelines.prefect_logging import WORKER_SETS_STATE, _StopNotCrash
+
+    def said(name: str, message: str) -> str:
+        record = logging.LogRecord(name, logging.INFO, __file__, 1, message, None, None)
+        _StopNotCrash().filter(record)
+        return record.getMessage()
+
+    assert said("prefect.flow_runs", "Finished in state Running()") == WORKER_SETS_STATE
+    assert "sets the flow run Cancelled" in WORKER_SETS_STATE
+    assert said("prefect.flow_runs", "Finished in state Completed()") == "Finished in state Completed()"
