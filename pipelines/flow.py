@@ -32,7 +32,7 @@ from pipelines.flow_tasks import (
     tokenizer_task,
     verify_task,
 )
-from pipelines.prefect_killed_runs import crash_killed_runs
+from pipelines.prefect_killed_runs import cancel_a_stop_before_its_record, crash_killed_runs
 from pipelines.prefect_logging import drop_user_error_tracebacks
 from pipelines.report_builder import EMBEDDED_NAME
 from pipelines.stage_keys import complete, phase_names, phase_stage
@@ -40,9 +40,11 @@ from pipelines.stage_plan import flow_inputs
 from pipelines.stage_pretrain import cpu_run_note
 
 FLOW_NAME = "bert-pipeline"
+# before the flow function runs: a stop as a flow run starts is said as a stop too
+drop_user_error_tracebacks()
 
 
-@flow(name=FLOW_NAME, log_prints=True)
+@flow(name=FLOW_NAME, log_prints=True, on_crashed=[cancel_a_stop_before_its_record])
 def bert_pipeline(
     config: str | None = "configs/default.yaml",
     overrides: list[str] | None = None,

@@ -30,6 +30,7 @@ from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import failed_record, stage_record, write_record
 from pipelines.key_change import key_change_note
+from pipelines.prefect_killed_runs import RECORDED
 from pipelines.run_history import update_latest
 from pipelines.stage_keys import (
     base_stage,
@@ -439,6 +440,8 @@ class FlowRun:
         stopped (SIGTERM, Ctrl-C: the user asked; `stopped_by` says which); on completion
         `run_dir/latest/` points at this run's outputs."""
         self.write_record()
+        if self.flow_run_id:  # a stop from now on is settled by its record
+            RECORDED.add(self.flow_run_id)
         try:
             yield
         except BaseException as exc:

@@ -8,14 +8,16 @@ A flow run the user stopped (SIGTERM, Ctrl-C: its record says stopped) is one th
 engine sets Crashed, as it does on any BaseException ("Execution was aborted by a termination
 signal"), its stage's task run too: `bertflow run` sets both Cancelled, Prefect's state for a run
 stopped on request, as it ends (`cancel_stopped_runs`), and so does the next flow run where that
-did not happen (the API was unreachable)."""
+did not happen (the API was unreachable). One stopped as it started, before it wrote its record (Prefect's
+engine beginning the run, bertflow loading the config), is Cancelled by the flow's `on_crashed` hook
+(`cancel_a_stop_before_its_record`): no record names it for the others."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from common.atomic import atomic_write_json
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from prefect.states import State
 
 DONE_KEY = "prefect_crashed"  # in a killed or stopped run's record: its Prefect state was set
+RECORDED: set[str] = set()  # the flow runs of this process that wrote their record (`FlowRun.recorded`)
 
 
 def crash_killed_runs(root: Path, rerun: str, log: Callable[[str], None]) -> list[str]:
@@ -99,18 +102,40 @@ def _crashed(run: FlowRunRecord, rerun: str) -> State:
 def _cancelled(run: FlowRunRecord) -> State:
     from prefect.states import Cancelled
 
-    from common.errors import DEPLOYMENT_SIGTERM
-
     by = run.data.get("stopped_by", "SIGTERM or Ctrl-C")
-    again = (  # a deployment's flow run has no command of the user's: its deployment runs again
-        "run its deployment again with the same parameters (`prefect deployment run`, or Run in the UI)"
-        if by == DEPLOYMENT_SIGTERM
-        else "rerun the same command"
-    )
     return Cancelled(
-        message=f"bertflow: stopped on request ({by}); {again} to go on from there. "
+        message=f"bertflow: stopped on request ({by}); {_again(by)} to go on from there. "
         f"`{runs_cli(run.run_dir, 'show ' + run.name)}` says what it left."
     )
+
+
+def _again(by: str) -> str:
+    """How to go on after a stop by `by` (`common.errors.stop_request`)."""
+    from common.errors import DEPLOYMENT_SIGTERM
+
+    if by == DEPLOYMENT_SIGTERM:  # a deployment's flow run has no command of the user's: it runs again
+        return (
+            "run its deployment again with the same parameters (`prefect deployment run`, or Run in the UI)"
+        )
+    return "rerun the same command"
+
+
+def cancel_a_stop_before_its_record(flow: Any, flow_run: Any, state: State) -> None:
+    """The flow's `on_crashed` hook: a flow run that Prefect's engine set Crashed for a stop (Ctrl-C,
+    SIGTERM) before it wrote its record is set Cancelled. It stayed Crashed, said at ERROR, with no
+    record for `bertflow run` or the next flow run to set it by."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    from common.errors import Terminated, stop_request
+    from pipelines.prefect_logging import STOPS
+
+    if str(flow_run.id) in RECORDED or state.message not in STOPS:
+        return
+    by = stop_request(KeyboardInterrupt() if state.message == STOPS[0] else Terminated())
+    said = f"bertflow: stopped on request ({by}) as it started, before any stage; {_again(str(by))}."
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run.id, Cancelled(message=said), force=True)
 
 
 def _set_state(

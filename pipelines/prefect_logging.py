@@ -25,6 +25,8 @@ EXPLAINED = (UserError, TransientError)  # what `pipelines.cli` prints as one pa
 STOPS = ("Execution was aborted by an interrupt signal.", "Execution was aborted by a termination signal.")
 STOPPED = "stopped on request (Ctrl-C or SIGTERM), not a crash: bertflow sets it Cancelled"
 # prefect.flow_engine logs the state it holds as the process ends; after a Cancel its worker sets the final one
+# prefect.flow_engine's lines around bertflow's on_crashed hook (`pipelines.prefect_killed_runs`)
+HOOK_LINES = ("Running hook 'cancel_a_stop_before_its_record' ", "Hook 'cancel_a_stop_before_its_record' ")
 WORKER_SETS_STATE = "Finished: stopped by its worker (a Cancel in Prefect), which sets the flow run Cancelled"
 
 
@@ -49,6 +51,8 @@ class _StopNotCrash(logging.Filter):
             record.msg, record.args = STOPPED, ()
         if record.name == "prefect.flow_runs" and str(record.msg).startswith("Finished in state Running("):
             record.msg, record.args = WORKER_SETS_STATE, ()
+        if any(str(record.msg).startswith(said) for said in HOOK_LINES):
+            return False  # Prefect's lines around the flow's on_crashed hook: it said "Crashed" on a stop
         stopped = record.msg in [STOPPED, *(f"Finished in state Crashed({said!r})" for said in STOPS)]
         # a fine-tuning unit stopped with its flow run (`finetune_unit_task`): Prefect says it at ERROR
         if stopped or record.getMessage().startswith("Finished in state Cancelled("):

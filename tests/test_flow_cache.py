@@ -312,3 +312,40 @@ def test_a_deployment_run_cancelled_in_prefect_does_not_say_it_finished_running(
     assert said("prefect.flow_runs", "Finished in state Running()") == WORKER_SETS_STATE
     assert "sets the flow run Cancelled" in WORKER_SETS_STATE
     assert said("prefect.flow_runs", "Finished in state Completed()") == "Finished in state Completed()"
+
+
+def test_a_flow_run_stopped_as_it_starts_is_cancelled_not_crashed() -> None:
+    """Ctrl-C or SIGTERM in a flow run's first instant (Prefect's engine beginning it, before bertflow
+    wrote its record): Prefect set it Crashed ("Crash detected!" at ERROR) and no record named it for
+    `bertflow run` or the next flow run to set it Cancelled. The flow's on_crashed hook now does; a
+    crash that is no stop stays Crashed."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    from pipelines.flow import bert_pipeline
+    from pipelines.prefect_killed_runs import cancel_a_stop_before_its_record
+    from pipelines.prefect_logging import STOPS
+
+    assert cancel_a_stop_before_its_record in bert_pipeline.on_crashed_hooks
+    states = []
+    with get_client(sync_client=True) as client:
+        for said in (STOPS[0], "Execution was aborted by Python system exit call."):
+            flow_run = client.create_flow_run(bert_pipeline, state=Crashed(message=said))
+            cancel_a_stop_before_its_record(bert_pipeline, flow_run, flow_run.state)
+            states.append(client.read_flow_run(flow_run.id).state)
+    assert states[0].is_cancelled(), states[0]
+    assert states[0].message.startswith(
+        "bertflow: stopped on request (Ctrl-C) as it started, before any stage;"
+    )
+    assert states[1].is_crashed()
+    # Prefect's lines around the hook, on every stop, said "Crashed": left out
+    import logging
+
+    from pipelines.prefect_logging import _StopNotCrash
+
+    for said in (
+        "Running hook 'cancel_a_stop_before_its_record' in response to entering state 'Crashed'",
+        "Hook 'cancel_a_stop_before_its_record' finished running successfully",
+    ):
+        record = logging.LogRecord("prefect.flow_runs", logging.INFO, __file__, 1, said, None, None)
+        assert not _StopNotCrash().filter(record)
