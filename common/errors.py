@@ -65,6 +65,19 @@ def stop_request(exc: BaseException) -> str | None:
     return None
 
 
+def go_on_after_a_stop(deployment: bool | None = None) -> str:
+    """How to go on from where a stop left off: "rerun the same command", or in a deployment's flow
+    run (`deployment`; None: this process is one, PREFECT__FLOW_RUN_ID), which no command of the
+    user's started, run its deployment again."""
+    if deployment is None:
+        deployment = bool(os.environ.get("PREFECT__FLOW_RUN_ID"))
+    if deployment:
+        return (
+            "run its deployment again with the same parameters (`prefect deployment run`, or Run in the UI)"
+        )
+    return "rerun the same command"
+
+
 def raise_terminated(signum: int, frame: object) -> None:
     """A SIGTERM handler (`signal.signal(signal.SIGTERM, raise_terminated)`)."""
     raise Terminated()

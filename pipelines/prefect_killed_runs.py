@@ -111,13 +111,9 @@ def _cancelled(run: FlowRunRecord) -> State:
 
 def _again(by: str) -> str:
     """How to go on after a stop by `by` (`common.errors.stop_request`)."""
-    from common.errors import DEPLOYMENT_SIGTERM
+    from common.errors import DEPLOYMENT_SIGTERM, go_on_after_a_stop
 
-    if by == DEPLOYMENT_SIGTERM:  # a deployment's flow run has no command of the user's: it runs again
-        return (
-            "run its deployment again with the same parameters (`prefect deployment run`, or Run in the UI)"
-        )
-    return "rerun the same command"
+    return go_on_after_a_stop(by == DEPLOYMENT_SIGTERM)
 
 
 def cancel_a_stop_before_its_record(flow: Any, flow_run: Any, state: State) -> None:

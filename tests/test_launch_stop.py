@@ -120,6 +120,26 @@ def test_the_stop_line_names_what_the_user_did(
     assert any(line.startswith(f"pretrain: stopping ({reason}); the ranks save") for line in lines), lines
 
 
+def test_a_pretraining_stopped_in_a_deployment_says_to_run_its_deployment_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Cancel in Prefect of a deployment's flow run during pretraining: the ranks' last line said
+    "Rerun the same command to resume from it.", though no command of the user's started the run."""
+    from pipelines.config import load_config
+    from training.train import stopped_after
+
+    pretrain = load_config(None, []).pretrain
+    monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
+    said = str(stopped_after(pretrain, 30, tmp_path / "global_step30", 0.0))
+    assert said.endswith("its checkpoint is saved (global_step30). Rerun the same command to resume from it.")
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "0c7f6a1e-7c1d-4f1e-9a55-3f0f0b6a2d10")
+    said = str(stopped_after(pretrain, 30, tmp_path / "global_step30", 0.0))
+    assert said.endswith(
+        "(global_step30). Run its deployment again with the same parameters (`prefect deployment run`, "
+        "or Run in the UI) to resume from it."
+    )
+
+
 def start_torchrun(tmp_path: Path, saved: Path, save_s: float, torchrun_grace_s: int) -> subprocess.Popen:
     """torchrun with one saving rank (which it starts in a session of its own)."""
     script = tmp_path / "rank.py"

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from common.child_process import survive_a_lost_reader
 from common.console import warning_line
 from common.disk_space import disk_full_error, free_bytes, full_disk_path
-from common.errors import UserError
+from common.errors import UserError, go_on_after_a_stop
 from common.fingerprint import digest
 from common.progress import duration_text
 from common.tracking import Tracker, WandbTarget, first_attempt_group_file, read_metrics
@@ -640,11 +640,12 @@ def validation_batches(spec: RunSpec, data: TrainData, ranks: Ranks) -> list[dic
 def stopped_after(p: PretrainConfig, step: int, last_tag: Path, launcher_deaths: float) -> PretrainingStopped:
     """The error a stop ends the step loop with, once `step`'s checkpoint (`last_tag`) is saved
     (`launcher_deaths`: the ranks whose launcher died, over every rank)."""
-    every_node = " on every node" if p.nnodes > 1 else ""
+    again = go_on_after_a_stop()  # a deployment's flow run has no command of the user's
+    every_node = " on every node" if p.nnodes > 1 and again == go_on_after_a_stop(False) else ""
     return stop_error(
         p.nnodes,
-        f"after step {step} of {p.max_steps}; its checkpoint is saved ({last_tag.name}). Rerun the same "
-        f"command{every_node} to resume from it.",
+        f"after step {step} of {p.max_steps}; its checkpoint is saved ({last_tag.name}). "
+        f"{again[0].upper()}{again[1:]}{every_node} to resume from it.",
         launcher_deaths,
     )
 
