@@ -100,10 +100,7 @@ def run_pretrain_stage(
     out_dir = Path(out_dir).resolve()  # the launcher runs in the project root, not the caller's directory
     cfg = with_phase_init(cfg)  # a phase after the first starts from the one before's model
     check_own_output(out_dir, "pretrain", {"shards": shards_dir, "tokenizer": tokenizer_dir})
-    if newest_verified_step(out_dir) is None:  # a verified checkpoint is a run's, and so is run_spec.json
-        # beside the lock a run holds while it writes it (without it, one copied in with the user's files)
-        own = ("run_spec.json",) if lock_file_of(out_dir).is_file() else ()
-        refuse_foreign_files(out_dir, "pretrain", OUTPUT_NAMES, own=own)
+    refuse_a_users_folder(out_dir)
     on_gpu, bf16_ok = _device_caps()
     asked = cfg.pretrain
     p = resolve_ranks(asked, visible_gpus())
@@ -281,6 +278,28 @@ def _run_ranks(
     finally:
         ranks_log.close()
     return started
+
+
+def refuse_a_users_folder(out_dir: Path) -> None:
+    """OUT holding files of the names pretraining writes, and no sign of a run of its own (a verified
+    checkpoint, its run spec: `_spec_of_a_run_here`), is the user's: refused before any work."""
+    if newest_verified_step(out_dir) is None:
+        own = ("run_spec.json",) if _spec_of_a_run_here(out_dir) else ()
+        refuse_foreign_files(out_dir, "pretrain", OUTPUT_NAMES, own=own)
+
+
+def _spec_of_a_run_here(out_dir: Path) -> bool:
+    """OUT's run_spec.json is a pretraining run's: beside the lock node 0 holds while it writes OUT,
+    or a run spec naming OUT itself (another node's, written before node 0 took the lock: the nodes
+    start in any order). Not a spec copied in with the user's files (`{}`, or another run's)."""
+    from training.run_spec import RunSpec
+
+    if lock_file_of(out_dir).is_file():
+        return True
+    try:
+        return RunSpec.read(out_dir / "run_spec.json").out_dir.resolve() == out_dir
+    except (UserError, ValidationError, OSError):
+        return False
 
 
 def check_nodes(cfg: PipelineConfig, node_rank: int) -> None:

@@ -291,6 +291,30 @@ def _checkpoint(out, info, step=4):
     return tag
 
 
+def test_another_nodes_run_spec_is_the_runs_own_before_node_0_holds_the_lock(data, tmp_path):
+    """The nodes of a run on a shared OUT start in any order: node 1's run_spec.json and launcher.log,
+    written before node 0 took OUT's lock, are the run's. Node 0 was refused as on a user's folder
+    (the two-node tests of test_pretrain.py failed 3 of 3 in a loaded full-suite run). A spec
+    copied in from elsewhere, or `{}`, is still no sign of a run."""
+    from pipelines.stage_pretrain import refuse_a_users_folder
+
+    shards, tok = data
+    out = (tmp_path / "out").resolve()
+    out.mkdir()
+    _spec(config(), shards, tok, out).write(out / "run_spec.json")
+    (out / "launcher.log").write_text("node 1\n")
+    refuse_a_users_folder(out)  # node 1's: node 0 goes on
+    elsewhere = (tmp_path / "copied").resolve()
+    elsewhere.mkdir()
+    shutil.copy(out / "launcher.log", elsewhere / "launcher.log")
+    for copied in ((out / "run_spec.json").read_text(), "{}"):  # another output's spec, or none
+        (elsewhere / "run_spec.json").write_text(copied)
+        with pytest.raises(UserError, match="already holds launcher.log, run_spec.json"):
+            refuse_a_users_folder(elsewhere)
+    (tmp_path / ".copied.lock").write_text("1\n")  # beside the lock a run held: a killed run's own
+    refuse_a_users_folder(elsewhere)
+
+
 def test_resume_with_other_settings_names_each_key(data, tmp_path):
     """Issue 14 item 1: a resume with another lr kept the checkpoint's schedule and weights while
     run_spec.json recorded the new lr. Now each differing key is named and nothing starts."""
