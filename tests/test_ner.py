@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from finetuning.batching import IGNORE_INDEX
 from finetuning.ner import TokenTask, encode_words
 from finetuning.tasks import get_task
@@ -57,19 +59,29 @@ def test_words_cut_by_the_sequence_length_are_counted_and_said_in_the_scorecard(
     assert any(f"CoNLL dev words past max_seq_length, scored as O: {cut}" in n for n in card["notes"])
 
 
+def _conll_task(folder: Path, train: str, dev: str, labels: str) -> Path:
+    """A tasks.yaml of one CoNLL task 'ner' over `train` and `dev` (their text), tagged `labels`."""
+    (folder / "train.txt").write_text(train)
+    (folder / "dev.txt").write_text(dev)
+    cfg = folder / "tasks.yaml"
+    cfg.write_text(
+        "ner: {format: conll, kind: token_classification, train: train.txt, dev: dev.txt, label: 1, "
+        f"labels: [{labels}], metrics: [entity_f1]}}\n"
+    )
+    return cfg
+
+
 def test_a_tag_of_the_dev_set_never_trained_on_is_warned_about(tmp_path, minilm_dir):
     """A CoNLL task whose dev set tags B-MISC where its training sentences never do ran silently, its
     MISC entities all missed: the data check now says so, as for a classification label, and the unit
     keeps the note for the scorecard's Notes."""
     from finetuning.tasks import check_requested_tasks, load_task_specs
 
-    (tmp_path / "train.txt").write_text("Paris B-LOC\nis O\nnice O\n\nBob B-PER\nran O\n")
-    (tmp_path / "dev.txt").write_text("Bob B-PER\nsaw O\nEuro B-MISC\n2000 I-MISC\n")
-    cfg = tmp_path / "tasks.yaml"
-    cfg.write_text(
-        "ner: {format: conll, kind: token_classification, train: train.txt, dev: dev.txt, label: 1, "
-        "labels: [O, B-PER, I-PER, B-LOC, I-LOC, B-MISC, I-MISC], metrics: [entity_f1]}\n"
+    train, dev = (
+        "Paris B-LOC\nis O\nnice O\n\nBob B-PER\nran O\n",
+        "Bob B-PER\nsaw O\nEuro B-MISC\n2000 I-MISC\n",
     )
+    cfg = _conll_task(tmp_path, train, dev, "O, B-PER, I-PER, B-LOC, I-LOC, B-MISC, I-MISC")
     notes = check_requested_tasks(["ner"], str(cfg), None, None, None)
     assert notes == [
         f"task 'ner': tags 'B-MISC', 'I-MISC' occur in {tmp_path / 'dev.txt'} (2 words) but never in the "
@@ -85,13 +97,7 @@ def test_a_dev_set_without_entities_is_warned_about(tmp_path):
     0.0 whatever the model predicted, shown as a result: the data check now says it measures nothing."""
     from finetuning.tasks import check_requested_tasks
 
-    (tmp_path / "train.txt").write_text("Paris B-LOC\nis O\nnice O\n")
-    (tmp_path / "dev.txt").write_text("it O\nrains O\n")
-    cfg = tmp_path / "tasks.yaml"
-    cfg.write_text(
-        "ner: {format: conll, kind: token_classification, train: train.txt, dev: dev.txt, label: 1, "
-        "labels: [O, B-LOC, I-LOC], metrics: [entity_f1]}\n"
-    )
+    cfg = _conll_task(tmp_path, "Paris B-LOC\nis O\nnice O\n", "it O\nrains O\n", "O, B-LOC, I-LOC")
     assert check_requested_tasks(["ner"], str(cfg), None, None, None) == [
         f"task 'ner': the 1 dev sentence(s) read from {tmp_path / 'dev.txt'} hold no entity (every word "
         "is tagged O), so entity F1 is 0 whatever the model predicts."
