@@ -190,8 +190,7 @@ def _export(args: argparse.Namespace) -> int:
             fix="pass --tokenizer DIR, e.g. the tokenizer stage's output directory.",
         )
     fresh = fresh_weights(args.ckpt, resolved.fresh)
-    # its parameters: those written (publish_model_dir); an export's or import's: the card it carries
-    card = pretraining_card_of(args.ckpt, resolved.tag) or carried_card(args.ckpt, "export-hf", fresh)
+    card = source_card(args.ckpt, "export-hf", fresh, resolved.tag)  # its parameters: those written
     previous = read_marker(args.out_dir)
     out = publish_model_dir(
         resolved.model,
@@ -253,6 +252,13 @@ def fresh_weights(ckpt: Path, fresh: list[str]) -> list[str]:
     heads still has untrained heads."""
     earlier = (read_marker(ckpt) or {}).get("fresh") if ckpt.is_dir() else None
     return list(dict.fromkeys([*fresh, *(earlier if isinstance(earlier, list) else [])]))
+
+
+def source_card(ckpt: Path, command: str, fresh: list[str], tag: Path | None = None) -> CardFacts | None:
+    """The card `command` (export-hf, import-hf) writes for the model it reads from CKPT: a bertflow
+    pretraining's (`pretraining_card_of`), else the one an earlier export or import kept in CKPT's
+    marker (`carried_card`); None for any other model (the card then says what the command knows)."""
+    return pretraining_card_of(ckpt, tag, command) or carried_card(ckpt, command, fresh)
 
 
 def pretraining_card_of(ckpt: Path, tag: Path | None = None, command: str = "export-hf") -> CardFacts | None:

@@ -16,8 +16,8 @@ from common.console import warning_line
 from common.dir_lock import exclusive_dir
 from common.stage_output import refuse_overlapping_output
 from model.hf_io import has_tokenizer, load_checkpoint
-from model.model_dir import carried_card, publish_model_dir, replaced_model_note
-from pipelines.model_commands_export import pretraining_card_of
+from model.model_dir import publish_model_dir, replaced_model_note
+from pipelines.model_commands_export import source_card
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,9 +48,7 @@ def _import(args: argparse.Namespace) -> int:
         args.out_dir,
         tokenizer_dir,
         info={"source": str(args.hf_dir.absolute()), "command": "import-hf", "fresh": loaded.fresh},
-        # a pretraining run's model: the run's card (as export-hf); an export's or import's: the one it carries
-        card=pretraining_card_of(args.hf_dir, command="import-hf")
-        or carried_card(args.hf_dir, "import-hf", loaded.fresh),
+        card=source_card(args.hf_dir, "import-hf", loaded.fresh),
     )
     cfg = loaded.model.config
     print(

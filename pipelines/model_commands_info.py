@@ -67,7 +67,7 @@ def _shape(cfg: BertConfig) -> str:
 
 
 def describe_model(path: Path) -> str:
-    """`describe_model_dir` for a model folder; for what `resolve_model` reads as a pretraining run's
+    """`_describe_model_dir` for a model folder; for what `resolve_model` reads as a pretraining run's
     DeepSpeed checkpoint, the same description of the model it consolidates, naming the tag."""
     from common.paths import check_checkpoint_dir
     from model.hf_io import TIED_KEYS
@@ -75,27 +75,26 @@ def describe_model(path: Path) -> str:
 
     check_checkpoint_dir(path, missing_fix="pass a model folder (config.json and weights), or --preset NAME.")
     if is_model_dir(path):
-        return describe_model_dir(path)
+        return _describe_model_dir(path)
     resolved = resolve_model(path)
     state = resolved.model.state_dict()
     shapes = {k: tuple(v.shape) for k, v in state.items() if k not in TIED_KEYS}
     return _describe(f"{path} ({resolved.kind})", resolved.model.config, shapes, fresh=[])
 
 
-def describe_model_dir(path: Path) -> str:
+def _describe_model_dir(path: Path) -> str:
     """The shape (config.json), the parameters saved (weights' headers, tied copies once), and which
     heads the folder holds: the pretraining heads (masked-LM, next-sentence) and any other tensors,
-    e.g. a fine-tuned classifier. A file, or a folder without config.json or weights, is refused."""
-    from common.paths import check_checkpoint_dir
+    e.g. a fine-tuned classifier. A folder without config.json or weights is refused (`read_config`,
+    `weight_shapes`); `describe_model` has checked that the path is a folder."""
     from model.hf_io import read_config, weight_shapes
     from pipelines.model_commands_export import fresh_weights
 
-    check_checkpoint_dir(path, missing_fix="pass a model folder (config.json and weights), or --preset NAME.")
     return _describe(str(path), read_config(path), weight_shapes(path), fresh_weights(path, []))
 
 
 def _describe(name: str, cfg: BertConfig, shapes: dict[str, tuple[int, ...]], fresh: list[str]) -> str:
-    """The lines of `describe_model_dir` for the model `name` of config `cfg` whose saved tensors have
+    """The lines of `_describe_model_dir` for the model `name` of config `cfg` whose saved tensors have
     `shapes`; `fresh`: the weights its marker lists as freshly initialized."""
     import torch
 

@@ -24,9 +24,9 @@ EXPLAINED = (UserError, TransientError)  # what `pipelines.cli` prints as one pa
 # TerminationSignal (SIGTERM while its flow engine runs): prefect.states.exception_to_crashed_state
 STOPS = ("Execution was aborted by an interrupt signal.", "Execution was aborted by a termination signal.")
 STOPPED = "stopped on request (Ctrl-C or SIGTERM), not a crash: bertflow sets it Cancelled"
-# prefect.flow_engine logs the state it holds as the process ends; after a Cancel its worker sets the final one
 # prefect.flow_engine's lines around bertflow's on_crashed hook (`pipelines.prefect_killed_runs`)
 HOOK_LINES = ("Running hook 'cancel_a_stop_before_its_record' ", "Hook 'cancel_a_stop_before_its_record' ")
+# prefect.flow_engine logs the state it holds as the process ends; after a Cancel its worker sets the final one
 WORKER_SETS_STATE = "Finished: stopped by its worker (a Cancel in Prefect), which sets the flow run Cancelled"
 
 

@@ -441,12 +441,8 @@ def context_free_note(e: EvalFacts) -> str | None:
     diverged (loss 7.6 -> 205, held-out 67.5) ended 'pretrain: done' with no word of it."""
     from model.model_card import context_shortfall
 
-    _, entropy = e.loss_and_entropy
-    if (
-        e.beats_unigram
-        or not math.isfinite(entropy)
-        or (shortfall := context_shortfall(e.metrics, e.baselines)) is None
-    ):
+    _, entropy = e.loss_and_entropy  # unknown (no train split counts): nothing to say
+    if not math.isfinite(entropy) or (shortfall := context_shortfall(e.metrics, e.baselines)) is None:
         return None
     return (
         f"pretrain: at step {e.step} {shortfall}: the model predicts no better than token frequencies "
