@@ -76,6 +76,24 @@ def _std(values: list[float | None]) -> float | None:
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
+def _at_chance(
+    score: float | None, units: list[dict[str, Any]], chance: dict[str, float | None] | None, n_eval: int
+) -> bool | None:
+    """Whether the best lr's units score at chance (`is_at_chance`); where the dev set leaves a
+    metric undefined (MCC or F1 on a one-class dev set: None in `chance` too), judged on the mean
+    of the metrics it defines, as `chance.best_constant` chose the constant answer; None when
+    nothing defined is left to judge, or a unit's defined metric is not (a diverged run)."""
+    if not chance:
+        return None
+    if score is not None:
+        return is_at_chance(score, chance, n_eval)
+    defined = {m: v for m, v in chance.items() if v is not None}
+    means = [_mean([u["metrics"][m] for u in units]) for m in defined]
+    if not defined or any(v is None for v in means):
+        return None
+    return is_at_chance(sum(means) / len(means), defined, n_eval)
+
+
 def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """For one checkpoint's results: task -> the best lr's seed-averaged metrics."""
     by_task: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -98,9 +116,7 @@ def best_per_task(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "seed_scores": {str(r["seed"]): r["score"] for r in rs},
             "chance_metrics": chance,
             "chance_prediction": first.get("chance_prediction"),
-            "at_chance": is_at_chance(lr_scores[best_lr], chance, first["n_eval"])
-            if chance and lr_scores[best_lr] is not None
-            else None,
+            "at_chance": _at_chance(lr_scores[best_lr], rs, chance, first["n_eval"]),
             "diverged": any(r.get("diverged") for r in rs),
             "lr_scores": {f"{lr:g}": s for lr, s in sorted(lr_scores.items())},
             "glue": first.get("glue", False),

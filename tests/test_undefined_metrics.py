@@ -161,3 +161,26 @@ def test_a_unit_whose_loss_overflows_is_marked_diverged(tmp_path, minilm_dir):
     assert result["diverged"] is True and math.isnan(result["final_train_loss"])
     build_scorecard([result], tmp_path)
     assert "(diverged)" in (tmp_path / "scorecard.md").read_text()
+
+
+def test_a_metric_a_one_class_dev_set_leaves_undefined_keeps_the_chance_mark(tmp_path):
+    """A one-class dev set leaves MCC undefined, so the task's dev score (the mean of its metrics) is
+    too; its accuracy is that of the one class, which the constant answer reaches. The row showed
+    '100.0' unmarked (the chance mark was judged on the undefined score only), though the data's
+    warning says accuracy measures that one class only: it is judged on the metrics the dev set
+    defines, as the chance row's constant answer is chosen."""
+    one_class = {"accuracy": 100.0, "mcc": None}
+    results = [
+        {
+            **_result(label, kind, "cola", one_class),
+            "chance_metrics": one_class,
+            "chance_prediction": "acceptable",
+        }
+        for label, kind in (("ours", "pretrained"), ("random:tiny", "random"))
+    ]
+    card = build_scorecard(results, tmp_path)
+    assert card["rows"][0]["tasks"]["cola"]["at_chance"] is True
+    assert card["headline"]["at_chance"] == ["cola"], card["headline"]
+    md = (tmp_path / "scorecard.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| ours |"))
+    assert "| 100.0 (chance) | undefined |" in row, row
