@@ -278,14 +278,20 @@ def _plan_from_args(
     return jobs, Path(args.output)
 
 
-def result_line(job: Job, result: dict) -> str:
-    """A finished unit as the command prints it: its metrics and speed, or its error."""
+def result_line(job: Job, result: dict, save_models: str = "none") -> str:
+    """A finished unit as the command prints it: its metrics and speed, or its error; the model it
+    wrote, which under `save_models` `best` is removed later unless its lr is the best (the command
+    ends with the models kept, `keep.kept_models_note`)."""
     if "error" in result:
         return f"FAILED {job.name}: {result['error']}"
     shown = ", ".join(f"{k} {'undefined' if v is None else f'{v:.1f}'}" for k, v in result["metrics"].items())
     shown += " (DIVERGED: the training loss is NaN)" if result.get("diverged") else ""
     line = f"done   {job.name}: {shown} ({result['train_examples_per_s']:.1f} train ex/s)"
-    return line + (f"; model kept: {job.out_dir / MODEL_DIR}" if job.keep_model else "")
+    if not job.keep_model:
+        return line
+    if save_models == "best":
+        return line + f"; model saved, kept if its lr is the best: {job.out_dir / MODEL_DIR}"
+    return line + f"; model kept: {job.out_dir / MODEL_DIR}"
 
 
 def _keep_models(
@@ -332,7 +338,8 @@ def main(args: argparse.Namespace) -> int:
 
     def report(job: Job, result: dict) -> None:
         print(
-            f"  {result_line(job, result)}" + ("" if job.out_dir in complete else f"  [{progress.step()}]"),
+            f"  {result_line(job, result, cfg.save_models)}"
+            + ("" if job.out_dir in complete else f"  [{progress.step()}]"),
             flush=True,
         )
 

@@ -153,9 +153,11 @@ def test_best_keeps_the_best_lrs_model_of_each_seed_and_removes_the_others(tmp_p
     assert all((d / keep.PREDICTIONS_FILE).is_file() for d in results)  # predictions stay
     assert "removed the models of 1 unit(s)" in proc.stdout
     best_model = next(d for d, r in results.items() if r["lr"] == best) / "model"
-    assert f"model kept: {best_model}" in proc.stdout
-    # each unit's line said 'model kept' of both lrs, one of them removed after: the command now ends
-    # with the models that are kept, as the flow lists them
+    # each unit's line said 'model kept: PATH' of both lrs, one of them removed after: a line says
+    # the model is saved and kept only if its lr wins, and the command ends with the models kept
+    saved = [line for line in proc.stdout.splitlines() if line.startswith("  done ")]
+    assert len(saved) == 2 and all("model saved, kept if its lr is the best" in line for line in saved), saved
+    assert "model kept" not in "\n".join(saved)
     assert proc.stdout.rstrip().endswith(
         f"bertflow finetune: 1 fine-tuned model(s) kept (finetune.save_models: best):\n  {best_model}"
     ), proc.stdout[-2000:]
