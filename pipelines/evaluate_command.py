@@ -84,7 +84,7 @@ def evaluate_checkpoint(
         "examples": n,  # the split's first n
         "split_examples": len(store),
         "masked_tokens": int(sums.mlm_count),
-        "metrics": metrics,
+        "metrics": named_for_split(metrics, split),
         "baselines": reference,
         "beats_unigram": beats_unigram(metrics, baselines),
         "nsp_at_chance": nsp_at_chance(metrics, reference, n),
@@ -181,10 +181,18 @@ def _check_split_has_examples(shards: Path, split: str) -> None:
     )
 
 
+def named_for_split(metrics: dict[str, float], split: str, named_for: str = "validation") -> dict[str, float]:
+    """`metrics` of a result, named for `named_for` (`val_mlm_acc`, the pretraining's held-out
+    names), renamed for the split they measure: `train_mlm_acc` on train (its inverse with the two
+    swapped)."""
+    old, new = (f"{'val' if s == 'validation' else s}_" for s in (named_for, split))
+    return {new + k.removeprefix(old): v for k, v in metrics.items()}
+
+
 def format_result(r: dict[str, Any]) -> str:
     from model.model_card import context_shortfall
 
-    m, b = r["metrics"], r["baselines"]
+    m, b = named_for_split(r["metrics"], "validation", named_for=r["split"]), r["baselines"]
     lines = [
         f"{r['checkpoint']}{f' ({kind})' if (kind := r.get('checkpoint_kind')) else ''} on {r['shards']} "
         f"({r['split']}, {_which_examples(r)}, "

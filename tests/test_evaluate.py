@@ -165,6 +165,10 @@ def test_the_output_says_which_of_the_splits_examples_it_measured(shards_and_tok
     assert f"(validation, the first 5 of {total:,} examples, " in format_result(part)
     whole = evaluate_checkpoint(model_dir, shards)
     assert f"(validation, all {total:,} examples, " in format_result(whole)
+    # --split train: its figures were named val_* (held-out) in --json and the printed line
+    train = evaluate_checkpoint(model_dir, shards, split="train", max_examples=5)
+    assert sorted(train["metrics"]) == ["train_mlm_acc", "train_mlm_loss", "train_nsp_acc", "train_nsp_loss"]
+    assert "(train, the first 5 of " in format_result(train)
 
 
 def test_a_checkpoint_without_an_nsp_head_reports_no_nsp_figures(shards_and_tokenizer, tmp_path):
