@@ -5,7 +5,8 @@ BertForSequenceClassification, BertForTokenClassification or BertForQuestionAnsw
 id2label/label2id, num_labels, problem_type "regression" for scores), model.safetensors, the
 tokenizer files and a model card (README.md: task, dev score, lr, seed, the checkpoint it started
 from), written by `model.hf_io.write_hf_dir`, plus `predictions.jsonl` next to result.json (one row
-per dev example: id, gold, prediction), from which the unit's dev score can be recomputed.
+per dev example: id, gold, prediction; a TSV task's also its `line`, `prediction_rows`), from which the
+unit's dev score can be recomputed.
 
 The setting is run-only (not in the unit key: it adds files, it changes no result). So a finished
 unit made without it has no model; one that should be kept then trains again (its result is
@@ -148,18 +149,16 @@ def write_predictions(out_dir: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 def prediction_rows(spec: TaskSpec, task: Any, per_feature: list[Any]) -> list[dict[str, Any]]:
     """The dev predictions of a unit by example, labels by name. Classification and regression:
-    one row per example; SQuAD: one per question (its gold answers, the predicted text); NER: one
-    per sentence (gold and predicted tag per word, `task.word_tags`)."""
-    if spec.kind == "classification":
-        names = spec.labels or []
+    one row per example, `id` its 0-based position among the dev file's examples and `line` its
+    line in the file (1-based, the header being line 1); SQuAD: one per question (`id` its question
+    id, its gold answers, the predicted text); NER: one per sentence (`id` its 0-based position,
+    gold and predicted tag per word, `task.word_tags`)."""
+    if spec.kind in ("classification", "regression"):
+        named = (lambda label: spec.labels[label]) if spec.kind == "classification" else (lambda v: v)
+        rows = zip(task.dev_examples, task.eval_features, per_feature, strict=True)
         return [
-            {"id": i, "gold": names[f["label"]], "prediction": names[p]}
-            for i, (f, p) in enumerate(zip(task.eval_features, per_feature, strict=True))
-        ]
-    if spec.kind == "regression":
-        return [
-            {"id": i, "gold": f["label"], "prediction": p}
-            for i, (f, p) in enumerate(zip(task.eval_features, per_feature, strict=True))
+            {"id": i, "line": ex.line, "gold": named(f["label"]), "prediction": named(p)}
+            for i, (ex, f, p) in enumerate(rows)
         ]
     if spec.kind == "span_extraction":
         predicted = task.predictions(per_feature)

@@ -80,6 +80,11 @@ def test_a_kept_model_opens_in_transformers_with_its_labels_and_scores_the_units
 
     rows = [json.loads(line) for line in (job.out_dir / keep.PREDICTIONS_FILE).read_text().splitlines()]
     assert len(rows) == result["n_eval"]
+    if spec.kind in ("classification", "regression"):  # `id`: the 0-based position, `line`: the file's
+        assert [r["id"] for r in rows] == list(range(len(rows)))
+        dev_file = spec.path("dev", None).read_text(encoding="utf-8").splitlines()
+        assert [r["line"] for r in rows] == [e.line for e in task.dev_examples] and rows[0]["line"] == 2
+        assert task.dev_examples[0].text_a in dev_file[rows[0]["line"] - 1].split("\t")
     if spec.kind == "classification":  # what a pipeline says, by label name
         assert {r["gold"] for r in rows} <= set(spec.labels)
         accuracy = 100 * sum(r["gold"] == r["prediction"] for r in rows) / len(rows)
