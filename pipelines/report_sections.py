@@ -245,7 +245,8 @@ def _last_values(rows: list[dict[str, Any]]) -> dict[str, tuple[Any, float]]:
 
 # stats.json key (dotted for nested values) -> (meaning, kind); kinds format the value
 STATS: dict[str, tuple[str, str]] = {
-    "input_files": ("corpus files read", "count"),
+    "input_files": ("corpus files given (those skipped whole too)", "count"),
+    "files_skipped": ("corpus files skipped whole (no text read)", "files"),
     "input_bytes": ("corpus size (uncompressed)", "bytes"),
     "documents_read": ("documents read", "count"),
     "documents_used.train": ("documents in the train split", "count"),
@@ -291,6 +292,8 @@ def _stat(value: Any, kind: str) -> str:
         return duration(value)
     if kind == "MiB/s":
         return f"{value:.2f} MiB/s"
+    if kind == "files":  # a list of file names: how many, then which
+        return f"{len(value)}: {', '.join(map(str, value))}" if value else "0"
     if isinstance(value, float):
         return f"{value:,.1f}"
     return f"{value:,}" if isinstance(value, int) else str(value)

@@ -50,7 +50,7 @@ def make_stage_outputs(cfg: PipelineConfig, minilm_dir: Path, data_dir: Path) ->
     (dirs["preprocess"] / "stats.json").write_text(json.dumps({
         "examples": 180, "documents_used": {"train": 170, "validation": 30}, "is_next_ratio": 0.496,
         "masked_replacement_split": {"mask_token": 0.8, "random_token": 0.1, "unchanged": 0.1},
-        "skipped": {"files_empty": 1}, "input_bytes": 3 * 2**20,
+        "skipped": {"files_empty": 1}, "input_files": 2, "files_skipped": ["empty.txt"], "input_bytes": 3 * 2**20,
         "warnings": ["5 of 45 documents repeat an earlier one: deduplicate the corpus."],
     }))  # fmt: skip
     pre = dirs["pretrain"]

@@ -313,12 +313,15 @@ def test_last_logged_accuracies_are_shown_in_percent(run_dir) -> None:
 
 def test_data_and_stage_totals_are_counted_right(run_dir) -> None:
     """3 MiB of corpus is 3.0 MiB (not 3.1: MiB are 2**20 bytes); a skipped file means the
-    "nothing was skipped" line is not shown; a reused stage counts as cached; the compute total adds
+    "nothing was skipped" line is not shown, and is not counted as read; a reused stage counts as cached; the compute total adds
     up compute seconds (5 min 50 s), not wall seconds (6 min 21 s)."""
     _, _, paths, _ = run_dir
     md = paths["report_md"].read_text()
     assert "| corpus size (uncompressed) | 3.0 MiB | `input_bytes` |" in md
     assert "Nothing was skipped" not in md
+    # input_files counts the files skipped whole too: it was shown as 'corpus files read'
+    assert "| corpus files given (those skipped whole too) | 2 | `input_files` |" in md
+    assert "| corpus files skipped whole (no text read) | 1: empty.txt | `files_skipped` |" in md
     assert (
         "| **total** | 2 of 3 stages cached or reused | **8 min 20 s** | 5 min 50 s | up to this report |"
         in md
