@@ -169,15 +169,23 @@ def carried_card(source: Path, command: str, fresh: list[str]) -> CardFacts | No
     facts = facts_of_record((read_marker(source) or {}).get("card")) if source.is_dir() else None
     if facts is None:
         return None
-    came = came_from(command)
-    earlier = {k: v for k, v in facts.provenance.items() if k not in (came, "written by")}
-    facts.provenance = {
-        came: f"`{source.absolute()}`",
-        **earlier,
-        "written by": f"bertflow {package_version()} {command}",
-    }
+    provenance = {came_from(command): f"`{source.absolute()}`"}
+    for key, value in facts.provenance.items():  # the chain so far, newest first
+        if key != "written by":
+            provenance[_unused_label(key, provenance)] = value
+    facts.provenance = {**provenance, "written by": f"bertflow {package_version()} {command}"}
     facts.fresh_weights = list(fresh)
     return facts
+
+
+def _unused_label(label: str, taken: dict[str, str]) -> str:
+    """`label`, or where a later step of the chain took it (an export of an import of an export:
+    two "exported from"), "LABEL (earlier)", "LABEL (earlier 2)", ..."""
+    base = label.split(" (earlier")[0]
+    if label not in taken and label == base:
+        return label
+    candidates = (f"{base} (earlier{f' {n}' if n > 1 else ''})" for n in range(1, len(taken) + 2))
+    return next(c for c in candidates if c not in taken)
 
 
 def described_as_written(facts: CardFacts, model_dir: Path, encoder_only: bool) -> CardFacts:

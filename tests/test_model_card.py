@@ -437,6 +437,19 @@ def test_export_of_latest_model_carries_the_pretraining_runs_card(
         assert f"- {came}" in text and f"- pretraining output: `{dirs['pretrain']}`" in text, text
         assert json.loads((tmp_path / name / "_COMPLETE.json").read_text())["pretraining_steps"] == [300]
     assert text.split("## Use it")[0] == card.split("## Use it")[0]  # the title, figures, data, training
+    # the whole chain, newest first: the export's own "exported from" was dropped by the export of
+    # its import (one key per label), so the card no longer named the model the chain started from
+    first = next(line for line in card.splitlines() if line.startswith("- exported from: "))
+    chain = [
+        line
+        for line in (tmp_path / "again" / "README.md").read_text().splitlines()
+        if line.startswith(("- exported", "- imported"))
+    ]
+    assert chain[:3] == [
+        f"- exported from: `{tmp_path / 'imported'}`",
+        f"- imported from: `{tmp_path / 'hf'}`",
+        first.replace("exported from:", "exported from (earlier):"),
+    ], chain
 
 
 def test_an_encoder_only_card_describes_the_directory_it_sits_in(tmp_path: Path) -> None:
