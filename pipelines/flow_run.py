@@ -228,10 +228,9 @@ class FlowRun:
 
     def _unapplied_note(self, stage: str, out: Path, cfg: PipelineConfig) -> None:
         """Say which of this run's pretrain settings a reused finished pretraining does not have."""
-        from pipelines.stage_pretrain import unapplied_settings_note
+        from pipelines.stage_pretrain import force_pretrain_fix, unapplied_settings_note
 
-        fix = f"rerun with `--force {base_stage(stage)}` (it trains again)."
-        if note := unapplied_settings_note(stage, out, cfg.pretrain, fix):
+        if note := unapplied_settings_note(stage, out, cfg.pretrain, force_pretrain_fix(self.cfg, stage)):
             get_run_logger().warning(note)
 
     def _code_note(self, stage: str, out_dirs: list[Path]) -> str:

@@ -38,6 +38,7 @@ from model.config import BertConfig
 from pipelines.config import PipelineConfig, bad_flag_value, flag_items, load_config, parse_overrides
 from pipelines.pretrain_card import steps_before
 from pipelines.stage_keys import (
+    base_stage,
     code_change_note,
     flow_input,
     phase_stage,
@@ -202,7 +203,7 @@ def _finished_model(
         fix = (
             f"delete {out_dir} (or choose another --output) and run again."
             if "own_output" in rerun
-            else f"rerun with `{rerun['cfg'].command_line('run', '--force', 'pretrain')}` (it trains again)."
+            else force_pretrain_fix(rerun["cfg"])
         )
         if note := unapplied_settings_note("pretrain", out_dir, spec.pretrain, fix):
             log_line(warning_line(note))
@@ -210,6 +211,12 @@ def _finished_model(
     log_line(f"pretrain: {out_dir} is complete but has no model/; writing it again from the last checkpoint.")
     (out_dir / MARKER_NAME).unlink()
     return None
+
+
+def force_pretrain_fix(cfg: PipelineConfig, stage: str = "pretrain") -> str:
+    """How to apply `unapplied_settings_note`'s settings to the flow's folder of `cfg`: its whole flow
+    command with `--force` (a phase's stage, pretrain@NAME, is forced as its stage)."""
+    return f"rerun with `{cfg.command_line('run', '--force', base_stage(stage))}` (it trains again)."
 
 
 def unapplied_settings_note(stage: str, out_dir: Path, asked: PretrainConfig, fix: str) -> str:

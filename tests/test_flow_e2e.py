@@ -188,11 +188,15 @@ def test_tiny_flow_then_cached_rerun_then_partial_rerun(tmp_path: Path, data_dir
     wandb_runs = sorted(run.glob("**/wandb_files/wandb/*run-*"))
     with flow_log_lines() as said:
         second = bert_pipeline(config=config, overrides=["pretrain.eval_every=2"])
+    force_pretrain = load_config(config, ["pretrain.eval_every=2"]).command_line("run", "--force", "pretrain")
     assert any(
         line.startswith(
             f"pretrain: reusing the finished run in {pretrain_dir}, which was made with "
             "pretrain.eval_every 4 (this run: 2). These settings are not applied"
         )
+        # the whole flow command to apply them, as the stage command and the code-change note say
+        # (it said "rerun with `--force pretrain`")
+        and line.endswith(f"rerun with `{force_pretrain}` (it trains again).")
         for line in said
     ), said
     assert sorted(run.glob("**/wandb_files/wandb/*run-*")) == wandb_runs  # no W&B run: nothing ran
