@@ -92,6 +92,7 @@ class EvalFacts:
     baselines: dict[str, float]  # most_frequent_token_acc, unigram_entropy, nsp_majority_acc
     beats_unigram: bool
     examples: int | None = None  # the split's first ones (pretrain.eval_batches global batches)
+    which: str | None = None  # how many of them and why (`pretrain_card.held_out_rule`)
     split_examples: int | None = None  # in the whole validation split (what `bertflow evaluate` reads)
     nsp_at_chance: bool | None = None  # NSP accuracy within noise of the majority label (finetuning.chance)
 
@@ -208,8 +209,9 @@ def quality_lines(e: EvalFacts) -> list[str]:
 
 
 def _held_out(e: EvalFacts) -> str:
-    """Which held-out examples the figures are of: the validation split's first `examples`
-    (`pretrain.eval_batches` global batches), of `split_examples` in all."""
+    """Which held-out examples the figures are of: the validation split's first `examples` (`which`
+    says how many: `pretrain.eval_batches` global batches, fewer in a small split), of
+    `split_examples` in all."""
     if not e.examples:
         return "the held-out validation shards"
     if not e.split_examples:
@@ -217,7 +219,7 @@ def _held_out(e: EvalFacts) -> str:
     if e.examples >= e.split_examples:
         return f"all {e.split_examples:,} held-out examples"
     return (
-        f"the first {e.examples:,} (`pretrain.eval_batches` global batches) of the "
+        f"the first {e.examples:,} ({e.which or '`pretrain.eval_batches` global batches'}) of the "
         f"{e.split_examples:,} held-out examples"
     )
 

@@ -120,9 +120,28 @@ def _eval_facts(spec: dict[str, Any], rows: list[dict[str, Any]], shards_dir: Pa
         baselines=baselines.as_dict(),
         beats_unigram=beats_unigram(metrics, baselines),
         examples=n or None,
+        which=held_out_rule(len(store), micro * accumulation * world, steps, world),
         split_examples=len(store),
         nsp_at_chance=nsp_at_chance(metrics, baselines.as_dict(), n),
     )
+
+
+def held_out_rule(split: int, global_batch: int, eval_batches: int, world: int) -> str:
+    """Why a held-out evaluation reads the split's first examples it reads (`eval_example_count`):
+    `pretrain.eval_batches` global batches, as many whole ones as the split holds, or, in a split
+    smaller than one, all but its last `split % world` (every rank reads as many)."""
+    fit = min(eval_batches, split // global_batch)
+    if not fit:
+        return (
+            f"the split is smaller than one global batch of {global_batch}: all but its last "
+            f"{split % world}, so that each of the {world} ranks reads as many"
+        )
+    if fit < eval_batches:
+        return (
+            f"{fit} global batch{'es' if fit > 1 else ''} of {global_batch}, all the split holds of "
+            f"`pretrain.eval_batches` {eval_batches}"
+        )
+    return f"`pretrain.eval_batches` {eval_batches} global batches of {global_batch}"
 
 
 def steps_before(init_from: str | None) -> list[int]:

@@ -236,8 +236,20 @@ def test_pretraining_card_reads_the_runs_facts(tmp_path: Path, minilm_dir: Path,
     assert "- Skipped, no text read (the preprocess stage's stats.json says why): `x.tar.gz`" in text
     total = facts.evaluation.split_examples
     assert total is not None and total > 16
-    assert f"on the first 16 (`pretrain.eval_batches` global batches) of the {total:,} held-out" in text
+    # one global batch of the 2 eval_batches asks (the split holds no second): it said
+    # "(`pretrain.eval_batches` global batches)", as of a split holding them all
+    said = f"on the first 16 (1 global batch of 16, all the split holds of `pretrain.eval_batches` 2) of the {total:,}"
+    assert said in text, text
     assert f"`bertflow evaluate` reads all {total:,} held-out examples; with `--max-examples 16`" in text
+    # a split smaller than one global batch: all its examples but the last total % 3 on 3 ranks
+    spec["pretrain"]["micro_batch_size"], spec["world_size"] = 16, 3
+    spec_path.write_text(json.dumps(spec))
+    small = render_model_card(pretraining_card(dirs["pretrain"]), Path("/m"))
+    assert total % 3, total  # (the fixture's 20 held-out examples)
+    assert (
+        f"on the first {total - total % 3} (the split is smaller than one global batch of 48: all but its "
+        f"last {total % 3}, so that each of the 3 ranks reads as many) of the {total:,}"
+    ) in small, small
 
 
 def test_card_of_a_continued_pretraining_names_the_model_it_started_from(
@@ -295,7 +307,10 @@ def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
 
     at_200 = (tmp_path / "hf200" / "README.md").read_text()
     assert "(200 steps, bertflow)" in at_200 and "for 200 steps (12,800 sequences" in at_200
-    assert "Measured at step 200 on the first 16 (`pretrain.eval_batches` global batches) of the " in at_200
+    assert (
+        "Measured at step 200 on the first 16 (`pretrain.eval_batches` 2 global batches of 8) of the "
+        in at_200
+    )
     assert "200 optimizer steps × 64 sequences" in at_200 and "## Data" in at_200
     assert "- checkpoint: `global_step200` (step 200 of the run)" in at_200
     # the schedule is the run's (300 steps), not one of 200 that ends at this checkpoint
