@@ -369,7 +369,7 @@ def _check_phases(cfg: PipelineConfig, where: str, overrides: list[str] | None =
         if "init_from" in phase.pretrain:
             blamed = _blamed([f"phases.{phase.name}.pretrain.init_from"], where, overrides)
             raise UserError(
-                f"{blamed}: phases[{index}].pretrain.init_from: a phase starts from the phase before it.",
+                f"{blamed}: phases.{phase.name}.pretrain.init_from: a phase starts from the phase before it.",
                 fix="remove it; pretrain.init_from (the main section's) is where the first phase starts.",
             )
         for section in ("preprocess", "pretrain"):
@@ -377,7 +377,7 @@ def _check_phases(cfg: PipelineConfig, where: str, overrides: list[str] | None =
                 cfg.phase_section(index, section)
             except ValidationError as exc:
                 message = validation_message(exc, section).replace(
-                    f"{section}.", f"phases[{index}].{section}."
+                    f"{section}.", f"phases.{phase.name}.{section}."
                 )
                 changed = getattr(phase, section)  # a key the phase leaves alone is the section's
                 failed = [
@@ -399,13 +399,17 @@ def _error_keys(err: Any) -> list[tuple[str, ...]]:
 def _failed_keys(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
     """The dotted keys a validation error is about (`_error_keys`), a phase by its name as `--set` names it
     (`phases.seq32.pretrain.lr`, not `phases.0...`)."""
-    keys = [".".join(key) for err in exc.errors() for key in _error_keys(err)]
+    return [_by_phase_name(".".join(key), raw) for err in exc.errors() for key in _error_keys(err)]
+
+
+def _by_phase_name(text: str, raw: dict[str, Any]) -> str:
+    """`text` (a key, a message) with each phase of the config `raw` named as `--set` and every other
+    message name it, `phases.seq32.pretrain.lr`, not by its index (pydantic's `phases.0.pretrain.lr`)."""
     phases = raw.get("phases") if isinstance(raw.get("phases"), list) else []
-    names = [phase.get("name") if isinstance(phase, dict) else None for phase in phases]
-    for index, name in enumerate(names):
-        if name:
-            keys = [k.replace(f"phases.{index}.", f"phases.{name}.", 1) for k in keys]
-    return keys
+    for index, phase in enumerate(phases):
+        if isinstance(phase, dict) and isinstance(phase.get("name"), str) and phase["name"]:
+            text = text.replace(f"phases.{index}.", f"phases.{phase['name']}.")
+    return text
 
 
 def _blamed(failed: list[str], where: str, overrides: list[str] | None) -> str:
@@ -450,7 +454,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
         blamed = _blamed(_failed_keys(exc, raw), where, overrides)
-        raise UserError(f"{blamed} is invalid: {validation_message(exc)}") from None
+        raise UserError(f"{blamed} is invalid: {_by_phase_name(validation_message(exc), raw)}") from None
     _check_phases(cfg, where, overrides)
     # an unknown task is found where units are planned (finetuning.units): it names this source
     tasks_where = f"finetune.tasks in {where}" if path else "finetune.tasks"

@@ -45,7 +45,7 @@ def check_data_paths(cfg: PipelineConfig) -> list[Path]:
     root = cfg.resolved_data_root()
     files: list[Path] = []
     phase_inputs = [
-        (f"phases[{index}].preprocess.input", cfg.phase_config(index).preprocess.input)
+        (f"phases.{phase.name}.preprocess.input", cfg.phase_config(index).preprocess.input)
         for index, phase in enumerate(cfg.phases)
         if "input" in phase.preprocess
     ]

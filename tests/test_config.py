@@ -779,7 +779,7 @@ def test_a_warmup_longer_than_the_run_is_refused():
     default = PROJECT_ROOT / "configs" / "default.yaml"
     with pytest.raises(UserError, match=r"pretrain\.warmup_steps: 30 exceeds max_steps 20: .* 66\.7% of lr"):
         load_config(default, ["pretrain.max_steps=20"])
-    with pytest.raises(UserError, match=r"phases\[0\]\.pretrain\.warmup_steps: 30 exceeds max_steps 10"):
+    with pytest.raises(UserError, match=r"phases\.short\.pretrain\.warmup_steps: 30 exceeds max_steps 10"):
         load_config(default, ["phases=[{name: short, pretrain: {max_steps: 10}}]"])
     assert load_config(default, ["pretrain.max_steps=30"]).pretrain.warmup_steps == 30
     assert load_config(None, ["pretrain.max_steps=5"]).pretrain.max_steps == 5
@@ -821,7 +821,7 @@ def test_a_set_item_breaking_a_rule_between_two_settings_is_named(tmp_path: Path
     )
     for item, said in (
         ("phases=[{name: a}, {name: a}]", "two pretraining phases are named 'a'"),
-        ("phases=[{name: a, pretrain: {init_from: x}}]", "phases[0].pretrain.init_from: a phase starts"),
+        ("phases=[{name: a, pretrain: {init_from: x}}]", "phases.a.pretrain.init_from: a phase starts"),
     ):
         with pytest.raises(UserError) as exc:
             load_config(default, [item])

@@ -48,10 +48,16 @@ def test_a_phase_is_the_main_sections_with_its_settings_changed(tmp_path: Path) 
 @pytest.mark.parametrize(
     "phases,overrides,message",
     [
+        # a phase is named as --set names it, phases.seq32.pretrain.lr, in the message too (it said
+        # phases[0].pretrain.lr there, after '--set phases.seq32.pretrain.lr=-1 is invalid:')
         ([{"name": "seq32", "preprocess": {"max_seq_lenght": 32}}], [],
-         "phases[0].preprocess.max_seq_lenght: unknown key (did you mean phases[0].preprocess.max_seq_length?)"),
-        ([{"name": "seq32", "pretrain": {"lr": -1}}], [], "phases[0].pretrain.lr: Input should be greater than 0"),
-        ([{"name": "seq32", "pretrain": {"init_from": "x"}}], [], "a phase starts from the phase before it"),
+         "phases.seq32.preprocess.max_seq_lenght: unknown key (did you mean phases.seq32.preprocess.max_seq_length?)"),
+        ([{"name": "seq32", "pretrain": {"lr": -1}}], [], "phases.seq32.pretrain.lr: Input should be greater than 0"),
+        ([SEQ32], ["phases.seq32.pretrain.lr=-1"],
+         "--set phases.seq32.pretrain.lr=-1 is invalid: phases.seq32.pretrain.lr: Input should be greater than 0"),
+        ([{"name": "seq32", "pretrainn": {}}], [], "phases.seq32.pretrainn: unknown key"),
+        ([{"name": "seq32", "pretrain": {"init_from": "x"}}], [],
+         "phases.seq32.pretrain.init_from: a phase starts from the phase before it"),
         ([{"name": "a"}, {"name": "a"}], [], "two pretraining phases are named 'a'"),
         ([SEQ32], ["phases.seq3.pretrain.max_steps=4"], "no pretraining phase named 'seq3' (did you mean seq32?)"),
     ],
@@ -98,7 +104,7 @@ def test_a_phase_only_corpus_is_checked_before_compute_and_verified_again_when_e
 
     corpus = tmp_path / "phase_corpus.txt"
     phase = {**SEQ32, "preprocess": {**SEQ32["preprocess"], "input": [str(corpus)]}}
-    with pytest.raises(UserError, match=r"phases\[0\]\.preprocess\.input: data path .*phase_corpus.txt"):
+    with pytest.raises(UserError, match=r"phases\.seq32\.preprocess\.input: data path .*phase_corpus.txt"):
         check_data_paths(load_config(_config(tmp_path, [phase])))
     corpus.write_text("A first sentence. A second one.\n")
     cfg = load_config(_config(tmp_path, [phase]))
