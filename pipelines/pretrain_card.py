@@ -138,8 +138,8 @@ def held_out_rule(split: int, global_batch: int, eval_batches: int, world: int) 
         )
     if fit < eval_batches:
         return (
-            f"{fit} global batch{'es' if fit > 1 else ''} of {global_batch}, all the split holds of "
-            f"`pretrain.eval_batches` {eval_batches}"
+            f"{fit} global batch{'es' if fit > 1 else ''} of {global_batch}, all the split holds; "
+            f"`pretrain.eval_batches` {eval_batches} asks for more"
         )
     return f"`pretrain.eval_batches` {eval_batches} global batches of {global_batch}"
 

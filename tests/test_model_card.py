@@ -238,7 +238,7 @@ def test_pretraining_card_reads_the_runs_facts(tmp_path: Path, minilm_dir: Path,
     assert total is not None and total > 16
     # one global batch of the 2 eval_batches asks (the split holds no second): it said
     # "(`pretrain.eval_batches` global batches)", as of a split holding them all
-    said = f"on the first 16 (1 global batch of 16, all the split holds of `pretrain.eval_batches` 2) of the {total:,}"
+    said = f"on the first 16 (1 global batch of 16, all the split holds; `pretrain.eval_batches` 2 asks for more) of the {total:,}"
     assert said in text, text
     assert f"`bertflow evaluate` reads all {total:,} held-out examples; with `--max-examples 16`" in text
     # a split smaller than one global batch: all its examples but the last total % 3 on 3 ranks
