@@ -283,5 +283,11 @@ def pretraining_card_of(ckpt: Path, tag: Path | None = None, command: str = "exp
         card = pretraining_card(run, step=step_of(tag))
     else:
         return None
-    card.provenance = {came_from(command): f"`{ckpt.absolute()}`", **card.provenance}
+    # this directory is `command`'s, as a carried card says (`carried_card`), not the pretraining's
+    written_by = f"{card.provenance.pop('written by')} {command}"
+    card.provenance = {
+        came_from(command): f"`{ckpt.absolute()}`",
+        **card.provenance,
+        "written by": written_by,
+    }
     return card

@@ -465,6 +465,18 @@ def test_export_of_latest_model_carries_the_pretraining_runs_card(
         f"- imported from: `{tmp_path / 'hf'}`",
         first.replace("exported from:", "exported from (earlier):"),
     ], chain
+    # each directory's card names the command that wrote it (the first export's said only
+    # "bertflow VERSION", the pretraining's words, where every later one named its command)
+    for name, command in (
+        ("hf", "export-hf"),
+        ("direct", "import-hf"),
+        ("imported", "import-hf"),
+        ("again", "export-hf"),
+    ):
+        written = [
+            line for line in (tmp_path / name / "README.md").read_text().splitlines() if "written by" in line
+        ]
+        assert len(written) == 1 and written[0].endswith(f" {command}"), (name, written)
 
 
 def test_an_encoder_only_card_describes_the_directory_it_sits_in(tmp_path: Path) -> None:
