@@ -664,13 +664,23 @@ def test_a_corpus_of_no_text_is_refused_by_the_flow_preflight(tmp_path: Path, ke
 
     with pytest.raises(
         UserError, match=rf"^{key}: {binary} is a binary file \(NUL bytes\), not text.*Fix: name"
-    ):
+    ) as refused:
         check(binary)
+    assert f"not text: the run would find no document. Fix: name your text corpus in {key}: " in str(
+        refused.value
+    )
     with pytest.raises(
         UserError, match=rf"{key}: {wide} is UTF-16 text, not UTF-8 \(and no other file .*iconv"
-    ):
+    ) as refused:
         check(tmp_path / "empty.txt", wide, binary)
+    assert f"`iconv -f UTF-16 -t UTF-8 {wide} > {tmp_path / 'a_wide.utf8.txt'}`" in str(refused.value)
+    with pytest.raises(UserError, match=rf"{wide} is UTF-16 text, not UTF-8 \(and no other file of {key}"):
+        check(wide, binary)  # two files
     check(binary, text)  # a binary file among text is skipped by the stage, and said (as before)
+    bad_header = tmp_path / "more.txt.gz"  # gzip's magic, then no gzip: unopened, left to the stage
+    bad_header.write_bytes(b"\x1f\x8b\x00 not a gzip header\n")
+    check(binary, bad_header)
+    check(tmp_path / "empty.txt")  # no file of text, none skipped either: the stages say it is empty
     assert not (tmp_path / "runs").exists()
 
 

@@ -89,6 +89,15 @@ def test_a_json_array_file_is_named_as_such_with_the_jq_fix(tmp_path):
             f"it with `jq -c '.[]' {path} > {tmp_path / name.replace('.json', '.jsonl')}` and use that file "
             "in place of this one (move this one out of a corpus folder or glob, which would read both)."
         ]
+    # JSON lines with an array on a later line: not one JSON array, that line is said as what it is
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps(rows[0]) + "\n" + json.dumps([rows[1]]) + "\n")
+    counts = Counter()
+    assert len(list(read_documents(path, counts))) == 1
+    [said] = corpus_file_warnings(counts)
+    assert said.startswith(
+        f'{path}: 1 line has no string "text" field, skipped (the first is a JSON array'
+    ), said
 
 
 def test_a_csv_corpus_is_read_as_text_and_said_with_the_conversion(tmp_path):
@@ -98,18 +107,28 @@ def test_a_csv_corpus_is_read_as_text_and_said_with_the_conversion(tmp_path):
     the python line, run as printed, writes the rows' text."""
     for name, sep in (("reviews.csv", ","), ("reviews.tsv.gz", "\t")):
         path = tmp_path / name
-        rows = f'id{sep}text{sep}label\n1{sep}"Good film, really. I liked it."{sep}pos\n'
+        long = "A long review. " * 10000  # over the csv module's default field limit (128 KiB)
+        rows = (
+            f'id{sep}text{sep}label\n1{sep}"Good film, really. I liked it."{sep}pos\n2{sep}{long}{sep}neg\n'
+        )
         path.write_bytes(gzip.compress(rows.encode()) if name.endswith(".gz") else rows.encode())
         counts: Counter = Counter()
         assert len(list(read_documents(path, counts))) == 1
         [said] = corpus_file_warnings(counts)
         assert said.startswith(f"{path} is read as plain text, each row a line, its other columns"), said
+        assert f"out = open('{tmp_path / 'reviews.jsonl'}', 'w')" in said  # beside it, its suffixes off
         command = said.split('`python -c "')[1].split('"`')[0]  # a shell keeps its backslashes as they are
         exec(command, {})
         written = (tmp_path / "reviews.jsonl").read_text()
         assert [json.loads(line) for line in written.splitlines()] == [
-            {"text": "Good film, really. I liked it."}
+            {"text": "Good film, really. I liked it."},
+            {"text": long},
         ]
+        (tmp_path / "reviews.jsonl").unlink()
+    path = tmp_path / "rows.csv"  # JSON lines named .csv: read as JSONL, by column, so not said
+    path.write_text(json.dumps({"text": "A row. Its text."}) + "\n")
+    counts = Counter()
+    assert len(list(read_documents(path, counts))) == 1 and corpus_file_warnings(counts) == []
 
 
 def test_jsonl_without_its_suffix_is_read_as_jsonl(tmp_path):
@@ -126,6 +145,9 @@ def test_jsonl_without_its_suffix_is_read_as_jsonl(tmp_path):
     prose = tmp_path / "notes.txt"  # one JSON line among prose: plain text, as written
     prose.write_text('A sentence. Another.\n{"text": "a quoted example"}\n')
     assert detect_format(prose) == "plain"
+    braces = tmp_path / "templates.txt"  # lines that open a brace but are no JSON: plain text
+    braces.write_text("{greeting}, said the template. It was filled in.\n{name} answered.\n")
+    assert detect_format(braces) == "plain"
 
 
 def test_jsonl_without_text_field_says_what_the_lines_hold(tmp_path):
@@ -135,6 +157,11 @@ def test_jsonl_without_text_field_says_what_the_lines_hold(tmp_path):
         ([{"content": "A doc.", "id": 1}] * 3, 'has the fields "content", "id"'),
         ([{"text": ["A doc."]}, {"text": "Kept."}], 'has "text" as a JSON array, not a string'),
         (["A doc.", {"text": "Kept."}], "is a JSON string, not an object"),
+        ([{"text": "Kept."}, [1, 2]], "is a JSON array, not an object"),
+        ([{"text": True}], 'has "text" as a JSON boolean, not a string'),
+        ([{"text": None}], 'has "text" as a JSON null, not a string'),
+        ([{}], "is an empty object"),
+        ([dict.fromkeys("abcdef", 1)], 'has the fields "a", "b", "c", "d", "e"'),  # five of them
     ]:
         path = tmp_path / "c.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -259,6 +286,8 @@ def test_a_directory_input_is_every_file_below_it(tmp_path: Path, data_dir: Path
     (corpus / "a.txt").write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
     (corpus / "part2" / "b.txt").write_text("\n".join(lines[40:80]) + "\n", encoding="utf-8")
     (corpus / ".hidden.txt").write_text("editor backup\n")
+    (corpus / ".git").mkdir()  # a hidden folder: none of its files is read either
+    (corpus / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     expected = [corpus / "a.txt", corpus / "part2" / "b.txt"]
     assert expand_inputs([str(corpus)]) == expected
     # hidden files are those hidden inside the folder: a corpus kept under ~/.data is read
@@ -306,20 +335,23 @@ def test_every_skip_of_a_file_is_named_in_its_warnings(tmp_path):
     (tmp_path / "empty.txt").write_text(" \n\n")
     whole = gzip.compress(b"First doc. Two sentences.\n\n" * 50000)
     (tmp_path / "cut.txt.gz").write_bytes(whole[: len(whole) // 2])
-    (tmp_path / "long.txt").write_bytes(b"A line. Another.\n" + b"x" * (MAX_LINE_BYTES + 1) + b"\nLast.\n")
+    long = b"x" * (MAX_LINE_BYTES + 1) + b"\n"
+    (tmp_path / "long.txt").write_bytes(b"A line. Another.\n" + long + b"Last.\n" + long)
+    (tmp_path / "one_line.txt").write_bytes(long + b"\n" + long)  # all its text on lines over 1 MB
     (tmp_path / "wiki.txt").write_text(
         '<doc id="1" title="T">\nT\nText. More.\n<doc id="2" title="U">\nU\nEnd.\n'
     )
     counts: Counter = Counter()
-    for name in ("empty.txt", "cut.txt.gz", "long.txt", "wiki.txt"):
+    for name in ("empty.txt", "cut.txt.gz", "long.txt", "one_line.txt", "wiki.txt"):
         list(read_documents(tmp_path / name, counts, quiet=True))
     said = corpus_file_warnings(counts)
-    assert len(said) == 4, said
+    assert len(said) == 5, said
     assert said[0].startswith(f"{tmp_path / 'cut.txt.gz'}: damaged (Compressed file ended"), said[0]
     assert "the documents before the damage were kept, the rest of the file is lost" in said[0]
     assert said[1] == f"{tmp_path / 'empty.txt'}: empty file (no text), skipped."
-    assert said[2].startswith(f"{tmp_path / 'long.txt'}: 1 line longer than 1 MB skipped"), said[2]
-    assert said[3].startswith(f"{tmp_path / 'wiki.txt'}: 2 <doc> tags without </doc>"), said[3]
+    assert said[2].startswith(f"{tmp_path / 'long.txt'}: 2 lines longer than 1 MB skipped"), said[2]
+    assert said[3].startswith(f"{tmp_path / 'one_line.txt'}: all its text is in 2 lines longer than 1 MB")
+    assert said[4].startswith(f"{tmp_path / 'wiki.txt'}: 2 <doc> tags without </doc>"), said[4]
 
 
 def test_a_plain_document_of_megabytes_is_read_in_parts_and_said(tmp_path):
@@ -409,6 +441,9 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
     )
     docs, counts = read("stray.txt")
     assert counts["lines_with_invalid_utf8_replaced"] == 1 and corpus_file_warnings(counts) == []
+    (tmp_path / "few.txt").write_bytes(good.encode()[:1040] + b"caf\xe9 one.\nna\xefve two.\n")  # 2 of 42
+    [warning] = corpus_file_warnings(read("few.txt")[1])
+    assert warning.startswith(f"{tmp_path / 'few.txt'}: 2 of 42 lines (5%) are not valid UTF-8"), warning
     docs, counts = read("nuls.bin")
     assert docs == [] and counts["files_skipped_binary"] == 1
     assert corpus_file_warnings(counts) == [
@@ -423,6 +458,9 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
         archive.writestr("a.txt", text)
     with tarfile.open(tmp_path / "corpus.tar.gz", "w:gz") as archive:
         archive.add(tmp_path / "stray.txt", "stray.txt")
+    shutil.copy(tmp_path / "corpus.tar.gz", tmp_path / "more.tgz")
+    shutil.copy(tmp_path / "corpus.zip", tmp_path / "backup.dat")  # a zip by its bytes, not its name
+    (tmp_path / "wiki.txt.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(32))  # zstd's magic, a frame
     use = "use that file in place of this one (move this one out of a corpus folder or glob, which would read both)."
     expected = {
         "wiki.txt.bz2": f"a bzip2-compressed file, not text, and was skipped: decompress it with `bunzip2 -k "
@@ -433,12 +471,18 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
         f"-d {tmp_path / 'corpus'}` and name the folder {tmp_path / 'corpus'} in place of this file",
         "corpus.tar.gz": f"a tar archive, not text, and was skipped: unpack it with `mkdir {tmp_path / 'corpus'} "
         f"&& tar xf {tmp_path / 'corpus.tar.gz'} -C {tmp_path / 'corpus'}` and name the folder",
+        "more.tgz": f"a tar archive, not text, and was skipped: unpack it with `mkdir {tmp_path / 'more'} "
+        f"&& tar xf {tmp_path / 'more.tgz'} -C {tmp_path / 'more'}` and name the folder {tmp_path / 'more'} in",
+        "backup.dat": f"a zip archive, not text, and was skipped: unpack it with `unzip {tmp_path / 'backup.dat'} "
+        f"-d {tmp_path / 'backup.dat.files'}` and name the folder {tmp_path / 'backup.dat.files'} in place",
+        "wiki.txt.zst": f"a zstd-compressed file, not text, and was skipped: decompress it with `unzstd "
+        f"{tmp_path / 'wiki.txt.zst'}` (it writes {tmp_path / 'wiki.txt'}) and {use}",
     }
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     # a Hugging Face dataset's own format: was 'a .bz2, .xz or .zip file must be decompressed first'
-    pq.write_table(pa.table({"text": [text]}), tmp_path / "train.parquet")
+    pq.write_table(pa.table({"id": [7], "text": [text]}), tmp_path / "train.parquet")
     expected["train.parquet"] = (
         'a Parquet file, not text, and was skipped: write its text column as JSON lines (`python -c "import '
         f"json, pyarrow.parquet as pq; out = open('{tmp_path / 'train.jsonl'}', 'w')"
@@ -448,3 +492,29 @@ def test_another_encoding_is_named_with_the_iconv_fix(tmp_path):
         assert docs == [] and counts["files_skipped_binary"] == 1
         [warning] = corpus_file_warnings(counts)
         assert warning.startswith(f"{tmp_path / name} is {said}"), warning
+    # the Parquet file's python line, run as printed, writes its text column (not its first, `id`)
+    [warning] = corpus_file_warnings(read("train.parquet")[1])
+    exec(warning.split('`python -c "')[1].split('"`')[0], {})
+    assert (tmp_path / "train.jsonl").read_text() == json.dumps({"text": text}, ensure_ascii=False) + "\n"
+
+
+def test_the_files_read_for_no_text_are_each_named_once(tmp_path):
+    """stats.json's `files_skipped` (the model card's "Skipped, no text read") lists every file the
+    reader skipped whole, by its path: binary, UTF-16, empty, only lines over 1 MiB, one JSON array;
+    not a file of which some text was read."""
+    from preprocessing.corpus import MAX_LINE_BYTES
+    from preprocessing.corpus_trouble import unread_files
+
+    files = {
+        "bin.dat": b"\x00\x01" * 100,
+        "wide.txt": "Some text. More text.\n".encode("utf-16"),
+        "empty.txt": b" \n\n",
+        "one_line.txt": b"x" * (MAX_LINE_BYTES + 1) + b"\n",
+        "array.json": json.dumps([{"text": "A doc."}]).encode() + b"\n",
+        "read.txt": b"A sentence. Another.\n" + b"x" * (MAX_LINE_BYTES + 1) + b"\n",
+    }
+    counts: Counter = Counter()
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        list(read_documents(tmp_path / name, counts, quiet=True))
+    assert unread_files(counts) == sorted(str(tmp_path / n) for n in files if n != "read.txt")

@@ -537,6 +537,11 @@ def test_the_text_size_of_a_gzip_file_is_what_the_reader_gets(tmp_path) -> None:
     plain = tmp_path / "plain.txt"
     plain.write_bytes(text)
     assert text_size(str(plain)) == len(text)
+    # a whole file whose CRC does not match (a flipped bit): its text is read up to the check, which
+    # raises gzip.BadGzipFile, an OSError, as the reader keeps it and says the file damaged
+    bad_crc = tmp_path / "bad_crc.txt.gz"
+    bad_crc.write_bytes(whole[:-8] + bytes(4) + whole[-4:])
+    assert text_size(str(bad_crc)) == len(text)
 
 
 def test_a_validation_split_is_said_empty_or_of_one_document_never_both() -> None:
