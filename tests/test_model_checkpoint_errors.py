@@ -495,17 +495,26 @@ def test_an_export_or_import_into_another_pretraining_output_is_refused(good, tm
     (tok / "vocab.txt").write_text(SPECIALS + "".join(f"w{i}\n" for i in range(59)))
     source = tmp_path / "hf_source"
     write_hf_dir(load_checkpoint(good).model, source, tok)
-    before = sorted(p.relative_to(other) for p in other.rglob("*"))
-    for out in (other / "checkpoints" / "global_step8", other / "exp", other / "checkpoints" / "imp"):
+    under_way = tmp_path / "under_way"  # a run still training: its run_spec.json, no marker, no model/
+    (under_way / "checkpoints" / "global_step4").mkdir(parents=True)
+    (under_way / "run_spec.json").write_text("{}")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for run, out in (
+        (other, other / "checkpoints" / "global_step8"),
+        (other, other / "exp"),
+        (other, other / "checkpoints" / "imp"),
+        (other, other / "checkpoints" / "global_step8" / "hf"),
+        (under_way, under_way / "checkpoints" / "imp"),
+    ):
         for command in ("export-hf", "import-hf"):
             err = expect_cli_error(
                 [command, str(source), str(out)],
                 capsys,
-                f"{out} lies inside the pretraining output {other}",
+                f"{out} lies inside the pretraining output {run}",
                 "an OUT_DIR outside",
             )
             assert "remove this one" not in err, err
-    assert sorted(p.relative_to(other) for p in other.rglob("*")) == before
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 def test_cli_subprocess_prints_one_paragraph_and_exits_2(tmp_path):
@@ -638,7 +647,14 @@ def test_an_output_inside_or_holding_its_input_is_refused_before_any_work(good, 
     holder = tmp_path / "holder"
     assert cli(["import-hf", str(good), str(holder)]) == 0  # a finished model directory
     inner = copy_dir(src, holder / "src")
-    expect_cli_error([command, str(inner), str(holder)], capsys, f"output {holder} holds the", str(inner))
+    what = "source checkpoint" if command == "import-hf" else "checkpoint"
+    expect_cli_error(
+        [command, str(inner), str(holder)],
+        capsys,
+        f"output {holder} holds the {what} {inner}; {command} would replace {holder} as a whole, and "
+        f"the {what} in it with it.",
+        f"Fix: give {command} an OUT_DIR apart from {inner} (neither it, nor inside it, nor holding it).",
+    )
     assert inner.is_dir() and _tree(inner) == before
     tok = tmp_path / "tok"
     tok.mkdir()

@@ -718,3 +718,11 @@ def test_an_output_holding_the_users_files_is_refused_before_any_work(tmp_path, 
     said = f"the pretrain output {stray} already holds metrics.jsonl, run_spec.json, and it is not"
     assert said in err, err
     assert (stray / "metrics.jsonl").read_text() == "mine\n"
+    many = tmp_path / "many"  # six of the names: four shown, the count of the others said
+    many.mkdir()
+    for name in ("data_cache", "launcher.log", "metrics.jsonl", "model", "run_spec.json", "wandb_files"):
+        (many / name).write_text("mine\n")
+    with pytest.raises(
+        UserError, match="already holds data_cache, launcher.log, metrics.jsonl, model and 2 more,"
+    ):
+        refuse_foreign_files(many, "pretrain", OUTPUT_NAMES)
