@@ -60,6 +60,13 @@ def test_card_of_a_run_shorter_than_its_warmup_says_the_lr_never_decayed() -> No
         "learning rate rising linearly for the whole run to 0.00025 (40 warmup steps of a peak 0.0005" in text
     )
     assert "then linear decay" not in text
+    # a run as long as its warm-up reaches the peak at its last step, and never decays
+    facts.training = dataclasses.replace(facts.training, steps=20, warmup_steps=20)
+    text = render_model_card(facts, Path("/m"))
+    assert "for the whole run to 0.0005 (20 warmup steps of a peak 0.0005 in a run of 20: no decay)" in text
+    # a run spec's max_steps below the steps the run logged: the schedule is that of the steps run
+    facts.training = dataclasses.replace(facts.training, steps=20, warmup_steps=40, run_steps=10)
+    assert "for the whole run to 0.00025 (40 warmup steps" in render_model_card(facts, Path("/m"))
 
 
 def test_card_of_a_checkpoint_inside_the_warmup_says_the_runs_schedule() -> None:
@@ -75,6 +82,12 @@ def test_card_of_a_checkpoint_inside_the_warmup_says_the_runs_schedule() -> None
         "peak learning rate 0.0005, 20 warmup steps then linear decay over a run of 40 steps; these weights "
         "are from step 10 (learning rate 0.00025 at that step)"
     ) in text, text
+    # a run as long as its warm-up: no decay in the run either
+    facts.training = dataclasses.replace(facts.training, steps=10, warmup_steps=40, run_steps=40)
+    assert (
+        "learning rate rising linearly to 0.0005 (40 warmup steps of a peak 0.0005: no decay) over a run of "
+        "40 steps; these weights are from step 10 (learning rate 0.000125 at that step)"
+    ) in render_model_card(facts, Path("/m"))
 
 
 def test_card_warns_when_the_model_is_no_better_than_token_frequencies() -> None:
@@ -101,6 +114,9 @@ def test_the_stage_says_a_model_no_better_than_token_frequencies_out_loud() -> N
         in note
     )
     assert context_free_note(_facts(5.1, True).evaluation) is None
+    unknown = _facts(67.5, False).evaluation  # no unigram entropy (no train split counts): nothing said
+    del unknown.baselines["unigram_entropy"]
+    assert context_free_note(unknown) is None
 
 
 def test_card_of_a_converted_checkpoint_leaves_out_what_is_unknown() -> None:
@@ -375,6 +391,7 @@ def test_a_loss_just_below_the_unigram_entropy_is_not_said_to_be_not_below_it() 
     text = render_model_card(facts, Path("/m"))
     assert (
         "**The masked-LM accuracy is not above always guessing the most frequent token (0.200 against "
+        "0.200), though the loss is 0.500 nats below the unigram entropy: this model has learned token"
         in text
     )
     assert "the model uses the context" not in text
@@ -400,6 +417,17 @@ def test_pretraining_card_of_a_moved_run_directory_reads_the_shards_where_they_a
     assert facts.evaluation is not None and facts.evaluation.examples == 16
     assert facts.data is not None and facts.model_max_length == 64
     assert facts.provenance["shards"] == f"`{moved / 'preprocess' / dirs['preprocess'].name}`"
+    assert facts.provenance["tokenizer"] == f"`{moved / 'tokenizer' / dirs['tokenizer'].name}`"
+    # a run where it was made reads its inputs where the spec names them, even with a same-named
+    # output in its run directory; one the spec names that is gone, in its run directory instead
+    run = moved / "pretrain" / dirs["pretrain"].name
+    own = shutil.copytree(moved / "preprocess", tmp_path / "mine" / "preprocess") / dirs["preprocess"].name
+    spec = json.loads((run / "run_spec.json").read_text())
+    gone = tmp_path / "gone" / "tokenizer" / dirs["tokenizer"].name
+    spec.update(out_dir=str(run), shards_dir=str(own), tokenizer_dir=str(gone))
+    (run / "run_spec.json").write_text(json.dumps(spec))
+    facts = pretraining_card(run)
+    assert facts.provenance["shards"] == f"`{own}`" and facts.evaluation is not None
     assert facts.provenance["tokenizer"] == f"`{moved / 'tokenizer' / dirs['tokenizer'].name}`"
 
 
@@ -500,3 +528,39 @@ def test_an_encoder_only_card_describes_the_directory_it_sits_in(tmp_path: Path)
         assert "cls." not in text and "pretraining heads are not loaded" not in text, text
         assert json.loads((out / "_COMPLETE.json").read_text())["fresh"] == ["bert.pooler.dense.weight"]
     assert "`bert.pooler.dense.weight`" in text  # the import's fresh weights the directory holds
+
+
+def test_the_held_out_line_says_which_examples_the_figures_are_of() -> None:
+    """The figures are of the validation split's first `examples`: the card says all of them when
+    that is the whole split, the first N of the split's M otherwise (with how to measure all M),
+    and only the number when the split's size is not known."""
+    facts = _facts(4.2, True)  # 128 held-out examples
+    for split, said in (
+        (None, "on 128 held-out examples"),
+        (128, "on all 128 held-out examples"),
+        (1000, "on the first 128 (`pretrain.eval_batches` global batches) of the 1,000 held-out examples"),
+    ):
+        facts.evaluation.split_examples = split
+        text = render_model_card(facts, Path("/m"))
+        assert f"Measured at step 300 {said} (documents never trained on)" in text, text
+        assert ("`bertflow evaluate` reads all" in text) == (split == 1000), text
+
+
+def test_a_card_recorded_in_a_marker_reads_back_as_it_was_and_anything_else_as_none() -> None:
+    """An export's marker carries its card (`facts_record`) for the import-hf or export-hf of it to
+    write the same card: read back from the marker as written (keys sorted), it renders the same,
+    its Provenance in order; a record that is not one (edited by hand) is None, not a traceback."""
+    from model.model_card import facts_of_record, facts_record
+
+    facts = _facts(4.2, True)
+    facts.provenance = {
+        "pretraining output": "`/runs/p`",
+        "checkpoint": "`global_step3`",
+        "exported from": "`/x`",
+    }
+    facts.evaluate_shards = Path("/runs/shards")
+    record = json.loads(json.dumps(facts_record(facts), sort_keys=True))  # as write_marker writes it
+    assert render_model_card(facts_of_record(record), Path("/m")) == render_model_card(facts, Path("/m"))
+    bad_size = {**record, "data": {**record["data"], "corpus_files": [["corpus.txt", "5 MiB"]]}}
+    for edited in ([1], "card", {**record, "colour": "red"}, bad_size):
+        assert facts_of_record(edited) is None, edited

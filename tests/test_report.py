@@ -513,8 +513,9 @@ def test_tokens_seen_are_the_logged_count_not_an_estimate(run_dir, tmp_path) -> 
     copy = tmp_path / "pretrain"
     shutil.copytree(dirs["pretrain"], copy)
     with (copy / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 100, "loss": 3.0, "consumed_tokens": 626_864}) + "\n")  # an earlier one
         f.write(json.dumps({"step": 300, "loss": 2.0, "consumed_tokens": 1_881_591}) + "\n")
-    assert pretraining_card(copy).training.tokens_seen == 1_881_591
+    assert pretraining_card(copy).training.tokens_seen == 1_881_591  # the count at the card's step
 
 
 def test_the_w_and_b_table_names_a_units_checkpoint_as_the_scorecard_does(run_dir, tmp_path) -> None:
