@@ -564,3 +564,22 @@ def test_a_card_recorded_in_a_marker_reads_back_as_it_was_and_anything_else_as_n
     bad_size = {**record, "data": {**record["data"], "corpus_files": [["corpus.txt", "5 MiB"]]}}
     for edited in ([1], "card", {**record, "colour": "red"}, bad_size):
         assert facts_of_record(edited) is None, edited
+
+
+def test_a_carried_card_says_the_verdict_of_its_figures_not_of_its_recorded_flag() -> None:
+    """A card carried in an export's marker (`facts_record`) keeps the `beats_unigram` its run worked
+    out; one recorded before the verdict asked for the accuracy too holds True for a model whose
+    accuracy is below the most frequent token's. An import-hf of that export said "its accuracy above
+    always guessing the most frequent token: the model uses the context" beside a table showing it
+    below. The verdict now follows the figures it prints."""
+    from model.model_card import facts_of_record, facts_record
+
+    facts = _facts(4.2, True)  # as recorded then: the loss 1.8 nats below the entropy
+    facts.evaluation.metrics["val_mlm_acc"] = 0.05  # below the most frequent token's 0.06
+    text = render_model_card(facts_of_record(json.loads(json.dumps(facts_record(facts)))), Path("/m"))
+    assert "| masked-LM accuracy | 5.0% | 6.0% (always the most frequent token) |" in text
+    assert "the model uses the context" not in text, text
+    assert (
+        "**The masked-LM accuracy is not above always guessing the most frequent token (0.050 against "
+        in text
+    )
