@@ -77,6 +77,37 @@ def test_model_info_describes_a_model_folder_and_refuses_what_is_not_one(minilm_
     assert f"({tmp_path / 'latest'} holds a model directory: " in err  # not "a pretraining output"
 
 
+def test_model_info_of_a_checkpoint_and_of_fresh_heads(tmp_path, capsys, monkeypatch):
+    """A pretraining output, its checkpoints/ or one global_stepN is described as the model it
+    consolidates, named with its tag, with the counts of the same model's folder (tied weights once);
+    a folder whose marker lists fresh head tensors (an import-hf of an encoder) says so, counting the
+    heads' alone. (The DeepSpeed tag's loading is stubbed: tests/test_pretrain.py reads a real one.)"""
+    import training.consolidate
+    from common.atomic import write_marker
+    from model.hf_io import write_hf_dir
+    from pipelines.cli import main as cli
+
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    write_hf_dir(model, tmp_path / "tiny")
+    assert cli(["model-info", str(tmp_path / "tiny")]) == 0
+    counts = capsys.readouterr().out.split("\n", 1)[1]
+    run = tmp_path / "run"
+    tag = run / "checkpoints" / "global_step3"
+    tag.mkdir(parents=True)
+    monkeypatch.setattr(training.consolidate, "resolve_tag_dir", lambda path: tag)
+    monkeypatch.setattr(training.consolidate, "load_model_from_tag", lambda path: model)
+    for path in (run, run / "checkpoints", tag):
+        assert cli(["model-info", str(path)]) == 0, capsys.readouterr().err
+        printed = capsys.readouterr().out
+        assert printed.startswith(f"{path} (DeepSpeed checkpoint global_step3): BERT L=2 H=128"), printed
+        assert printed.split("\n", 1)[1] == counts
+    fresh = ["bert.pooler.dense.weight", "cls.predictions.bias", "cls.seq_relationship.weight"]
+    write_marker(tmp_path / "tiny", {"fresh": fresh})
+    assert cli(["model-info", str(tmp_path / "tiny")]) == 0
+    said = "freshly initialized, not trained (_COMPLETE.json lists 2 head tensors as fresh)"
+    assert said in capsys.readouterr().out
+
+
 def test_unknown_preset_is_a_user_error():
     with pytest.raises(UserError, match="unknown model preset 'huge'"):
         BertConfig.from_preset("huge")

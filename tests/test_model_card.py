@@ -320,6 +320,15 @@ def test_export_of_a_checkpoint_tag_carries_the_runs_card_at_that_step(
         tag = run / "checkpoints" / f"global_step{step}"
         tag.mkdir(parents=True)
         assert cli(["export-hf", str(tag), str(tmp_path / f"hf{step}")]) == 0
+    # the run dir itself: its newest checkpoint is read, and the card names it after the run's line
+    monkeypatch.setattr(training.consolidate, "resolve_tag_dir", lambda path: tag if path == run else path)
+    assert cli(["export-hf", str(run), str(tmp_path / "hf_run")]) == 0
+    provenance = (tmp_path / "hf_run" / "README.md").read_text().split("## Provenance\n\n")[1].splitlines()
+    assert provenance[:3] == [
+        f"- exported from: `{run}`",
+        f"- pretraining output: `{run}`",
+        "- checkpoint: `global_step250` (step 250 of the run)",
+    ], provenance
 
     at_200 = (tmp_path / "hf200" / "README.md").read_text()
     assert "(200 steps, bertflow)" in at_200 and "for 200 steps (12,800 sequences" in at_200

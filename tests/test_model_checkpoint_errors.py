@@ -66,6 +66,11 @@ def test_directory_that_is_not_a_bert_checkpoint(tmp_path, capsys):
     (gpt / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
     expect_cli_error(["import-hf", str(gpt), str(tmp_path / "o")], capsys, str(gpt / "config.json"), "'gpt2'")
     expect_cli_error(["import-hf", str(tmp_path / "absent"), str(tmp_path / "o")], capsys, "does not exist")
+    # export-hf reads a path that is no folder as a model directory too: what is wrong with it is said
+    expect_cli_error(["export-hf", str(tmp_path / "absent"), str(tmp_path / "o")], capsys, "does not exist")
+    expect_cli_error(
+        ["export-hf", str(gpt / "config.json"), str(tmp_path / "o")], capsys, "is a file, not a checkpoint"
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -464,6 +469,7 @@ def test_an_export_into_the_pretraining_output_it_reads_is_refused(good, tmp_pat
         (tag, run / "checkpoints" / "global_step4"),
         (tag, run / "checkpoints" / "global_step4" / "hf"),
         (tag, run / "hf"),
+        (tag, run / "checkpoints" / "exp"),  # no checkpoint's name: not read as a broken one
         (run / "model", run / "hf"),
     ):
         err = expect_cli_error(
@@ -475,6 +481,7 @@ def test_an_export_into_the_pretraining_output_it_reads_is_refused(good, tmp_pat
         )
         # the broken-checkpoint harm only where the export makes a checkpoints/global_stepN folder
         assert (broken in err) == ("global_step4" in str(out)), err
+        assert ("reads as a broken checkpoint" in err) == ("global_step4" in str(out)), err
         assert "global_stepN" not in err, err
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
