@@ -489,8 +489,9 @@ def _read_jsonl(
     for line in _lines(path, counts, quiet):
         if not line.strip():
             continue
-        if first and line.lstrip().startswith("["):  # one JSON array: corpus_file_warnings says so
-            counts[f"{ARRAY_KEY}{path}"] = 1
+        if first and line.lstrip().startswith("["):  # one JSON array: skipped whole, as said of it
+            counts[f"{ARRAY_KEY}{path}"] = 1  # (corpus_file_warnings, unread_files)
+            return
         first = False
         try:
             obj = json.loads(line)

@@ -79,9 +79,14 @@ def test_a_json_array_file_is_named_as_such_with_the_jq_fix(tmp_path):
     field (the first is a JSON array, not an object)' (compact): true, but not what to do. Now the
     file is named as a JSON array with the jq command that writes it as JSON lines."""
     rows = [{"text": f"Document {i}. It has two sentences."} for i in range(20)]
-    for name, indent in (("pretty.json", 2), ("compact.json", None)):
+    one_per_line = "[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n"  # its last line is JSON
+    for name, text in (
+        ("pretty.json", json.dumps(rows, indent=2) + "\n"),
+        ("compact.json", json.dumps(rows) + "\n"),
+        ("lines.json", one_per_line),  # read its last object as a document, and said it was skipped
+    ):
         path = tmp_path / name
-        path.write_text(json.dumps(rows, indent=indent) + "\n")
+        path.write_text(text)
         counts: Counter = Counter()
         assert list(read_documents(path, counts)) == []
         assert corpus_file_warnings(counts) == [
