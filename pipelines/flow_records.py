@@ -61,13 +61,16 @@ def write_record(
     planned: list[str] | None = None,
     flow_run_id: str | None = None,
     stopped_by: str | None = None,
+    command: str | None = None,
 ) -> Path:
     """`status`: running (written at the start and after each stage), completed, failed, or stopped
     (by `stopped_by`: "SIGTERM to bertflow", its deployment variant or "Ctrl-C",
     `common.errors.stop_request`);
     `units`: the fine-tuning unit directories this flow run used (for `bertflow runs clean`);
     `planned`: the stage outputs it will use, which a live run's record protects from cleaning;
-    `flow_run_id`: its Prefect flow run (`pipelines.prefect_killed_runs`).
+    `flow_run_id`: its Prefect flow run (`pipelines.prefect_killed_runs`);
+    `command`: the `bertflow run` command of its settings (config, --set, stage selection), which
+    `bertflow runs show` prints: what tells two flow runs of one run directory apart.
     While running, the record names its writer (pid, host): a killed run reads as interrupted."""
     if path is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
@@ -86,6 +89,7 @@ def write_record(
             "planned": planned or [],
             "writer": {"pid": os.getpid(), "host": socket.gethostname()} if status == "running" else {},
             **({"stopped_by": stopped_by} if stopped_by else {}),
+            **({"command": command} if command else {}),
         },
     )
     return path

@@ -41,7 +41,7 @@ from pipelines.stage_keys import (
     stage_key_inputs,
     write_stage_key,
 )
-from pipelines.stage_plan import SUMMARY_STAGES, plan_stages, refuse_missing_inputs
+from pipelines.stage_plan import SUMMARY_STAGES, plan_stages, refuse_missing_inputs, selection_flags
 
 
 def clear(directory: Path) -> None:
@@ -112,6 +112,8 @@ class FlowRun:
     ) -> None:
         self.cfg, self.run_name, self.flow_run_id = cfg, run_name, flow_run_id
         self.selected, self.forced = plan_stages(only, from_stage, force)
+        # the command of these settings (a deployment's flow run: the one that runs the same)
+        self.command = cfg.command_line("run", *selection_flags(only, from_stage, force))
         self.group = f"{cfg.name}-{run_name}"
         self.wandb: WandbTarget = cfg.wandb.target(self.group)  # every W&B run of this flow run
         self.dirs = stage_dirs(cfg)
@@ -429,7 +431,7 @@ class FlowRun:
             self.root, self.run_name, self.group, self.records, self.started,
             path=self.record_path, status=self.status, units=self.unit_dirs,
             planned=[str(d) for d in self.dirs.values()], flow_run_id=self.flow_run_id,
-            stopped_by=self.stopped_by,
+            stopped_by=self.stopped_by, command=self.command,
         )  # fmt: skip
         return self.record_path
 

@@ -204,6 +204,7 @@ def show_run(root: Path, name: str | None, config: str | None = None) -> str:
         f"flow run {run.name}: {run.status}{by}, started {d.get('started_utc', '?')} UTC, "
         f"{_run_time(run, runs)}; W&B group {d.get('wandb_group', '—')}",
         f"record: {run.path}",
+        *([f"command: {d['command']}"] if d.get("command") else []),
         f"result: {result_text(run)}",
         "",
     ]

@@ -50,6 +50,15 @@ def plan_stages(
     return selected, forced
 
 
+def selection_flags(
+    only: str | list[str] | None, from_stage: str | None, force: list[str] | None
+) -> list[str]:
+    """The `bertflow run` flags of a stage selection (`plan_stages`' arguments): --only, --from, --force."""
+    only = [only] if isinstance(only, str) else list(only or [])
+    pairs = [*(("--only", o) for o in only), ("--from", from_stage), *(("--force", f) for f in force or [])]
+    return [word for flag, value in pairs if value is not None for word in (flag, value)]
+
+
 def flow_inputs(cfg: PipelineConfig) -> dict[str, dict[str, str]]:
     """Each stage of the flow, in its order (a phase's: preprocess@NAME, pretrain@NAME; the
     fine-tuning units: `units`, which the finetune stage runs) → the outputs its task takes:

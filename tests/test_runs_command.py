@@ -553,3 +553,28 @@ def test_the_no_flow_runs_hint_names_a_flow_run_that_writes_there(
     out = capsys.readouterr().out
     said = f"nothing to delete: {tmp_path / 'empty'} holds no interrupted or unfinished stage output"
     assert said in out, out
+
+
+def test_runs_show_names_the_command_of_each_flow_runs_settings(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two flow runs of one config with different settings (`--set pretrain.max_steps=...`) looked
+    the same in `bertflow runs` and `runs show`: no record said what either was run with. The record
+    now keeps the `bertflow run` command of its settings, and `runs show` prints it."""
+    import shlex
+
+    from pipelines.config import load_config
+    from pipelines.flow_run import FlowRun
+    from tests.flow_support import tiny_config
+
+    config = tiny_config(tmp_path, data_dir)
+    for name, steps in (("twenty-steps", 20), ("thirty-steps", 30)):
+        cfg = load_config(config, [f"pretrain.max_steps={steps}"])
+        run = FlowRun(cfg, name, None, None, ["report"])
+        with run.recorded():
+            pass
+    for name, steps in (("twenty-steps", 20), ("thirty-steps", 30)):
+        assert cli(["runs", "show", name, "--run-dir", str(run.root)]) == 0
+        [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("command: ")]
+        flags = ["--force", "report", "--set", f"pretrain.max_steps={steps}"]
+        assert shlex.split(line.removeprefix("command: ")) == ["bertflow", "run", str(config), *flags]
