@@ -123,6 +123,13 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
             f"no shards at {directory}: it is not a shard directory but lies inside one, {root}.",
             fix=f"pass {root}, the folder that holds {MANIFEST_NAME}.",
         )
+    if not path.is_file() and (below := _shard_dirs_below(directory)):
+        more = f" and {len(below) - 3} more" if len(below) > 3 else ""
+        raise UserError(
+            f"no shards at {directory}: it is not a shard directory, but holds "
+            f"{'one' if len(below) == 1 else 'some'}: {', '.join(map(str, below[:3]))}{more}.",
+            fix=f"pass {below[0]}." if len(below) == 1 else f"pass one of them, e.g. {below[0]}.",
+        )
     manifest = read_json_object(
         path,
         "shard manifest",
@@ -143,6 +150,15 @@ def _shard_dir_above(path: Path) -> Path | None:
     """The shard directory `path` lies in, when it is one's manifest.json, split folder or shard
     file (a parent or grandparent holding manifest.json); None otherwise."""
     return next((d for d in (path.parent, path.parent.parent) if (d / MANIFEST_NAME).is_file()), None)
+
+
+def _shard_dirs_below(path: Path) -> list[Path]:
+    """The shard directories one or two levels below `path` (a run directory's preprocess/<key>
+    and latest/preprocess, or its preprocess/ folder's outputs), one per directory they resolve to."""
+    found: dict[Path, Path] = {}
+    for manifest in sorted([*path.glob(f"*/{MANIFEST_NAME}"), *path.glob(f"*/*/{MANIFEST_NAME}")]):
+        found.setdefault(manifest.parent.resolve(), manifest.parent)
+    return list(found.values())
 
 
 def shard_paths(directory: str | os.PathLike, split: str = "train", verify: bool = True) -> list[Path]:

@@ -540,3 +540,28 @@ def test_evaluating_a_deepspeed_checkpoint_keeps_deepspeeds_lines_off_the_consol
         f"{run} (DeepSpeed checkpoint global_step1) on {shards} (validation, the first 8 of "
     )
     assert "NOTE: the checkpoint has no vocab.txt or tokenizer.json" in res.stdout  # the command's own
+
+
+def test_a_folder_above_shard_directories_is_refused_naming_them(
+    model_dir, shards_and_tokenizer, tmp_path, capsys
+):
+    """--shards runs (or runs/latest, runs/preprocess: the folders a user finds first) said
+    "runs/manifest.json is missing. Fix: run `bertflow preprocess`", as if there were no shards: the
+    shard directories below the folder are named instead (one link to a directory: once)."""
+    shards, _ = shards_and_tokenizer
+    run = tmp_path / "runs"
+    (run / "preprocess").mkdir(parents=True)
+    (run / "preprocess" / "k1").symlink_to(shards)
+    (run / "latest").mkdir()
+    (run / "latest" / "preprocess").symlink_to(shards)
+    for passed, below in (
+        (run, run / "latest" / "preprocess"),
+        (run / "preprocess", run / "preprocess" / "k1"),
+    ):
+        assert cli_main(["evaluate", str(model_dir), "--shards", str(passed)]) == 2
+        err = capsys.readouterr().err
+        assert f"holds one: {below}. Fix: pass {below}." in err, err
+    shutil.copytree(shards, run / "preprocess" / "k2")
+    assert cli_main(["evaluate", str(model_dir), "--shards", str(run / "preprocess")]) == 2
+    err = capsys.readouterr().err
+    assert f"holds some: {run}/preprocess/k1, {run}/preprocess/k2. Fix: pass one of them" in err, err
