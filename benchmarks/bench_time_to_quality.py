@@ -127,19 +127,25 @@ def print_curve(name: str, curve: Curve) -> None:
     print(f"{name}: " + ", ".join(f"{t:.0f}s/step {s}: {acc:.3f}" for t, s, acc in curve))
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    from bench_args import non_negative_int, positive_float, positive_int, preset
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget-s", type=float, default=240.0, help="training seconds for each side")
-    ap.add_argument("--steps", type=int, default=1200, help="schedule length (lr reaches 0 here)")
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--eval-batches", type=int, default=8)
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--budget-s", type=positive_float, default=240.0, help="training seconds for each side")
+    ap.add_argument("--steps", type=positive_int, default=1200, help="schedule length (lr reaches 0 here)")
+    ap.add_argument("--warmup", type=non_negative_int, default=100)
+    ap.add_argument("--eval-every", type=positive_int, default=50)
+    ap.add_argument("--eval-batches", type=positive_int, default=8)
+    ap.add_argument("--preset", type=preset, default="tiny")
+    ap.add_argument("--batch", type=positive_int, default=32)
+    ap.add_argument("--lr", type=positive_float, default=1e-3)
     ap.add_argument("--quick", action="store_true", help="a smoke run (60 s budget, 300 steps)")
     ap.add_argument("--json", help="also write the figures here")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     if args.quick:
         args.budget_s, args.steps, args.warmup, args.eval_every = 60.0, 300, 30, 25
     os.environ.setdefault("WANDB_MODE", "offline")

@@ -1,0 +1,53 @@
+"""The benchmarks refuse a bad option value at once, naming the option (exit 2): they raised a
+traceback, some after minutes of set-up (`bench_model_step.py --case mini:x`, `bench_pretrain.py
+--presets tiny`, `bench_loader_memory.py --ranks 0`), or measured something else (`bench_flow.py
+--documents 0` timed the whole corpus and printed "0 documents"; `bench_time_to_quality.py
+--budget-s -1` trained)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from common.paths import PROJECT_ROOT
+
+sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+
+import bench_flow  # noqa: E402
+import bench_loader_memory  # noqa: E402
+import bench_model_step  # noqa: E402
+import bench_pretrain  # noqa: E402
+import bench_time_to_quality  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "bench, argv",
+    [
+        (bench_flow, ["--documents", "0"]),
+        (bench_loader_memory, ["--ranks", "0"]),
+        (bench_loader_memory, ["--dupe-factor", "two"]),
+        (bench_model_step, ["--case", "mini:x"]),
+        (bench_model_step, ["--case", "mini"]),
+        (bench_model_step, ["--case", "huge:8"]),
+        (bench_pretrain, ["--presets", "mini,tiny"]),
+        (bench_pretrain, ["--steps", "0"]),
+        (bench_time_to_quality, ["--preset", "huge"]),
+        (bench_time_to_quality, ["--budget-s", "-1"]),
+        (bench_time_to_quality, ["--lr", "nan"]),
+    ],
+)
+def test_a_bad_option_value_is_refused_naming_the_option(bench, argv, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        bench.parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and f"error: argument {argv[0]}: {argv[1]!r} " in err, err
+    assert "Traceback" not in err
+
+
+def test_good_values_and_the_defaults_parse() -> None:
+    args = bench_model_step.parser().parse_args(["--case", "mini:32", "--case", "base:8", "--warmup", "0"])
+    assert args.case == [("mini", 32), ("base", 8)] and args.warmup == 0
+    assert bench_pretrain.parser().parse_args([]).presets == ["mini", "base"]
+    assert bench_time_to_quality.parser().parse_args([]).budget_s == 240.0
+    assert bench_flow.parser().parse_args(["--documents", "50"]).documents == 50
