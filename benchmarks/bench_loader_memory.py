@@ -63,7 +63,7 @@ def measure(mode: str, ranks: int, shards: Path, cache: Path) -> list[tuple]:
 def parser() -> argparse.ArgumentParser:
     from bench_args import positive_int
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=positive_int, default=2)
     ap.add_argument("--dupe-factor", type=positive_int, default=5)
     return ap

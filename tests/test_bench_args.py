@@ -51,3 +51,14 @@ def test_good_values_and_the_defaults_parse() -> None:
     assert bench_pretrain.parser().parse_args([]).presets == ["mini", "base"]
     assert bench_time_to_quality.parser().parse_args([]).budget_s == 240.0
     assert bench_flow.parser().parse_args(["--documents", "50"]).documents == 50
+
+
+@pytest.mark.parametrize(
+    "bench", [bench_flow, bench_loader_memory, bench_model_step, bench_pretrain, bench_time_to_quality]
+)
+def test_help_says_what_the_benchmark_measures_in_a_whole_sentence(bench) -> None:
+    """`bench_loader_memory.py --help` said "Memory of the training examples across the ranks of one
+    node: Parquet read per rank vs the" and stopped: its description was the docstring's first line."""
+    said = " ".join(bench.parser().format_help().split())
+    first_sentence = " ".join(bench.__doc__.split()).split(". ")[0]
+    assert first_sentence in said, said
