@@ -70,7 +70,8 @@ def write_record(
     `planned`: the stage outputs it will use, which a live run's record protects from cleaning;
     `flow_run_id`: its Prefect flow run (`pipelines.prefect_killed_runs`);
     `command`: the `bertflow run` command of its settings (config, --set, stage selection), which
-    `bertflow runs show` prints: what tells two flow runs of one run directory apart.
+    `bertflow runs show` prints: what tells two flow runs of one run directory apart, and what a
+    killed or stopped one is resumed with (a deployment's flow run, `deployment`: run it again).
     While running, the record names its writer (pid, host): a killed run reads as interrupted."""
     if path is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
@@ -90,6 +91,7 @@ def write_record(
             "writer": {"pid": os.getpid(), "host": socket.gethostname()} if status == "running" else {},
             **({"stopped_by": stopped_by} if stopped_by else {}),
             **({"command": command} if command else {}),
+            **({"deployment": True} if os.environ.get("PREFECT__FLOW_RUN_ID") else {}),
         },
     )
     return path

@@ -233,7 +233,21 @@ def show_run(root: Path, name: str | None, config: str | None = None) -> str:
             + ("  (model card: README.md)" if (pre / "model" / "README.md").is_file() else ""),
         ]
     lines.append(f"report: {_report(run)}")
-    return "\n".join(lines)
+    return "\n".join([*lines, *_how_to_go_on(run)])
+
+
+def _how_to_go_on(run: FlowRunRecord) -> list[str]:
+    """For a flow run killed or stopped midway whose record has its command: how to resume it."""
+    from common.errors import go_on_after_a_stop
+
+    command = run.data.get("command")
+    if run.status not in ("interrupted", "stopped") or not command:
+        return []
+    deployment = bool(run.data.get("deployment"))
+    how = go_on_after_a_stop(deployment) + ("" if deployment else f", `{command}`")
+    return [
+        f"\nto resume: {how}; its complete stages are reused, a pretraining goes on from its last checkpoint."
+    ]
 
 
 def _output_cells(out: Path) -> list[str]:

@@ -578,3 +578,34 @@ def test_runs_show_names_the_command_of_each_flow_runs_settings(
         [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("command: ")]
         flags = ["--force", "report", "--set", f"pretrain.max_steps={steps}"]
         assert shlex.split(line.removeprefix("command: ")) == ["bertflow", "run", str(config), *flags]
+
+
+def test_runs_show_of_a_killed_or_stopped_flow_run_says_how_to_resume_it(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flow run killed midway (kill -9: `interrupted`) or stopped (Ctrl-C) is resumed by rerunning
+    the same command (README), but `runs show` said only `interrupted`, and the command, --set items
+    and all, was nowhere. It now ends with the command to resume it; a completed run has no such line."""
+    from pipelines.config import load_config
+    from pipelines.flow_run import FlowRun
+    from tests.flow_support import tiny_config
+
+    cfg = load_config(tiny_config(tmp_path, data_dir), ["pretrain.max_steps=400"])
+    killed = FlowRun(cfg, "killed-run", None, None, None)
+    record = killed.write_record()  # status running, as a kill -9 leaves it
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "writer": {**data["writer"], "pid": 2**22 + 12345}}))
+    stopped = FlowRun(cfg, "stopped-run", None, None, None)
+    with pytest.raises(KeyboardInterrupt), stopped.recorded():
+        raise KeyboardInterrupt
+    done = FlowRun(cfg, "done-run", None, None, None)
+    with done.recorded():
+        pass
+    for name, status in (("killed-run", "interrupted"), ("stopped-run", "stopped (Ctrl-C)")):
+        assert cli(["runs", "show", name, "--run-dir", str(killed.root)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"flow run {name}: {status},"), out
+        assert f"to resume: rerun the same command, `{killed.command}`; its complete stages are reused" in out
+        assert "--set pretrain.max_steps=400" in killed.command
+    assert cli(["runs", "show", "done-run", "--run-dir", str(killed.root)]) == 0
+    assert "to resume" not in capsys.readouterr().out
