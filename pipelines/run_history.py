@@ -225,15 +225,17 @@ def find_run(
 
 
 def _stage_output(root: Path, path: Path) -> Path:
-    """`path` (absolute, or relative to the run directory) if it is a stage output directory."""
-    p = (path if path.is_absolute() else root / path).resolve()
-    if p not in {d.resolve() for _, d in _output_dirs(root)}:
+    """`path` if it is a stage output directory of `root`: absolute, or relative to the run directory
+    (`pretrain/KEY`) or to the current one (`runs/pretrain/KEY`, as a shell completes it)."""
+    outputs = {d.resolve() for _, d in _output_dirs(root)}
+    found = [p for p in (root / path, Path.cwd() / path) if p.resolve() in outputs]
+    if not found:
         raise UserError(
             f"{path} is not a stage output of {root} (those are {root}/<stage>/<key> and "
             f"{root}/finetune/units/<unit>); nothing deleted.",
             fix=f"`{runs_cli(root, 'stages')}` lists them.",
         )
-    return p
+    return found[0].resolve()
 
 
 def removal_plan(

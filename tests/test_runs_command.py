@@ -609,3 +609,22 @@ def test_runs_show_of_a_killed_or_stopped_flow_run_says_how_to_resume_it(
         assert "--set pretrain.max_steps=400" in killed.command
     assert cli(["runs", "show", "done-run", "--run-dir", str(killed.root)]) == 0
     assert "to resume" not in capsys.readouterr().out
+
+
+def test_a_stage_output_named_from_the_current_directory_is_the_one_cleaned(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bertflow runs clean runs/pretrain/KEY` (the path as the shell completes it, from the project)
+    was refused, "runs/pretrain/KEY is not a stage output of .../runs": a relative path was read
+    from the run directory only (runs/runs/pretrain/KEY). It is now read from either."""
+    monkeypatch.chdir(tmp_path)  # the run directory is ./runs, the default
+    assert cli(["runs", "clean", "runs/pretrain/p1", "tokenizer/t1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"{root / 'pretrain' / 'p1'}  (used by" in out and f"{root / 'tokenizer' / 't1'}  (used by" in out
+    ), out
+    assert cli(["runs", "clean", "runs/pretrain/p1", "--yes"]) == 0
+    assert not (root / "pretrain" / "p1").exists() and (root / "pretrain" / "p2").is_dir()
+    (tmp_path / "pretrain" / "p2").mkdir(parents=True)  # not a stage output of ./runs
+    assert cli(["runs", "clean", str(tmp_path / "pretrain" / "p2"), "--yes"]) == 2
+    assert "is not a stage output of" in capsys.readouterr().err
