@@ -339,9 +339,10 @@ def stages_section(record: dict[str, Any], report_dir: Path, links: Links) -> li
     if not record:
         return [*lines, "No flow-run record found (stages were run one by one, not by `bertflow run`).", ""]
     stages = finished_stages(record)
+    command = f", its command `{record['command']}`" if record.get("command") else ""
     lines += [
         f"Flow run `{record.get('flow_run')}` started {record.get('started_utc')} UTC, W&B group "
-        f"`{record.get('wandb_group')}`. *ran*: computed in this flow run; *cached*: its complete output "
+        f"`{record.get('wandb_group')}`{command}. *ran*: computed in this flow run; *cached*: its complete output "
         "was found (Prefect cache hit); *reused*: a complete output written outside the flow "
         "(e.g. by the stage command alone) was found.",
         "",

@@ -440,6 +440,17 @@ def test_a_run_that_computed_nothing_counts_every_stage_as_cached(tmp_path) -> N
     assert "| **total** | 2 of 3 stages cached or reused |" in md
 
 
+def test_the_run_section_names_the_command_of_the_flow_runs_settings(tmp_path) -> None:
+    """The page said which config a flow run used, not its --set items: two runs of one config with
+    different settings read the same there. It names the record's command (`bertflow runs show`'s)."""
+    from pipelines.report_sections import Links, stages_section
+
+    command = "bertflow run configs/default.yaml --set pretrain.max_steps=30"
+    record = {"flow_run": "thirty", "wandb_group": "default-thirty", "command": command, "stages": []}
+    md = "\n".join(stages_section(record, tmp_path / "report", Links(tmp_path / "report", tmp_path)))
+    assert f"W&B group `default-thirty`, its command `{command}`. *ran*" in md
+
+
 def test_the_w_and_b_section_says_how_its_runs_were_logged(tmp_path) -> None:
     """The page said "Runs are offline unless WANDB_MODE=online and WANDB_API_KEY are set" under any
     run: wrong for a WANDB_API_KEY alone (it turns `wandb.mode: offline` online), and under runs that
