@@ -87,5 +87,8 @@ gpu-flow-prep: install
 gpu-check:
 	PYTHON=$$(test -x $(PY) && echo $(CURDIR)/$(PY) || echo python3) bash benchmarks/gpu_check.sh $(if $(PARTS),--parts $(PARTS))
 
+# Every flow run and stage output of ./runs (`bertflow runs clean --all --yes`: refused while a flow run or
+# a stage's writer is running, which a plain rm -rf deleted from under it), then the caches.
 clean:
-	rm -rf runs .cache .pytest_cache
+	@if test -x $(VENV)/bin/bertflow; then $(VENV)/bin/bertflow runs clean --all --yes; else rm -rf runs; fi
+	rm -rf .cache .pytest_cache

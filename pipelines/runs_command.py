@@ -6,6 +6,8 @@
     bertflow runs clean TARGET... [--incomplete] [--yes]
                                          TARGET = a flow run name (its outputs no other run uses, and
                                          its record) or a stage output directory; a dry run unless --yes
+    bertflow runs clean --all [--yes]    every flow run and stage output (`make clean`), refused
+                                         while a flow run or a stage output's writer is running
 
 The run directory is `--run-dir`, else the `run_dir` of `--config`, else `runs`.
 """
@@ -20,8 +22,10 @@ from typing import Any
 
 from common.disk_space import byte_size
 from finetuning.scorecard import signed_points
+from pipelines.flow_records import FLOW_RECORDS
 from pipelines.run_history import (
     LATEST,
+    UNITS,
     FlowRunRecord,
     default_run_root,
     dir_size,
@@ -55,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="pipeline YAML whose run_dir to look at")
     p.add_argument(
         "--incomplete", action="store_true", help="clean: also every interrupted or unfinished output"
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="clean: every flow run and stage output (refused while one is being written)",
     )
     p.add_argument(
         "--yes", action="store_true", help="clean: really delete (without it, only list what would go)"
@@ -290,14 +299,26 @@ def list_stages(root: Path) -> str:
     )
 
 
-def clean(root: Path, targets: list[str], incomplete: bool, yes: bool, config: str | None = None) -> str:
+def clean(
+    root: Path,
+    targets: list[str],
+    incomplete: bool,
+    yes: bool,
+    config: str | None = None,
+    everything: bool = False,
+) -> str:
     from common.errors import UserError
 
-    if not targets and not incomplete:
+    if not targets and not incomplete and not everything:
         raise UserError(
-            "nothing to clean.", fix="name flow runs or stage output directories, or pass --incomplete."
+            "nothing to clean.",
+            fix="name flow runs or stage output directories, or pass --incomplete or --all.",
         )
+    if everything:
+        targets = [*targets, *_everything(root)]
     plan = removal_plan(root, targets, incomplete, config)
+    if not plan and everything:
+        return f"nothing to delete: {root} holds no flow run and no stage output."
     if not plan:  # a named run or stage output is always in the plan: only --incomplete finds none
         return (
             f"nothing to delete: {root} holds no interrupted or unfinished stage output "
@@ -314,7 +335,35 @@ def clean(root: Path, targets: list[str], incomplete: bool, yes: bool, config: s
     for p in plan:
         remove(p)
     relink_latest(root)
+    if everything:
+        _remove_empty_layout(root)
     return "\n".join(["deleted:", *lines, f"  {total} freed."])
+
+
+def _everything(root: Path) -> list[str]:
+    """Every flow run and stage output of `root`, as `clean` targets; refused while a flow run is
+    running (it may be between two stages, none of its outputs being written)."""
+    from common.errors import UserError
+
+    runs = flow_runs(root)
+    if live := [r.name for r in runs if r.status == "running"]:
+        raise UserError(
+            f"flow run {live[0]} is running in {root}; nothing deleted.",
+            fix="wait for it to finish (or stop it) and clean again.",
+        )
+    return [*(r.name for r in runs), *(str(o.path) for o in stage_outputs(root, runs))]
+
+
+def _remove_empty_layout(root: Path) -> None:
+    """The folders of the run directory's layout that cleaning left empty, and `root` if it is then
+    empty (a user's own file keeps its folder)."""
+    from pipelines.stage_keys import STAGES
+
+    for d in [root.joinpath(*UNITS), *(root / s for s in STAGES), root / LATEST, root / FLOW_RECORDS, root]:
+        try:
+            d.rmdir()
+        except OSError:  # not empty, or absent
+            pass
 
 
 def _users(root: Path, plan: list[Path]) -> dict[Path, str]:
@@ -353,5 +402,5 @@ def main(args: argparse.Namespace) -> int:
     elif args.action == "stages":
         print(list_stages(root))
     else:
-        print(clean(root, args.targets, args.incomplete, args.yes, args.config))
+        print(clean(root, args.targets, args.incomplete, args.yes, args.config, args.all))
     return 0

@@ -628,3 +628,28 @@ def test_a_stage_output_named_from_the_current_directory_is_the_one_cleaned(
     (tmp_path / "pretrain" / "p2").mkdir(parents=True)  # not a stage output of ./runs
     assert cli(["runs", "clean", str(tmp_path / "pretrain" / "p2"), "--yes"]) == 2
     assert "is not a stage output of" in capsys.readouterr().err
+
+
+def test_clean_all_deletes_every_run_and_output_but_never_one_being_written(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make clean` was `rm -rf runs`: every output went, a live pretraining's from under it too. It
+    is now `bertflow runs clean --all --yes`: refused while an output's writer or a flow run runs;
+    else every flow run and stage output goes, and the layout's folders that are left empty."""
+    (root / "notes.txt").write_text("mine")
+    writing = _stage(root, "pretrain", "p3", complete=False)
+    mark_in_progress(writing)  # this very process: alive
+    assert cli(["runs", "clean", "--all", "--yes", "--run-dir", str(root)]) == 2
+    assert "is being written by a running process; nothing deleted" in capsys.readouterr().err
+    write_marker(writing)
+    live = _record(root, "live-run", "2026-01-03 10:00:00", {"pretrain": writing})
+    data = json.loads(live.read_text())
+    live.write_text(
+        json.dumps({**data, "status": "running", "writer": {"pid": os.getpid(), "host": os.uname().nodename}})
+    )
+    assert cli(["runs", "clean", "--all", "--yes", "--run-dir", str(root)]) == 2
+    assert "flow run live-run is running" in capsys.readouterr().err and writing.is_dir()
+    live.unlink()
+    assert cli(["runs", "clean", "--all", "--yes", "--run-dir", str(root)]) == 0
+    assert "freed" in capsys.readouterr().out
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]  # the user's file, and nothing else
