@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from common.child_process import is_gone, process_identity
 from common.errors import UserError
 
 MARKER_NAME = "_COMPLETE.json"
@@ -108,6 +109,7 @@ def mark_in_progress(directory: str | os.PathLike) -> None:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            **process_identity(),
         },
     )
 
@@ -138,7 +140,9 @@ def progress_state(directory: str | os.PathLike) -> str:
 
 def writer_state(writer: dict[str, Any]) -> str:
     """'running' (the process `writer` names, {"pid", "host"}, is alive on this host),
-    'interrupted' (it is gone, or nothing readable was recorded), or 'running elsewhere?'."""
+    'interrupted' (it is gone, or nothing readable was recorded; or its pid is now another
+    process's, which `process_identity`'s boot and start time, where recorded, tell), or
+    'running elsewhere?'."""
     if not writer:
         return "interrupted"
     import socket
@@ -154,7 +158,7 @@ def writer_state(writer: dict[str, Any]) -> str:
         return "interrupted"
     except PermissionError:  # alive, another user's
         pass
-    return "running"
+    return "interrupted" if is_gone(writer, pid) else "running"  # a reused pid is no writer
 
 
 def _in_progress(directory: Path) -> dict[str, Any]:

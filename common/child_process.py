@@ -9,7 +9,48 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
+
+
+def start_time(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (Linux /proc; None where it is gone or
+    there is no /proc): a process that later gets the same pid has another."""
+    fields = stat_fields(Path(f"/proc/{pid}/stat"))
+    return int(fields[19]) if fields else None
+
+
+def stat_fields(stat: Path) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ..., starttime at 19)."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def boot_id() -> str | None:
+    """This boot of the machine (Linux; None elsewhere): process start times count from it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def process_identity() -> dict[str, Any]:
+    """What tells this process from a later one with its pid (after a reboot, or pids wrapping
+    round): {"boot_id", "start"}, for a record of who writes something (`common.atomic.writer_state`)."""
+    identity = {"boot_id": boot_id(), "start": start_time(os.getpid())}
+    return {k: v for k, v in identity.items() if v is not None}
+
+
+def is_gone(writer: dict[str, Any], pid: int) -> bool:
+    """Whether the live process `pid` is not the one a record `writer` (`process_identity` and pid)
+    names: it started in another boot or at another time, so it only reuses that pid."""
+    boot, now = writer.get("boot_id"), boot_id()
+    if boot and now and boot != now:
+        return True
+    start = writer.get("start")
+    return start is not None and start_time(pid) not in (None, start)
 
 
 def die_with_parent() -> None:

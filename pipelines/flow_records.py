@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_write_json
+from common.child_process import process_identity
 
 FLOW_RECORDS = "flow_runs"
 
@@ -88,7 +89,11 @@ def write_record(
             "stages": records,
             "units": units or [],
             "planned": planned or [],
-            "writer": {"pid": os.getpid(), "host": socket.gethostname()} if status == "running" else {},
+            "writer": (
+                {"pid": os.getpid(), "host": socket.gethostname(), **process_identity()}
+                if status == "running"
+                else {}
+            ),
             **({"stopped_by": stopped_by} if stopped_by else {}),
             **({"command": command} if command else {}),
             **({"deployment": True} if os.environ.get("PREFECT__FLOW_RUN_ID") else {}),

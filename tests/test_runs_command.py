@@ -653,3 +653,41 @@ def test_clean_all_deletes_every_run_and_output_but_never_one_being_written(
     assert cli(["runs", "clean", "--all", "--yes", "--run-dir", str(root)]) == 0
     assert "freed" in capsys.readouterr().out
     assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]  # the user's file, and nothing else
+
+
+def test_a_writer_whose_pid_another_process_took_reads_as_interrupted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a reboot (or pids wrapping round) the pid that an output's _IN_PROGRESS.json or a flow
+    run's record names can be another live process's: the killed run read `running` for good, `runs
+    clean` refused its output, and a rerun was refused ("being written by another process"), so it
+    could not resume. The records now hold their writer's boot and start time, which a process that
+    only reuses the pid does not have."""
+    from common.atomic import refuse_other_writer
+
+    other = os.getppid()  # alive, not this process
+    started = int(Path(f"/proc/{other}/stat").read_text().rsplit(")", 1)[1].split()[19])  # ticks since boot
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    out = _stage(tmp_path / "runs", "pretrain", "k", complete=False)
+    writer = {"pid": other, "host": os.uname().nodename, "boot_id": boot}
+    (out / IN_PROGRESS_NAME).write_text(json.dumps({**writer, "start": started}))
+    assert progress_state(out) == "running"  # that very process
+    with pytest.raises(UserError, match="being written by another process"):
+        refuse_other_writer(out)
+    for reused in (
+        {"start": started - 1},
+        {"start": started, "boot_id": "an-earlier-boot"},
+    ):
+        (out / IN_PROGRESS_NAME).write_text(json.dumps({**writer, **reused}))
+        assert progress_state(out) == "interrupted", reused
+        refuse_other_writer(out)  # a rerun takes it over
+        record = _record(tmp_path / "runs", "killed-run", "2026-01-01 10:00:00", {"pretrain": out})
+        record.write_text(
+            json.dumps(
+                {**json.loads(record.read_text()), "status": "running", "writer": {**writer, **reused}}
+            )
+        )
+        assert cli(["runs", "--run-dir", str(tmp_path / "runs")]) == 0
+        assert re.search(r"killed-run +2026-01-01 10:00:00 +interrupted", capsys.readouterr().out)
+    mark_in_progress(out)  # this process's own record holds its identity
+    assert {"boot_id", "start"} <= json.loads((out / IN_PROGRESS_NAME).read_text()).keys()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.child_process import die_with_parent
+from common.child_process import die_with_parent, start_time, stat_fields
 from common.errors import TransientError, UserError, stop_request
 from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
 from common.textfile import read_user_text
@@ -325,7 +325,7 @@ def _kill_group(proc: subprocess.Popen, known: dict[int, int]) -> None:
     except ProcessLookupError:
         pass
     for pid, started in below.items():
-        if _start_time(pid) == started:
+        if start_time(pid) == started:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -336,7 +336,7 @@ def process_tree(root: int) -> dict[int, int]:
     """pid: start time of every process below `root`, from /proc (Linux; {} elsewhere)."""
     children: dict[int, list[tuple[int, int]]] = {}  # ppid: [(pid, start time)]
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        if fields := _stat_fields(stat):
+        if fields := stat_fields(stat):
             children.setdefault(int(fields[1]), []).append((int(stat.parent.name), int(fields[19])))
     found, todo = {}, [root]
     while todo:
@@ -344,19 +344,6 @@ def process_tree(root: int) -> dict[int, int]:
             found[child] = started
             todo.append(child)
     return found
-
-
-def _start_time(pid: int) -> int | None:
-    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
-    return int(fields[19]) if fields else None
-
-
-def _stat_fields(stat: Path) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state, ppid, ..., starttime at 19)."""
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
 
 
 def _forward_lines(proc: subprocess.Popen, log_line: Callable[[str], None]) -> None:
