@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.atomic import sha256_file
+from common.atomic import progress_state, sha256_file
 from common.errors import UserError
 from common.jsonfile import read_json_object
 
@@ -122,6 +122,19 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
         raise UserError(
             f"no shards at {directory}: it is not a shard directory but lies inside one, {root}.",
             fix=f"pass {root}, the folder that holds {MANIFEST_NAME}.",
+        )
+    if not path.is_file() and (state := progress_state(directory)) in ("running", "interrupted"):
+        raise UserError(
+            f"no shards at {directory} yet: "
+            + (
+                "a preprocess is writing them now (its _IN_PROGRESS.json names a live process)."
+                if state == "running"
+                else "the preprocess writing them was stopped before it finished (its _IN_PROGRESS.json "
+                "names a process that is gone)."
+            ),
+            fix="wait for it to finish."
+            if state == "running"
+            else "rerun the same `bertflow preprocess` command (or the flow): it writes them again.",
         )
     if not path.is_file() and (below := _shard_dirs_below(directory)):
         more = f" and {len(below) - 3} more" if len(below) > 3 else ""

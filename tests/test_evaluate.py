@@ -565,3 +565,26 @@ def test_a_folder_above_shard_directories_is_refused_naming_them(
     assert cli_main(["evaluate", str(model_dir), "--shards", str(run / "preprocess")]) == 2
     err = capsys.readouterr().err
     assert f"holds some: {run}/preprocess/k1, {run}/preprocess/k2. Fix: pass one of them" in err, err
+
+
+def test_shards_still_being_written_or_left_by_a_killed_preprocess_are_said_to_be(
+    model_dir, tmp_path, capsys
+):
+    """--shards of a preprocess output that has no manifest yet said "manifest.json is missing. Fix:
+    run `bertflow preprocess` (or the flow) to write them", whether a preprocess was writing it at
+    that moment or had been killed in it: which one is said, with what to do."""
+    import json
+    import os
+
+    from common.atomic import IN_PROGRESS_NAME, mark_in_progress
+
+    half = tmp_path / "preprocess" / "k"
+    mark_in_progress(half)  # this process: a live writer
+    assert cli_main(["evaluate", str(model_dir), "--shards", str(half)]) == 2
+    err = capsys.readouterr().err
+    assert "a preprocess is writing them now" in err and "Fix: wait for it to finish." in err, err
+    writer = json.loads((half / IN_PROGRESS_NAME).read_text())
+    (half / IN_PROGRESS_NAME).write_text(json.dumps({**writer, "pid": 2**22 + os.getpid()}))  # gone
+    assert cli_main(["evaluate", str(model_dir), "--shards", str(half)]) == 2
+    err = capsys.readouterr().err
+    assert "was stopped before it finished" in err and "rerun the same `bertflow preprocess`" in err, err
