@@ -57,6 +57,17 @@ def preset_batch(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not PRESET:BATCH, e.g. mini:32 ({exc})") from None
 
 
+def int_list(text: str) -> list[int]:
+    """Comma-separated integers, at least one (e.g. seeds 1,2,3)."""
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
+    return values
+
+
 def comma_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
     """A comma-separated list of some of `choices`."""
     allowed = list(choices)

@@ -202,10 +202,14 @@ def score_verdict(ours: list[dict], ref: list[dict], chance: dict[str, float], n
     return {"means": means, "diff": diffs, "margin": margins, "at_chance": at_chance, "verdict": verdict}
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    from bench_args import comma_list, int_list
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", default="sst2,mrpc,stsb")
-    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated fine-tuning seeds")
+    p.add_argument("--tasks", type=comma_list(BUDGETS), default="sst2,mrpc,stsb")
+    p.add_argument(
+        "--seeds", type=int_list, default=",".join(map(str, SEEDS)), help="comma-separated fine-tuning seeds"
+    )
     p.add_argument("--quick", action="store_true", help="small budgets and 200 dev rows (smoke run)")
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument(
@@ -213,20 +217,16 @@ def main() -> int:
         action="store_true",
         help="give the Trainer DataCollatorWithPadding instead of run_glue.py's pad-to-max-length default",
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> int:
+    args = parser().parse_args()
     import torch
 
     budgets = QUICK if args.quick else BUDGETS
     n_eval = QUICK_EVAL if args.quick else None
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in budgets]
-    if unknown or not seeds:
-        print(
-            f"unknown task(s) {unknown}; choose from {', '.join(budgets)} (and at least one seed)",
-            file=sys.stderr,
-        )
-        return 2
+    seeds, tasks = args.seeds, args.tasks
     print(
         f"torch threads: {torch.get_num_threads()}, cpu count: {os.cpu_count()}, quick: {args.quick}, seeds {seeds}"
     )

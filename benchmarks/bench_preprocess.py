@@ -218,30 +218,45 @@ def profile_split(files: list[Path], vocab: Path, dupe_factor: int = 1) -> tuple
 
 
 def parse_run(text: str) -> tuple[list[str], int]:
+    """FOLDERS:DUPE_FACTOR, e.g. AA+AB:5 (dupe factor 1 when left out)."""
+    from bench_args import positive_int
+
     folders, _, dupe = text.partition(":")
-    return folders.split("+"), int(dupe or 1)
+    try:
+        return folders.split("+"), positive_int(dupe or "1")
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not FOLDERS:DUPE_FACTOR, e.g. AA+AB:5 ({exc})"
+        ) from None
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    from bench_args import positive_float, positive_int
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="10 files per folder")
-    ap.add_argument("--max-files", type=int, help="files per folder")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-files", type=positive_int, help="files per folder")
+    ap.add_argument("--workers", type=positive_int, default=2)
     ap.add_argument(
         "--runs",
         nargs="*",
-        default=["AA:1", "AA+AB+AC:1", "AA+AB+AC:5"],
+        type=parse_run,
+        default=[parse_run(run) for run in ("AA:1", "AA+AB+AC:1", "AA+AB+AC:5")],
         help="FOLDERS:DUPE_FACTOR runs, e.g. AA:1 AA+AB+AC:5 (none: only the profile)",
     )
-    ap.add_argument("--ceiling-sample-mb", type=float, default=30.0)
-    ap.add_argument("--profile-files", type=int, default=3, help="Wikipedia files in the profile")
+    ap.add_argument("--ceiling-sample-mb", type=positive_float, default=30.0)
+    ap.add_argument("--profile-files", type=positive_int, default=3, help="Wikipedia files in the profile")
     ap.add_argument("--no-profile", action="store_true")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     max_files = args.max_files or (10 if args.quick else None)
     vocab = minilm_vocab()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     rows = []
-    for folders, dupe_factor in map(parse_run, args.runs):
+    for folders, dupe_factor in args.runs:
         files = wiki_files(folders, max_files)
         mb = raw_mb(files)
         ceiling = ceiling_mb_per_s(files, vocab, args.ceiling_sample_mb)

@@ -14,9 +14,11 @@ from common.paths import PROJECT_ROOT
 
 sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
 
+import bench_finetune  # noqa: E402
 import bench_flow  # noqa: E402
 import bench_loader_memory  # noqa: E402
 import bench_model_step  # noqa: E402
+import bench_preprocess  # noqa: E402
 import bench_pretrain  # noqa: E402
 import bench_time_to_quality  # noqa: E402
 
@@ -24,6 +26,10 @@ import bench_time_to_quality  # noqa: E402
 @pytest.mark.parametrize(
     "bench, argv",
     [
+        (bench_finetune, ["--seeds", "x"]),
+        (bench_finetune, ["--tasks", "sst2,cola"]),
+        (bench_preprocess, ["--runs", "AA:x"]),
+        (bench_preprocess, ["--workers", "0"]),
         (bench_flow, ["--documents", "0"]),
         (bench_loader_memory, ["--ranks", "0"]),
         (bench_loader_memory, ["--dupe-factor", "two"]),
@@ -51,10 +57,16 @@ def test_good_values_and_the_defaults_parse() -> None:
     assert bench_pretrain.parser().parse_args([]).presets == ["mini", "base"]
     assert bench_time_to_quality.parser().parse_args([]).budget_s == 240.0
     assert bench_flow.parser().parse_args(["--documents", "50"]).documents == 50
+    assert bench_finetune.parser().parse_args(["--seeds", "1,2"]).seeds == [1, 2]
+    assert bench_finetune.parser().parse_args([]).tasks == ["sst2", "mrpc", "stsb"]
+    assert bench_preprocess.parser().parse_args(["--runs", "AA+AB:5"]).runs == [(["AA", "AB"], 5)]
+    assert bench_preprocess.parser().parse_args([]).runs[0] == (["AA"], 1)
 
 
 @pytest.mark.parametrize(
-    "bench", [bench_flow, bench_loader_memory, bench_model_step, bench_pretrain, bench_time_to_quality]
+    "bench",
+    [bench_finetune, bench_flow, bench_loader_memory, bench_model_step, bench_preprocess, bench_pretrain]
+    + [bench_time_to_quality],
 )
 def test_help_says_what_the_benchmark_measures_in_a_whole_sentence(bench) -> None:
     """`bench_loader_memory.py --help` said "Memory of the training examples across the ranks of one
