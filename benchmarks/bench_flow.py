@@ -34,10 +34,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main() -> int:
-    args = parser().parse_args()
+def main(argv: list[str] | None = None) -> int:
+    """The benchmark in a temporary folder (corpus, two run directories, Prefect's home), deleted
+    at its end, after a failure too (it was left in /tmp, 16 MB a run)."""
+    args = parser().parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench_flow_", ignore_cleanup_errors=True) as work:
+        try:
+            return measure(args, Path(work))
+        finally:
+            from tests.flow_support import stop_ephemeral_prefect
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench_flow_"))
+            stop_ephemeral_prefect()  # before its database in the folder goes
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> int:
     os.environ["PREFECT_HOME"] = str(tmp / "prefect-home")
     (tmp / "prefect-home").mkdir()
 
@@ -95,9 +105,6 @@ def main() -> int:
     print(f"cached  rerun of the 2 flow runs:                        {cached:7.1f} s")
     print(f"ratio flow / direct (orchestration overhead):            {flow / direct:7.2f}x")
     print(f"ratio direct / cached rerun (what a rerun saves):        {direct / cached:7.2f}x")
-    from tests.flow_support import stop_ephemeral_prefect
-
-    stop_ephemeral_prefect()
     return 0
 
 

@@ -74,3 +74,20 @@ def test_help_says_what_the_benchmark_measures_in_a_whole_sentence(bench) -> Non
     said = " ".join(bench.parser().format_help().split())
     first_sentence = " ".join(bench.__doc__.split()).split(". ")[0]
     assert first_sentence in said, said
+
+
+def test_bench_flow_leaves_no_folder_behind_even_when_it_fails(tmp_path, monkeypatch) -> None:
+    """bench_flow.py made its corpus, run directories and Prefect home in /tmp/bench_flow_* and left
+    them there (16 MB a run, `make bench` included), and on a failure too. Here it fails at once (no
+    data root), so no flow runs; its folder is gone all the same."""
+    import os
+    import tempfile
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # TMPDIR, for this process
+    monkeypatch.setenv("BERTFLOW_DATA", str(tmp_path / "no-data"))
+    monkeypatch.setenv("PREFECT_HOME", os.environ.get("PREFECT_HOME", str(tmp_path)))  # the bench sets it
+    monkeypatch.setattr(sys, "argv", ["bench_flow.py", "--documents", "5"])
+    with pytest.raises(FileNotFoundError, match="summaries_en.txt"):
+        bench_flow.main()
+    assert list((tmp_path / "tmp").iterdir()) == []
