@@ -63,6 +63,7 @@ def write_record(
     flow_run_id: str | None = None,
     stopped_by: str | None = None,
     command: str | None = None,
+    resume: str | None = None,
 ) -> Path:
     """`status`: running (written at the start and after each stage), completed, failed, or stopped
     (by `stopped_by`: "SIGTERM to bertflow", its deployment variant or "Ctrl-C",
@@ -72,7 +73,9 @@ def write_record(
     `flow_run_id`: its Prefect flow run (`pipelines.prefect_killed_runs`);
     `command`: the `bertflow run` command of its settings (config, --set, stage selection), which
     `bertflow runs show` prints: what tells two flow runs of one run directory apart, and what a
-    killed or stopped one is resumed with (a deployment's flow run, `deployment`: run it again).
+    killed or stopped one is resumed with (a deployment's flow run, `deployment`: run it again);
+    `resume`: that command less the --force/--from of the stages it had begun, which would
+    recompute them from scratch (`FlowRun.resume_command`).
     While running, the record names its writer (pid, host): a killed run reads as interrupted."""
     if path is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
@@ -96,6 +99,7 @@ def write_record(
             ),
             **({"stopped_by": stopped_by} if stopped_by else {}),
             **({"command": command} if command else {}),
+            **({"resume": resume} if resume else {}),
             **({"deployment": True} if os.environ.get("PREFECT__FLOW_RUN_ID") else {}),
         },
     )

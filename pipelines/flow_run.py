@@ -26,6 +26,7 @@ from prefect.states import State
 
 from common.atomic import MARKER_NAME, read_marker, refuse_other_writer
 from common.errors import UserError, stop_request
+from common.stage_output import STAGES
 from common.tracking import WandbTarget
 from pipelines.config import PipelineConfig
 from pipelines.flow_records import failed_record, stage_record, write_record
@@ -114,6 +115,7 @@ class FlowRun:
         self.selected, self.forced = plan_stages(only, from_stage, force)
         # the command of these settings (a deployment's flow run: the one that runs the same)
         self.command = cfg.command_line("run", *selection_flags(only, from_stage, force))
+        self.only = [only] if isinstance(only, str) else list(only or [])
         self.group = f"{cfg.name}-{run_name}"
         self.wandb: WandbTarget = cfg.wandb.target(self.group)  # every W&B run of this flow run
         self.dirs = stage_dirs(cfg)
@@ -431,9 +433,19 @@ class FlowRun:
             self.root, self.run_name, self.group, self.records, self.started,
             path=self.record_path, status=self.status, units=self.unit_dirs,
             planned=[str(d) for d in self.dirs.values()], flow_run_id=self.flow_run_id,
-            stopped_by=self.stopped_by, command=self.command,
+            stopped_by=self.stopped_by, command=self.command, resume=self.resume_command(),
         )  # fmt: skip
         return self.record_path
+
+    def resume_command(self) -> str:
+        """The command that resumes this flow run where it stops: its own, less the --force (and
+        --from) of the stages it has begun, which would recompute them from scratch (an interrupted
+        pretraining's checkpoints deleted); a forced stage it has not begun stays forced."""
+        begun = {
+            "finetune" if r["stage"] == "finetune-units" else base_stage(r["stage"]) for r in self.records
+        }
+        force = [s for s in STAGES if s in self.forced and s not in begun]
+        return self.cfg.command_line("run", *selection_flags(self.only, None, force))
 
     @contextmanager
     def recorded(self) -> Iterator[None]:

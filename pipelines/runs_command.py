@@ -246,16 +246,23 @@ def show_run(root: Path, name: str | None, config: str | None = None) -> str:
 
 
 def _how_to_go_on(run: FlowRunRecord) -> list[str]:
-    """For a flow run killed or stopped midway whose record has its command: how to resume it."""
+    """For a flow run killed or stopped midway whose record has its command: how to resume it (the
+    command less the --force/--from of the stages it had begun, `FlowRun.resume_command`)."""
     from common.errors import go_on_after_a_stop
 
-    command = run.data.get("command")
-    if run.status not in ("interrupted", "stopped") or not command:
+    command, resume = run.data.get("command"), run.data.get("resume")
+    if run.status not in ("interrupted", "stopped") or not command or not resume:
         return []
-    deployment = bool(run.data.get("deployment"))
-    how = go_on_after_a_stop(deployment) + ("" if deployment else f", `{command}`")
+    kept = "its complete stages are reused, a pretraining goes on from its last checkpoint"
+    if run.data.get("deployment"):
+        unforced = (
+            "" if resume == command else ", with `force`/`from_stage` no longer naming the stages it began"
+        )
+        return [f"\nto resume: {go_on_after_a_stop(True)}{unforced}; {kept}."]
+    if resume == command:
+        return [f"\nto resume: rerun the same command, `{command}`; {kept}."]
     return [
-        f"\nto resume: {how}; its complete stages are reused, a pretraining goes on from its last checkpoint."
+        f"\nto resume: `{resume}` (its own --force/--from would recompute the stages it began from scratch); {kept}."
     ]
 
 

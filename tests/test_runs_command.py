@@ -691,3 +691,27 @@ def test_a_writer_whose_pid_another_process_took_reads_as_interrupted(
         assert re.search(r"killed-run +2026-01-01 10:00:00 +interrupted", capsys.readouterr().out)
     mark_in_progress(out)  # this process's own record holds its identity
     assert {"boot_id", "start"} <= json.loads((out / IN_PROGRESS_NAME).read_text()).keys()
+
+
+def test_the_resume_command_leaves_out_the_force_of_the_stages_the_run_began(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bertflow run C --from pretrain` stopped in pretraining: rerunning that same command would
+    force pretraining again, from scratch, its checkpoints deleted. The resume command `runs show`
+    gives keeps --force for the stages the run had not begun only."""
+    import shlex
+
+    from pipelines.config import load_config
+    from pipelines.flow_run import FlowRun
+    from tests.flow_support import tiny_config
+
+    config = tiny_config(tmp_path, data_dir)
+    run = FlowRun(load_config(config, ["pretrain.max_steps=400"]), "from-pretrain", None, "pretrain", None)
+    with pytest.raises(KeyboardInterrupt), run.recorded(), run._row("pretrain", run.dirs["pretrain"]):
+        raise KeyboardInterrupt
+    assert cli(["runs", "show", "from-pretrain", "--run-dir", str(run.root)]) == 0
+    [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("to resume: ")]
+    resume = shlex.split(line.split("`")[1])
+    flags = ["--force", "finetune", "--force", "report", "--set", "pretrain.max_steps=400"]
+    assert resume == ["bertflow", "run", str(config), *flags], line
+    assert "its own --force/--from would recompute the stages it began from scratch" in line
