@@ -198,3 +198,32 @@ def test_ranks_in_sessions_of_their_own_are_killed_too(tmp_path: Path, second_in
     while _alive(rank_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(rank_pid) and not saved.exists()
+
+
+def test_a_launch_leaves_nothing_in_the_temp_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pretraining left torchrun's `torchelastic_*` log tree in /tmp (thousands on a machine
+    that has run a while), and the ranks' imports (W&B's modules) folders of their own: the launcher
+    and its ranks now get a temp directory of the launch's, removed when it ends."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    script = tmp_path / "rank.py"  # a rank that leaves a folder in its temp directory, as W&B's imports do
+    script.write_text("import tempfile; print('rank tmp', tempfile.mkdtemp(), flush=True)\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        "--max_restarts=0",
+        str(script),
+    ]
+    lines: list[str] = []
+    launch.run_launcher(cmd, launch.child_env(1, on_gpu=False, stop_grace_s=5), lines.append, stop_grace_s=5)
+    [made] = [line.split("rank tmp ")[1] for line in lines if "rank tmp " in line]
+    assert Path(made).parent.parent == tmp and Path(made).parent.name.startswith("bertflow-launch-"), lines
+    assert list(tmp.iterdir()) == [], list(tmp.iterdir())

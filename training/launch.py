@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -187,7 +188,35 @@ def run_launcher(
     cmd: list[str], env: dict[str, str], log_line: Callable[[str], None], stop_grace_s: float
 ) -> None:
     """Run the launcher, forwarding every output line; a failed run raises with the ranks' error.
-    Interrupted (Ctrl-C, SIGTERM), it stops the ranks with `_stop_group` and raises."""
+    Interrupted (Ctrl-C, SIGTERM), it stops the ranks with `_stop_group` and raises. The launcher
+    and its ranks get a temp directory of their own (`TMPDIR`), removed when it ends: torchrun's
+    `torchelastic_*` log tree and the folders W&B's modules make at import were left in /tmp by
+    every run."""
+    with tempfile.TemporaryDirectory(prefix="bertflow-launch-") as tmp:
+        _run_launcher(cmd, _with_own_tmp(env, tmp), log_line, stop_grace_s)
+
+
+def _with_own_tmp(env: dict[str, str], tmp: str) -> dict[str, str]:
+    """`env` with TMPDIR `tmp`, and torch's compile cache kept where it was (torch puts it under the
+    temp directory unless told: a warm cache must outlive the run)."""
+    cache = env.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{_user()}"
+    )  # torch._inductor.runtime.cache_dir_utils.default_cache_dir, without importing torch here
+    return {**env, "TMPDIR": tmp, "TORCHINDUCTOR_CACHE_DIR": cache}
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, ModuleNotFoundError, OSError):
+        return f"uid_{os.getuid()}"
+
+
+def _run_launcher(
+    cmd: list[str], env: dict[str, str], log_line: Callable[[str], None], stop_grace_s: float
+) -> None:
     log_line("launch: " + " ".join(cmd))
     proc = subprocess.Popen(
         cmd,
