@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,7 @@ def main(args: argparse.Namespace) -> int:
 
     # SIGTERM unwinds like Ctrl-C: the pretraining launcher's group is stopped, the flow records
     # the stop, the temporary API stops (Prefect's flow engine passes a SIGTERM it catches on here)
+    started = time.time()
     with sigterm_as_interrupt():
         summary: dict[str, Any] = {}
         try:
@@ -98,12 +101,26 @@ def main(args: argparse.Namespace) -> int:
             )
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: Prefect's engine set the flow run Crashed
             cancel_stopped_runs(run_root(cfg), logging.getLogger("prefect").info)
+            say_how_to_resume(run_root(cfg), since=started)
             raise
         finally:
             stop_prefect(summary.get("task_run_ids", ()))
     print()
     print(end_summary(summary))
     return 0
+
+
+def say_how_to_resume(root: Path, since: float) -> None:
+    """For the flow run stopped here (started at or after `since`) whose own command would recompute
+    stages it began (its --force, --from: a pretraining's checkpoints deleted, started over), the
+    command that resumes it, on stderr (the ranks' "rerun the same command" does not know the
+    flow's flags); nothing where the same command resumes it."""
+    from pipelines.run_history import flow_runs
+    from pipelines.runs_command import how_to_go_on
+
+    run = next((r for r in flow_runs(root) if r.status == "stopped" and (r.started or 0) >= int(since)), None)
+    if run is not None and run.data.get("resume") not in (None, run.data.get("command")):
+        print("\n".join(how_to_go_on(run)).strip(), file=sys.stderr)
 
 
 def end_summary(summary: dict[str, Any]) -> str:

@@ -242,10 +242,10 @@ def show_run(root: Path, name: str | None, config: str | None = None) -> str:
             + ("  (model card: README.md)" if (pre / "model" / "README.md").is_file() else ""),
         ]
     lines.append(f"report: {_report(run)}")
-    return "\n".join([*lines, *_how_to_go_on(run)])
+    return "\n".join([*lines, *how_to_go_on(run)])
 
 
-def _how_to_go_on(run: FlowRunRecord) -> list[str]:
+def how_to_go_on(run: FlowRunRecord) -> list[str]:
     """For a flow run killed or stopped midway whose record has its command: how to resume it (the
     command less the --force/--from of the stages it had begun, `FlowRun.resume_command`)."""
     from common.errors import go_on_after_a_stop

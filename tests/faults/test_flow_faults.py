@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -246,15 +247,17 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
     cfg = tiny_config(tmp_path, data_dir, pretrain=pretrain, finetune={"tasks": ["rte"], "baselines": []})
     run_dir = tmp_path / "run"
 
-    def start(log_path: Path) -> subprocess.Popen:
+    def start(log_path: Path, cmd: list[str]) -> subprocess.Popen:
         with log_path.open("w") as log:
             return subprocess.Popen(
-                _cmd(cfg), env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                cmd, env=_env(tmp_path), cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=sigint_as_in_a_terminal,
             )  # fmt: skip
 
-    def run_and_stop(log_path: Path, ready, what: str, sig: int, *, group: bool) -> tuple[int, str]:
-        proc = start(log_path)
+    def run_and_stop(
+        log_path: Path, ready, what: str, sig: int, *, group: bool, cmd: list[str]
+    ) -> tuple[int, str]:
+        proc = start(log_path, cmd)
         leftovers: list[psutil.Process] = []
         try:
             _wait_for(ready, proc, 600, what, log_path)
@@ -270,15 +273,21 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         assert "| ERROR " not in log, log[-3000:]
         return proc.returncode, log.rstrip()
 
-    # Ctrl-C in a terminal: SIGINT to the whole foreground process group, once a checkpoint is saved
+    # Ctrl-C in a terminal: SIGINT to the whole foreground process group, once a checkpoint is saved;
+    # started with --from pretrain, whose rerun would force pretraining again: from step 0, its
+    # checkpoints deleted (the ranks' "rerun the same command" does not know the flow's flags)
     rc, log = run_and_stop(
         tmp_path / "first.log",
         lambda: _has_verified_checkpoint(run_dir),
         "a checkpoint",
         signal.SIGINT,
         group=True,
+        cmd=_cmd(cfg, "--from", "pretrain"),
     )
     assert rc == 130 and log.endswith("bertflow run: interrupted."), log[-3000:]
+    said = re.search(r"to resume: `bertflow (run [^`]*)` \(its own --force/--from would recompute", log)
+    assert said and "--from" not in said.group(1) and "--force pretrain" not in said.group(1), log[-3000:]
+    resume = [sys.executable, "-m", "pipelines.cli", *shlex.split(said.group(1))]
     # the ranks saved the step they reached (not only the last periodic checkpoint)
     saved = re.search(
         r"stopped by a stop request \(Ctrl-C or SIGTERM\) after step (\d+) of 2000; its checkpoint is saved",
@@ -286,7 +295,7 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
     )
     assert saved, log[-3000:]
 
-    # the same command again resumes pretraining there; `kill -TERM` of bertflow alone (not its group)
+    # the command it said resumes pretraining there; `kill -TERM` of bertflow alone (not its group)
     resumed = re.compile(rf"start step {saved.group(1)}\b.*step \d+/2000 loss", re.DOTALL)
     second_log = tmp_path / "second.log"
     rc, log = run_and_stop(
@@ -295,6 +304,7 @@ def test_ctrl_c_and_sigterm_during_pretrain_exit_at_once_and_leave_no_process(
         "resumed steps",
         signal.SIGTERM,
         group=False,
+        cmd=resume,
     )
     assert rc == 143 and log.endswith("bertflow run: terminated (SIGTERM)."), log[-3000:]
     # each stopped run's record says how long pretraining ran until it stopped (`runs show` printed
