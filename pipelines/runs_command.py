@@ -332,8 +332,8 @@ def clean(
             "(one that a running flow run will resume is not counted)."
         )
     sizes = {p: dir_size(p) if p.is_dir() else p.stat().st_size for p in plan}
-    users = _users(root, plan)
-    lines = [f"  {byte_size(sizes[p]):>10}  {p}{users.get(p, '')}" for p in plan]
+    users, resumable = _users(root, plan), _resumable(plan)
+    lines = [f"  {byte_size(sizes[p]):>10}  {p}{users.get(p, '')}{resumable.get(p, '')}" for p in plan]
     total = byte_size(sum(sizes.values()))
     if not yes:
         return "\n".join(
@@ -371,6 +371,22 @@ def _remove_empty_layout(root: Path) -> None:
             d.rmdir()
         except OSError:  # not empty, or absent
             pass
+
+
+def _resumable(plan: list[Path]) -> dict[Path, str]:
+    """For each unfinished pretraining output in `plan` with a verified checkpoint, a note that a
+    rerun resumes there: `--incomplete` lists it among the interrupted outputs (hours of steps)."""
+    from common.atomic import read_marker
+    from common.stage_output import newest_verified_step
+
+    notes = {}
+    for path in plan:
+        if path.is_dir() and read_marker(path) is None and (step := newest_verified_step(path)) is not None:
+            notes[path] = (
+                f"  (an unfinished pretraining with a verified checkpoint at step {step:,}: rerunning the "
+                "command that started it resumes there; deleting it loses those steps)"
+            )
+    return notes
 
 
 def _users(root: Path, plan: list[Path]) -> dict[Path, str]:

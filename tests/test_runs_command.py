@@ -19,6 +19,7 @@ from common.dir_lock import exclusive_dir, lock_file_of
 from common.disk_space import byte_size
 from common.errors import UserError
 from common.paths import PROJECT_ROOT
+from common.stage_output import VERIFIED_NAME
 from pipelines.cli import main as cli
 from pipelines.flow_run import clear
 from pipelines.run_history import dir_size, update_latest
@@ -138,9 +139,18 @@ def test_clean_incomplete_and_refusals(root: Path, capsys: pytest.CaptureFixture
     assert progress_state(running) == "running"
     assert cli(["runs", "clean", "preprocess/s10", "--yes", "--run-dir", str(root)]) == 2
     assert "being written by a running process; nothing deleted" in capsys.readouterr().err
+    # an interrupted pretraining with a verified checkpoint: listed, said to be resumable (it was
+    # listed as any interrupted output, hours of steps deleted by --yes without a word)
+    killed = _stage(root, "pretrain", "p9", complete=False)
+    (killed / "checkpoints" / "global_step40").mkdir(parents=True)
+    (killed / "checkpoints" / "global_step40" / VERIFIED_NAME).write_text("{}")
+    (killed / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 12345, "host": os.uname().nodename}))
     assert cli(["runs", "clean", "--incomplete", "--run-dir", str(root)]) == 0
     out = capsys.readouterr().out
     assert "preprocess/s9" in out and "preprocess/s10" not in out  # the running one is not "incomplete"
+    (line,) = [line for line in out.splitlines() if "pretrain/p9" in line]
+    assert "a verified checkpoint at step 40: rerunning the command that started it resumes there" in line
+    assert "verified checkpoint" not in out.replace(line, "")
     write_marker(running)
     assert not (running / IN_PROGRESS_NAME).exists() and progress_state(running) == "complete"
     assert cli(["runs", "clean", "--incomplete", "--yes", "--run-dir", str(root)]) == 0
