@@ -92,6 +92,19 @@ def test_a_tag_of_the_dev_set_never_trained_on_is_warned_about(tmp_path, minilm_
     assert task.notes["labels"] == notes[0]
 
 
+def test_a_conll_task_that_evaluates_on_its_training_file_is_said_so(tmp_path):
+    """As for a TSV task: a CoNLL task whose `dev` is its train file scores examples it trained on."""
+    from finetuning.tasks import check_requested_tasks
+
+    cfg = _conll_task(tmp_path, "Paris B-LOC\nis O\nnice O\n", "", "O, B-LOC, I-LOC")
+    cfg.write_text(cfg.read_text().replace("dev: dev.txt", "dev: train.txt"))
+    notes = check_requested_tasks(["ner"], str(cfg), None, None, None)
+    assert notes == [
+        f"task 'ner': its dev file is its train file {tmp_path / 'train.txt'}, so its dev scores are "
+        "measured on examples it was trained on, not on held-out ones."
+    ]
+
+
 def test_a_dev_set_without_entities_is_warned_about(tmp_path):
     """A dev set tagged O throughout (a few sentences of a cap, a file of one class) scored entity F1
     0.0 whatever the model predicted, shown as a result: the data check now says it measures nothing."""

@@ -308,12 +308,24 @@ def test_a_csv_or_jsonl_file_given_as_tsv_is_named_as_such(tmp_path, data_dir):
     for rows, kind in (
         ("text,sentiment\ngood film,pos\n", "comma-separated (CSV)"),
         ('{"text": "good film", "sentiment": "pos"}\n', "JSON lines"),
+        ("good film\n", "one column"),
     ):
         cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK, rows)
         with pytest.raises(UserError) as err:
             read_tsv_examples(load_task_specs(str(cfg))["movies"], tsv)
         assert f"{tsv} line 1 has no tab: it looks {kind}" in str(err.value)
         assert "format tsv reads tab-separated columns" in str(err.value)
+    # the first line with text is the one judged, and named by its number
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK, "\n\ntext,sentiment\ngood film,pos\n")
+    with pytest.raises(UserError, match=re.escape(f"{tsv} line 3 has no tab: it looks comma-separated")):
+        read_tsv_examples(load_task_specs(str(cfg))["movies"], tsv)
+    headerless = NUMBERED_TASK.replace("HEADER", "header: false\n  ").replace("t.tsv", "movies.tsv")
+    cfg, tsv = _user_task(tmp_path, data_dir, headerless, "\ngood film\tpos\n")
+    assert [e.text_a for e in read_tsv_examples(load_task_specs(str(cfg))["mine"], tsv)] == ["good film"]
+    # a task that reads one column only (its text is its label) needs no tab
+    one = headerless.replace("label: 1", "label: 0").replace("[neg, pos]", "[good, bad]")
+    cfg, tsv = _user_task(tmp_path, data_dir, one, "good\nbad\n")
+    assert [e.label for e in read_tsv_examples(load_task_specs(str(cfg))["mine"], tsv)] == [0, 1]
 
 
 def test_a_task_that_evaluates_on_its_training_file_is_said_so(tmp_path, data_dir, minilm_dir):
@@ -339,6 +351,22 @@ def test_a_task_that_evaluates_on_its_training_file_is_said_so(tmp_path, data_di
     }  # fmt: skip
     build_scorecard([result], tmp_path / "card")
     assert f"- Dev set: {note}" in (tmp_path / "card" / "scorecard.md").read_text()
+
+
+def test_the_dev_is_train_note_compares_the_files_themselves_and_spares_squad(tmp_path, data_dir):
+    """The note is given where `dev` names the train file however written, not where it names another
+    file; never for a SQuAD task, whose one file is split by article into train and dev."""
+    cfg, tsv = _user_task(tmp_path, data_dir, USER_TASK)
+    spec = load_task_specs(str(cfg))["movies"]
+    (tmp_path / "sub").mkdir()
+    same = spec.model_copy(update={"dev": str(tmp_path / "sub" / ".." / tsv.name)})
+    assert list(dev_is_train_note(same, None)) == ["dev"]
+    other = tmp_path / "dev.tsv"
+    shutil.copy(tsv, other)
+    assert dev_is_train_note(spec.model_copy(update={"dev": str(other)}), None) == {}
+    squad = get_task("squad")
+    assert squad.path("train", str(data_dir)) == squad.path("dev", str(data_dir))
+    assert dev_is_train_note(squad, str(data_dir)) == {}
 
 
 def test_a_classification_with_one_label_is_refused(tmp_path, data_dir):
@@ -389,6 +417,16 @@ def test_columns_by_number_without_header_set_are_refused_not_read_losing_a_row(
         cfg.write_text(NUMBERED_TASK.replace("HEADER", f"header: {header}\n  "))
         spec = load_task_specs(str(cfg))["mine"]
         assert [e.text_a for e in read_tsv_examples(spec, spec.path("train"))] == rows
+    # columns by name and number: the header is read by default, as a name needs one
+    (tmp_path / "t.tsv").write_text("text\tsentiment\ngood film\tpos\n")
+    cfg.write_text(NUMBERED_TASK.replace("HEADER", "").replace("text_a: 0", "text_a: text"))
+    spec = load_task_specs(str(cfg))["mine"]
+    assert [(e.text_a, e.label) for e in read_tsv_examples(spec, spec.path("train"))] == [("good film", 1)]
+    # num_columns is the row width, also where a header names fewer columns than a row holds
+    (tmp_path / "t.tsv").write_text("text\tsentiment\ngood film\tpos\tsource\n")
+    cfg.write_text(NUMBERED_TASK.replace("HEADER", "header: true\n  num_columns: 3\n  "))
+    spec = load_task_specs(str(cfg))["mine"]
+    assert [e.text_a for e in read_tsv_examples(spec, spec.path("train"))] == ["good film"]
 
 
 @pytest.mark.parametrize("text", ["", "# my tasks, to be written\n\n"])
@@ -398,8 +436,11 @@ def test_an_empty_task_config_is_refused_not_read_as_no_change(tmp_path, text):
     data, unsaid. Refused, naming the file and the fix."""
     path = tmp_path / "mine.yaml"
     path.write_text(text)
-    with pytest.raises(UserError, match=rf"task config {re.escape(str(path))} defines no task .*Fix: define"):
+    with pytest.raises(
+        UserError, match=rf"task config {re.escape(str(path))} defines no task .*Fix: define"
+    ) as err:
         get_task("sst2", str(path))
+    assert "or drop --task-config / finetune.task_config." in str(err.value)  # `bertflow run` has no flag
 
 
 def test_task_config_messages_name_the_config_key_too(tmp_path, monkeypatch):
