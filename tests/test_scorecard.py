@@ -229,6 +229,11 @@ def test_a_failed_unit_is_said_in_the_average_and_the_seed_count(tmp_path):
         in text
     )
     assert "mean of 2-3 seeds per task." in text
+    # a unit of the random-init baseline failed instead: said the same
+    results = [r for r in results if r["task"] != "stsb"]
+    results += [_ours("stsb", seed, {"pearson": 48.0 + seed}) for seed in (1, 2, 3)]
+    results += [_random("stsb", seed, {"pearson": 17.0 + seed}) for seed in (1, 2)]
+    assert "mean of 2-3 seeds per task." in headline_text(build_scorecard(results, tmp_path)["headline"])
 
 
 def test_a_regressions_chance_cells_say_what_the_zero_is(tmp_path):
@@ -248,6 +253,18 @@ def test_a_regressions_chance_cells_say_what_the_zero_is(tmp_path):
     build_scorecard(results[1:], tmp_path)  # SST-2 alone: neither
     legend = next(x for x in (tmp_path / "scorecard.md").read_text().splitlines() if x.startswith("Dev-set"))
     assert "regression" not in legend and "SQuAD" not in legend, legend
+    # a regression whose results record no chance level (a scorecard before it was kept): its cells say nothing
+    build_scorecard([{**results[0], "chance_metrics": None}, results[1]], tmp_path)
+    lines = (tmp_path / "scorecard.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| best constant prediction (chance) |"))
+    assert "no correlation" not in row and "| 52.0 |" in row, row
+    # an F1 column is not SQuAD's; a Pearson column alone is a regression's
+    mrpc = _ours("mrpc", 1, {"accuracy": 70.0, "f1": 80.0}, chance={"accuracy": 68.0, "f1": 81.0}, n_eval=100)
+    build_scorecard(
+        [mrpc, _ours("stsb", 1, {"pearson": 20.0}, chance={"pearson": 0.0}, n_eval=100)], tmp_path
+    )
+    legend = next(x for x in (tmp_path / "scorecard.md").read_text().splitlines() if x.startswith("Dev-set"))
+    assert "SQuAD" not in legend and "for a regression 0" in legend, legend
 
 
 def test_a_scorecard_of_tasks_without_reference_figures_has_no_row_of_dashes(tmp_path):

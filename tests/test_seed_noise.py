@@ -244,3 +244,22 @@ def test_an_average_lead_beyond_noise_with_no_task_ahead_is_not_called_no_better
     assert "**Pretraining has not helped here:** ours is no better than random init (tiny)" in md
     assert "(its GLUE-style average lead, +1.7, is within seed noise (±" in md
     assert "it is ahead beyond seed noise on 0 of 1 tasks, not more than half)" in md
+
+
+def test_the_reason_pretraining_has_not_helped_names_each_unmet_condition_in_numbers():
+    """Each condition of pretraining that helps (an average ahead beyond seed noise, more than half
+    the tasks ahead) is said when unmet, with its figures; a lead equal to the noise is within it,
+    and ahead on exactly half the tasks is not more than half."""
+    from finetuning.scorecard import _not_helped_reason
+
+    def reason(avg, margin, ahead, tested=True):
+        h = {"glue_average_delta": avg, "glue_average_margin": margin, "ahead_on": ahead, "tasks": ["a", "b"]}
+        return _not_helped_reason(h, True, tested)
+
+    assert reason(None, None, ["a", "b"]) == "its GLUE-style average difference is undefined"
+    assert reason(-0.5, None, ["a", "b"], tested=False) == "its GLUE-style average is not above it (-0.5)"
+    assert reason(2.0, 2.0, ["a", "b"]) == "its GLUE-style average lead, +2.0, is within seed noise (±2.0)"
+    assert reason(5.0, 2.0, ["a"]) == "it is ahead beyond seed noise on 1 of 2 tasks, not more than half"
+    assert reason(-3.0, 2.0, [], tested=False) == (
+        "its GLUE-style average is behind by more than seed noise; it is ahead on 0 of 2 tasks, not more than half"
+    )

@@ -184,3 +184,36 @@ def test_a_metric_a_one_class_dev_set_leaves_undefined_keeps_the_chance_mark(tmp
     md = (tmp_path / "scorecard.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| ours |"))
     assert "| 100.0 (chance) | undefined |" in row, row
+
+
+def test_the_chance_mark_on_defined_metrics_reads_every_seed_and_spares_a_diverged_one(tmp_path):
+    """Judged on the metrics the dev set defines: the mean over all the best lr's seeds (not the first
+    seed's), None where a seed left a defined metric undefined (a diverged run), and None for a task
+    whose results record no chance level."""
+
+    def seeds(label, kind, task, accuracies, chance):
+        return [
+            {**_result(label, kind, task, {"accuracy": a, "mcc": None}), "seed": i, "unit": f"{task}-s{i}",
+             **({"chance_metrics": chance} if chance else {})}
+            for i, a in enumerate(accuracies, start=1)
+        ]  # fmt: skip
+
+    chance = {"accuracy": 50.0, "mcc": None}
+    results = [
+        *seeds("ours", "pretrained", "cola", [50.0, 100.0], chance),  # the mean, 75, is above 50
+        *seeds("ours", "pretrained", "rte", [None, 100.0], chance),
+        *seeds("ours", "pretrained", "sst2", [60.0], None),
+    ]
+    two = {"accuracy": 50.0, "f1": 50.0, "mcc": None}  # judged on their mean, 50: at chance
+    mrpc = {
+        **_result("ours", "pretrained", "mrpc", {"accuracy": 90.0, "f1": 10.0, "mcc": None}),
+        "chance_metrics": two,
+    }
+    results.append(mrpc)
+    for r in results:
+        r["n_eval"] = 10_000  # noise small: 75 is above 50, 50 is not
+    tasks = build_scorecard(results, tmp_path)["rows"][0]["tasks"]
+    assert tasks["mrpc"]["at_chance"] is True
+    assert tasks["cola"]["at_chance"] is False
+    assert tasks["rte"]["at_chance"] is None
+    assert tasks["sst2"]["at_chance"] is None
