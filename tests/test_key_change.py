@@ -67,6 +67,27 @@ def test_a_changed_setting_is_named_with_what_the_old_key_keeps(tmp_path: Path) 
     assert key_change_note(tmp_path, cfg.name, "finetune", now, inputs) == ("", False)
 
 
+def test_the_changes_said_are_the_first_four_then_how_many_more() -> None:
+    """The notes and the `--output` refusal name up to four changes, then count the rest."""
+    from pipelines.key_change import shown
+
+    assert shown(["a 1 -> 2", "b", "c", "d"]) == "a 1 -> 2; b; c; d"
+    assert shown(["a", "b", "c", "d", "e", "f"]) == "a; b; c; d and 2 more"
+
+
+def test_the_clean_command_of_a_left_behind_output_pastes_in_a_shell(tmp_path: Path) -> None:
+    """A run directory with a space in its name: the `bertflow runs clean` hint quotes the paths."""
+    from pipelines.key_change import left_behind
+
+    root = tmp_path / "my runs"
+    old = root / "pretrain-abc"
+    (old / "checkpoints" / "global_step40").mkdir(parents=True)
+    (old / "checkpoints" / "global_step40" / "_VERIFIED.json").write_text("{}")
+    (old / IN_PROGRESS_NAME).write_text(json.dumps({"pid": 2**22 + 12345, "host": os.uname().nodename}))
+    kept, lost = left_behind(old, root)
+    assert lost and f"(`bertflow runs clean '{old}' --yes --run-dir '{root}'` deletes it)" in kept, kept
+
+
 def test_a_fine_tuning_setting_that_moved_the_key_is_named(tmp_path: Path) -> None:
     """README says the flow names the settings that moved a stage's key since the config's last
     flow run, but only tokenizer, preprocess and pretrain were noted: a rerun with
@@ -79,6 +100,15 @@ def test_a_fine_tuning_setting_that_moved_the_key_is_named(tmp_path: Path) -> No
     )
     assert not lost and note.startswith("finetune: computes under a new key; since flow run calm-owl (")
     assert "of config 'default': finetune.epochs 3.0 -> 2.0." in note
+    # more than four changes: the first four, then how many more
+    sets = ["finetune.epochs=1", "finetune.batch_size=16", "finetune.warmup_proportion=0.2"]
+    sets += ["finetune.weight_decay=0.1", "finetune.dropout=0.2"]
+    old = flow_run_of(cfg, sets, "slow-elk", time.time() - 30, stage="finetune")
+    write_marker(old, {"stage": "finetune"})
+    note, _ = key_change_note(
+        tmp_path, cfg.name, "finetune", stage_dirs(cfg)["finetune"], stage_key_inputs(cfg)["finetune"]
+    )
+    assert note.count(" -> ") == 4 and " and 1 more." in note, note
 
 
 @pytest.mark.slow

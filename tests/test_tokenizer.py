@@ -488,6 +488,7 @@ def test_a_trained_vocabulary_in_a_named_output_is_not_retrained_over(tmp_path, 
     err = capsys.readouterr().err
     assert f"{out} holds a finished tokenizer output made with other settings or inputs " in err
     assert "(tokenizer.vocab_size 500 -> 600)" in err and f"or delete {out} first" in err
+    assert f"(the old ones find {out} again as it is)" in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
     assert cli([*command, "--vocab-size", "500"]) == 0  # the old settings find it again
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
