@@ -882,6 +882,7 @@ def test_a_fix_hint_pasted_runs_this_config_with_its_set_items(tmp_path: Path) -
     pretrain, preprocess, whole = _pasted(str(exc.value))
     assert (pretrain.command, preprocess.command, whole.command) == ("pretrain", "preprocess", "run")
     assert all(same_config(args, "seq32") for args in (pretrain, preprocess)) and same_config(whole)
+    assert pretrain.phase == preprocess.phase == "seq32"  # the phase whose model is missing
     out = tmp_path / "old"
     out.mkdir()
     (out / "_COMPLETE.json").write_text('{"stage": "pretrain"}')  # made before code was recorded

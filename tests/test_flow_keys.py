@@ -329,3 +329,38 @@ def test_the_default_configs_keys_are_those_its_outputs_were_made_under(
     keys = stage_keys(load_config(PROJECT_ROOT / "configs" / "default.yaml", [f"run_dir={tmp_path}"]))
     made_under = {"tokenizer": "f8329824db9a", "preprocess": "02f8976d9d95", "pretrain": "16d81b4ccba1"}
     assert {stage: keys[stage] for stage in made_under} == made_under
+
+
+def test_with_phases_fine_tuning_follows_the_main_phases_pretraining() -> None:
+    """The fine-tuning and report keys hold the main phase's pretraining key (the model they read),
+    not an earlier phase's: a change to the main phase alone moves them, and not the earlier phase."""
+    phased = "phases=[{name: a, pretrain: {max_steps: 10}}]"
+    base = stage_keys(load_config(None, [phased]))
+    changed = _changed(base, stage_keys(load_config(None, [phased, "pretrain.max_steps=7"])))
+    assert changed == {"pretrain", "finetune", "report"}, changed
+
+
+def test_with_phases_the_data_check_follows_the_main_phases_corpus(tmp_path: Path) -> None:
+    """The verify stage checks the main phase's corpus (and each earlier phase's): a change to the
+    main phase's alone moves its key, as it moves the main preprocessing's."""
+    corpus, other = tmp_path / "c.txt", tmp_path / "d.txt"
+    corpus.write_text("One sentence. Two sentences.\n")
+    other.write_text("Three sentences. Four.\n")
+    phased = f"phases=[{{name: a, preprocess: {{input: [{corpus}]}}}}]"
+    base = stage_keys(load_config(None, [phased]))
+    changed = _changed(base, stage_keys(load_config(None, [phased, f"preprocess.input=[{other}]"])))
+    assert {"verify", "preprocess"} <= changed, changed
+
+
+def test_a_pretraining_without_its_model_is_not_complete_in_a_phase_either(tmp_path: Path) -> None:
+    """The flow writes a deleted model/ again from the last checkpoint: a pretraining output, the
+    main one's or a phase's (pretrain@NAME), is complete only with its model."""
+    from pipelines.stage_keys import complete
+
+    out = tmp_path / "pretrain"
+    out.mkdir()
+    (out / "_COMPLETE.json").write_text('{"stage": "pretrain"}')
+    assert not complete("pretrain", out) and not complete("pretrain@a", out)
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text("{}")
+    assert complete("pretrain", out) and complete("pretrain@a", out)
