@@ -397,6 +397,10 @@ def test_only_a_stage_whose_inputs_are_missing_is_refused_naming_every_one_and_t
     check_flow_inputs(cfg, plan_stages(suggested, None, None)[0])
     for selection in ([None, None], [None, "finetune"]):  # the whole flow, --from: they make every input
         check_flow_inputs(cfg, plan_stages(selection[0], selection[1], None)[0])
+    # every stage but the tokenizer: its output is read, and missing
+    assert "no complete output for this config: tokenizer (" in refusal(
+        ["verify", "preprocess", "pretrain", "finetune", "report"]
+    )
     assert not runs.exists()
 
     _mark_complete(cfg, "tokenizer", "preprocess")
@@ -681,6 +685,10 @@ def test_a_corpus_of_no_text_is_refused_by_the_flow_preflight(tmp_path: Path, ke
     bad_header.write_bytes(b"\x1f\x8b\x00 not a gzip header\n")
     check(binary, bad_header)
     check(tmp_path / "empty.txt")  # no file of text, none skipped either: the stages say it is empty
+    if key == "preprocess.input":  # a phase's own corpus, named with its phase
+        phase = f"phases=[{{name: a, preprocess: {{input: [{binary}]}}}}]"
+        with pytest.raises(UserError, match=rf"^phase a: preprocess.input: {binary} is a binary file"):
+            check_flow(load_config(None, [f"run_dir={tmp_path / 'runs'}", phase]), list(STAGES))
     assert not (tmp_path / "runs").exists()
 
 
@@ -760,6 +768,7 @@ def test_a_task_files_data_mistakes_are_refused_by_verify_before_compute(
     with pytest.raises(UserError, match=re.escape("train.tsv line 1: header has no column 'sentence'")):
         check_flow(cfg, ["finetune"])
     assert not (tmp_path / "runs").exists()
+    check_flow(cfg, ["tokenizer"])  # a flow run that does not fine-tune does not read them
 
 
 @pytest.mark.parametrize(
@@ -924,6 +933,17 @@ def test_a_flow_whose_tokenizer_and_preprocess_read_other_files_says_so(tmp_path
         corpus_mismatch_note(load_config(None, [f"preprocess.input=[{corpus}]", "tokenizer.vocab=v.txt"]))
         is None
     )
+    # a phase's own corpus counts too: the main phase reads the tokenizer's files, phase a others
+    note = corpus_mismatch_note(
+        load_config(None, [f"phases=[{{name: a, preprocess: {{input: [{corpus}]}}}}]"])
+    )
+    assert note is not None and f"preprocess.input ['{corpus}'] share no file" in note
+    # a preprocess.input that matches no file yet: nothing to compare (the stage says it is empty)
+    assert corpus_mismatch_note(load_config(None, [f"preprocess.input=[{tmp_path / 'none*.txt'}]"])) is None
+    # a corpus on an object store is not read here (its stage checks it)
+    from pipelines.flow_preflight import check_corpus_is_text
+
+    check_corpus_is_text(["gs://no-such-bucket/corpus.txt"], None, "preprocess.input")
 
 
 def test_a_stage_commands_flags_as_set_items_read_back_as_the_flags_values(tmp_path: Path) -> None:
