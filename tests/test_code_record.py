@@ -172,6 +172,12 @@ def test_a_stage_command_with_flags_in_the_flows_folder_names_the_flow_command_o
     flow = load_config(args.config, args.overrides)
     assert flow.tokenizer.vocab_size == 300 and flow.tokenizer.input == [str(corpus)]
     assert stage_dir(flow, "tokenizer") == out
+    # the flags' settings only, not every tokenizer key
+    assert sorted(item.partition("=")[0] for item in args.overrides) == [
+        "run_dir",
+        "tokenizer.input",
+        "tokenizer.vocab_size",
+    ]
 
 
 def test_a_flow_run_records_and_prints_a_reuse_across_a_code_change(tmp_path: Path, data_dir: Path) -> None:

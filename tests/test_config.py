@@ -985,3 +985,22 @@ def test_a_stage_commands_flags_as_set_items_read_back_as_the_flags_values(tmp_p
         [5e-05, 3e-05],
     )
     assert main.pretrain.max_steps != 7 and main.preprocess.num_shards != 2  # the phase's, not the main one's
+
+
+@pytest.mark.parametrize("text", ["", "# my settings, to be written\n"])
+def test_an_empty_config_file_is_refused_not_run_as_the_defaults(tmp_path: Path, text: str) -> None:
+    """An empty config file (or only comments) would run every built-in default, as config 'default'."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(
+        UserError, match=rf"config file {re.escape(str(path))} holds no settings .*Fix: write"
+    ):
+        load_config(str(path))
+
+
+def test_every_error_of_a_phase_names_it_by_its_name() -> None:
+    """Two errors in one phase: each says `phases.a.`, as --set names it, not pydantic's `phases.0.`."""
+    with pytest.raises(UserError) as err:
+        load_config(None, ["phases=[{name: a, preprocess: 5, pretrain: 6}]"])
+    assert "phases.a.preprocess: Input should be" in str(err.value)
+    assert "phases.a.pretrain: Input should be" in str(err.value) and "phases.0" not in str(err.value)

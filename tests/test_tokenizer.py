@@ -716,3 +716,14 @@ def test_a_users_complete_json_does_not_make_a_folder_bertflows(tmp_path, data_d
             (out / "_COMPLETE.json").write_text(json.dumps(old[other]))
             with pytest.raises(UserError, match=f"not a bertflow {stage} output"):
                 refuse_foreign_files(out, stage, names)
+
+
+def test_a_refused_input_entry_is_named_by_its_entry_not_as_a_bad_flag_value(tmp_path, capsys):
+    """A list flag's refusal names the entry refused (tokenizer.input.0), as its own message does,
+    not the whole list as a bad flag value."""
+    from pipelines.cli import main as cli
+
+    assert cli(["tokenizer", "--input", "data:", "--output", str(tmp_path / "tok")]) == 2
+    err = capsys.readouterr().err
+    assert "invalid tokenizer settings: tokenizer.input.0: 'data:' with no path" in err, err
+    assert "bad flag value" not in err and not (tmp_path / "tok").exists()
