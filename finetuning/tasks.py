@@ -143,9 +143,10 @@ def _parse_task_file(path: Path, source: str) -> dict[str, TaskSpec]:
         raise UserError(
             f"task config {path} cannot be read: {exc}", fix="pass a readable YAML file."
         ) from None
-    if raw is None:  # the built-in tasks of the same names would run in place of the user's
+    if raw is None or raw == {}:  # the built-in tasks of the same names would run in place of the user's
+        what = "it is empty or only comments" if raw is None else f"it holds only {raw!r}"
         raise UserError(
-            f"task config {path} defines no task (it is empty or only comments); the built-in "
+            f"task config {path} defines no task ({what}); the built-in "
             "definitions would run in place of yours.",
             fix=f"define your tasks in it (finetuning/tasks.yaml shows the schema), or drop {TASK_CONFIG}.",
         )

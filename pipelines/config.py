@@ -436,9 +436,10 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         p = Path(path)
         check_input_file(p, "config file", fix="pass an existing YAML, e.g. configs/default.yaml.")
         raw = read_user_yaml(p, "config file")
-        if raw is None:  # every default would run: a 6-minute flow into ./runs under the name 'default'
+        if raw is None or raw == {}:  # every default would run: a 6-minute flow into ./runs
+            what = "it is empty or only comments" if raw is None else f"it holds only {raw!r}"
             raise UserError(
-                f"config file {p} holds no settings (it is empty or only comments); it would run every "
+                f"config file {p} holds no settings ({what}); it would run every "
                 "built-in default, as config 'default' into ./runs.",
                 fix="write your settings into it (docs/config.md lists every key), or pass "
                 "configs/default.yaml to run the default.",

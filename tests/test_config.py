@@ -987,7 +987,7 @@ def test_a_stage_commands_flags_as_set_items_read_back_as_the_flags_values(tmp_p
     assert main.pretrain.max_steps != 7 and main.preprocess.num_shards != 2  # the phase's, not the main one's
 
 
-@pytest.mark.parametrize("text", ["", "# my settings, to be written\n"])
+@pytest.mark.parametrize("text", ["", "# my settings, to be written\n", "{}  # to be written\n"])
 def test_an_empty_config_file_is_refused_not_run_as_the_defaults(tmp_path: Path, text: str) -> None:
     """An empty config file (or only comments) would run every built-in default, as config 'default'."""
     path = tmp_path / "mine.yaml"

@@ -429,7 +429,7 @@ def test_columns_by_number_without_header_set_are_refused_not_read_losing_a_row(
     assert [e.text_a for e in read_tsv_examples(spec, spec.path("train"))] == ["good film"]
 
 
-@pytest.mark.parametrize("text", ["", "# my tasks, to be written\n\n"])
+@pytest.mark.parametrize("text", ["", "# my tasks, to be written\n\n", "{}\n"])
 def test_an_empty_task_config_is_refused_not_read_as_no_change(tmp_path, text):
     """An empty --task-config (a file saved empty, or only comments) was read as no definitions, so
     `--tasks sst2 --task-config mine.yaml` fine-tuned the built-in SST-2 instead of the user's own
