@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -191,9 +192,41 @@ def run_launcher(
     Interrupted (Ctrl-C, SIGTERM), it stops the ranks with `_stop_group` and raises. The launcher
     and its ranks get a temp directory of their own (`TMPDIR`), removed when it ends: torchrun's
     `torchelastic_*` log tree and the folders W&B's modules make at import were left in /tmp by
-    every run."""
-    with tempfile.TemporaryDirectory(prefix="bertflow-launch-") as tmp:
+    every run. Those of launches whose bertflow was killed (kill -9: nothing removed them) go at the
+    next launch, an hour on (`remove_stale_launch_dirs`)."""
+    remove_stale_launch_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{LAUNCH_TMP}{os.getpid()}-") as tmp:
         _run_launcher(cmd, _with_own_tmp(env, tmp), log_line, stop_grace_s)
+
+
+LAUNCH_TMP = "bertflow-launch-"  # + the launching bertflow's pid, "-", a random part
+
+
+def remove_stale_launch_dirs(root: Path | None = None, stale_after_s: float = 3600.0) -> list[Path]:
+    """Remove the launch temp folders (`run_launcher`) under `root` (the temp directory) whose
+    bertflow is gone and that nothing changed for `stale_after_s` (a killed bertflow's ranks may
+    still be saving into theirs for `pretrain.stop_grace_s`); returns them."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{LAUNCH_TMP}*-*"):
+        pid = path.name[len(LAUNCH_TMP) :].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or _alive(int(pid)) or time.time() - path.stat().st_mtime < stale_after_s:
+                continue
+        except OSError:  # gone meanwhile
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _with_own_tmp(env: dict[str, str], tmp: str) -> dict[str, str]:
