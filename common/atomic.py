@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from common.child_process import is_gone, process_identity
+from common.child_process import is_alive, is_gone, process_identity
 from common.errors import UserError
 
 MARKER_NAME = "_COMPLETE.json"
@@ -151,14 +151,11 @@ def writer_state(writer: dict[str, Any]) -> str:
         return "running elsewhere?"
     try:
         pid = int(writer.get("pid", 0))
-        if pid <= 0:
-            return "interrupted"
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except (ProcessLookupError, ValueError, TypeError):
+    except (ValueError, TypeError):
         return "interrupted"
-    except PermissionError:  # alive, another user's
-        pass
-    return "interrupted" if is_gone(writer, pid) else "running"  # a reused pid is no writer
+    if pid <= 0 or not is_alive(pid) or is_gone(writer, pid):  # a reused pid is no writer
+        return "interrupted"
+    return "running"
 
 
 def _in_progress(directory: Path) -> dict[str, Any]:

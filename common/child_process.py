@@ -28,6 +28,17 @@ def stat_fields(stat: Path) -> list[str] | None:
         return None
 
 
+def is_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this machine (signal 0 only asks; another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 def boot_id() -> str | None:
     """This boot of the machine (Linux; None elsewhere): process start times count from it."""
     try:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.child_process import die_with_parent, start_time, stat_fields
+from common.child_process import die_with_parent, is_alive, start_time, stat_fields
 from common.errors import TransientError, UserError, stop_request
 from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
 from common.textfile import read_user_text
@@ -210,23 +210,13 @@ def remove_stale_launch_dirs(root: Path | None = None, stale_after_s: float = 36
     for path in Path(root or tempfile.gettempdir()).glob(f"{LAUNCH_TMP}*-*"):
         pid = path.name[len(LAUNCH_TMP) :].split("-", 1)[0]
         try:
-            if not pid.isdigit() or _alive(int(pid)) or time.time() - path.stat().st_mtime < stale_after_s:
+            if not pid.isdigit() or is_alive(int(pid)) or time.time() - path.stat().st_mtime < stale_after_s:
                 continue
         except OSError:  # gone meanwhile
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _with_own_tmp(env: dict[str, str], tmp: str) -> dict[str, str]:
