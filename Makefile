@@ -60,11 +60,13 @@ deploy: install
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+# The GPU check's CPU dry run (tests/test_gpu_check.py, marked gpu_dry_run: ~100 s of a 2-core CI
+# budget for a benchmark script) runs in `make gpu-check-prep`, before a carry goes to a GPU machine.
 test: install install-browser
-	$(PYTEST)
+	$(PYTEST) -m "not gpu_dry_run"
 
 test-fast: install
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -m "not slow and not gpu_dry_run"
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -74,10 +76,12 @@ bench: install
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 # The GPU check (benchmarks/gpu_check.py; docs/benchmarks.md "GPU check"). Here, once: wheels,
-# tokenizer, shards and SST-2 rows into the git-ignored .gpu_carry/. On the GPU machine (no venv,
+# tokenizer, shards and SST-2 rows into the git-ignored .gpu_carry/, then the check's CPU dry run (~2 min:
+# a broken script is found here, not in device time). On the GPU machine (no venv,
 # no registry): `make gpu-check PARTS=base,hf,ops,kernels` or `bash benchmarks/gpu_check.sh --parts ...`.
 gpu-check-prep: install
 	$(PY) benchmarks/gpu_check_prep.py
+	$(PY) -m pytest -q -m gpu_dry_run tests/test_gpu_check.py
 
 # The whole flow on a bare GPU machine: every run-time package the image lacks, packed, and the default's
 # data into .gpu_carry/flow; there: `bash benchmarks/gpu_flow_check.sh` (docs/benchmarks.md "The whole flow on a GPU").

@@ -51,7 +51,7 @@ def carry(tmp_path_factory, minilm_dir, data_dir) -> Path:
     return root
 
 
-@pytest.mark.slow
+@pytest.mark.gpu_dry_run  # ~100 s: `make gpu-check-prep` runs it, `make test` leaves it out (Makefile)
 def test_dry_run_runs_every_part_without_the_packages_the_gpu_image_lacks(carry, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     env = env_forbidding(FORBIDDEN)
