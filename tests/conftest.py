@@ -50,11 +50,13 @@ os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
 atexit.register(shutil.rmtree, _CACHE_HOME, ignore_errors=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(autouse=True, scope="session")
 def _stop_prefects_temporary_api() -> Iterator[None]:
-    """After each test file: a flow run in this process started Prefect's temporary API, which Prefect
-    otherwise stops at interpreter exit, logging into pytest's closed capture files ('--- Logging
-    error ---' and a traceback at the end of `make test`, from tests/test_report.py's flows)."""
+    """After the last test of this pytest process: a flow run in it started Prefect's temporary API,
+    which Prefect otherwise stops at interpreter exit, logging into pytest's closed capture files
+    ('--- Logging error ---' and a traceback at the end of `make test`, from tests/test_report.py's
+    flows). Once per process, not after each test file: each of the nine files with in-process flow
+    runs started the server again (~5 CPU-s each)."""
     yield
     stop_ephemeral_prefect()
 

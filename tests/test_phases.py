@@ -137,7 +137,7 @@ def test_with_two_phases_each_finds_the_one_before_it(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_flow_trains_the_phases_in_order_and_reuses_them(tmp_path: Path, data_dir: Path) -> None:
     """One temporary Prefect API for the test's four flow runs (a restart between them cost ~5 s of
-    CPU each), stopped after this file by tests/conftest.py."""
+    CPU each), stopped after the last test by tests/conftest.py."""
     from pipelines.flow import bert_pipeline
 
     config = tiny_config(tmp_path, data_dir, finetune={"tasks": ["rte"], "seeds": [1], "baselines": []})
