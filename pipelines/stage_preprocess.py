@@ -444,6 +444,7 @@ def _run_job(
 ) -> tuple[dict[str, int], list[tuple[str, int, dict]], float]:
     """The Beam job: its counters, the written shards' (split, index, entry) and its seconds; a
     full disk anywhere in it is said with the space the job needs."""
+    from common.temp_dir import own_temp_dir
     from preprocessing.beam_job import run_pipeline
     from preprocessing.examples import ExampleParams
     from preprocessing.masking import MaskingSpec
@@ -463,7 +464,10 @@ def _run_job(
     )  # fmt: skip
     start = time.perf_counter()
     try:
-        with watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info):
+        with (
+            watch_preprocess(work_dir, out_dir, len(files), cfg.num_shards + 1, log.info),
+            own_temp_dir("bertflow-beam-job-"),
+        ):
             counts, entries = run_pipeline(
                 [(str(p), labels[p]) for p in files], tokenizer_json, vocab, params, spec,
                 cfg.validation_fraction, cfg.num_shards, num_buckets, out_dir, work_dir, options,

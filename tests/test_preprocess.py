@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -69,13 +70,31 @@ def config(corpus: Path, workers: int) -> PreprocessConfig:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_dir, minilm_dir):
+    """Two jobs, with 1 and 2 Beam workers, in a temp directory of their own (`TMP`, left as the
+    jobs left it)."""
     root = tmp_path_factory.mktemp("pp")
     corpus = make_corpus(root, data_dir)
     out = {}
-    for workers in (1, 2):
-        stats = run_preprocess_stage(config(corpus, workers), minilm_dir, root / f"out{workers}")
-        out[workers] = (root / f"out{workers}", stats)
+    with pytest.MonkeyPatch.context() as patch:
+        (root / "tmp").mkdir()
+        patch.setenv("TMPDIR", str(root / "tmp"))  # Beam's worker processes
+        patch.setattr(tempfile, "tempdir", str(root / "tmp"))
+        for workers in (1, 2):
+            stats = run_preprocess_stage(config(corpus, workers), minilm_dir, root / f"out{workers}")
+            out[workers] = (root / f"out{workers}", stats)
     return corpus, out
+
+
+TMP = "tmp"  # under the `runs` fixture's root
+
+
+@pytest.mark.slow
+def test_the_jobs_leave_nothing_in_the_temp_directory(runs):
+    """Beam's local job service and job server make folders with tempfile.mkdtemp() and left them:
+    each job left a `beam-temp*`, two `tmp*` and a `beam-requirements-cache` folder in /tmp."""
+    _, out = runs
+    root = out[1][0].parent
+    assert sorted(p.name for p in (root / TMP).iterdir()) == []
 
 
 @pytest.mark.slow
