@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,9 +27,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.child_process import die_with_parent, is_alive, start_time, stat_fields
+from common.child_process import die_with_parent, start_time, stat_fields
 from common.errors import TransientError, UserError, stop_request
 from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
+from common.temp_dir import remove_stale_temp_dirs
 from common.textfile import read_user_text
 from training.lost_ranks import LOST_PREFIX
 from training.stop_request import LAUNCHER_DIED
@@ -193,30 +193,13 @@ def run_launcher(
     and its ranks get a temp directory of their own (`TMPDIR`), removed when it ends: torchrun's
     `torchelastic_*` log tree and the folders W&B's modules make at import were left in /tmp by
     every run. Those of launches whose bertflow was killed (kill -9: nothing removed them) go at the
-    next launch, an hour on (`remove_stale_launch_dirs`)."""
-    remove_stale_launch_dirs()
+    next launch, an hour on (`common.temp_dir.remove_stale_temp_dirs`)."""
+    remove_stale_temp_dirs(LAUNCH_TMP)
     with tempfile.TemporaryDirectory(prefix=f"{LAUNCH_TMP}{os.getpid()}-") as tmp:
         _run_launcher(cmd, _with_own_tmp(env, tmp), log_line, stop_grace_s)
 
 
 LAUNCH_TMP = "bertflow-launch-"  # + the launching bertflow's pid, "-", a random part
-
-
-def remove_stale_launch_dirs(root: Path | None = None, stale_after_s: float = 3600.0) -> list[Path]:
-    """Remove the launch temp folders (`run_launcher`) under `root` (the temp directory) whose
-    bertflow is gone and that nothing changed for `stale_after_s` (a killed bertflow's ranks may
-    still be saving into theirs for `pretrain.stop_grace_s`); returns them."""
-    removed = []
-    for path in Path(root or tempfile.gettempdir()).glob(f"{LAUNCH_TMP}*-*"):
-        pid = path.name[len(LAUNCH_TMP) :].split("-", 1)[0]
-        try:
-            if not pid.isdigit() or is_alive(int(pid)) or time.time() - path.stat().st_mtime < stale_after_s:
-                continue
-        except OSError:  # gone meanwhile
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
 
 
 def _with_own_tmp(env: dict[str, str], tmp: str) -> dict[str, str]:
