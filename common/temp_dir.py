@@ -19,24 +19,34 @@ from common.child_process import is_alive
 
 
 @contextmanager
+def named_temp_dir(prefix: str) -> Iterator[Path]:
+    """A new folder in the temp directory, named `prefix` + this process's pid + "-" + a random
+    part, removed with what is in it at the end; those a killed bertflow left go first
+    (`remove_stale_temp_dirs`). For a child process's TMPDIR (the pretraining launch's)."""
+    remove_stale_temp_dirs(prefix)
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
 def own_temp_dir(prefix: str) -> Iterator[Path]:
     """Within the block, this process's temp directory (`tempfile.gettempdir()`) and the TMPDIR its
-    child processes inherit are a new folder under the current one, removed with what is in it at
-    the end; those a killed bertflow left go first (`remove_stale_temp_dirs`). One block at a time in
-    a process (the flow's stages run one after another): the temp directory is process-wide."""
-    remove_stale_temp_dirs(prefix)
-    path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
-    saved_tempdir, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
-    tempfile.tempdir, os.environ["TMPDIR"] = path, path
-    try:
-        yield Path(path)
-    finally:
-        tempfile.tempdir = saved_tempdir
-        if saved_env is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = saved_env
-        shutil.rmtree(path, ignore_errors=True)
+    child processes inherit are a `named_temp_dir` under the current one. One block at a time in a
+    process (the flow's stages run one after another): the temp directory is process-wide."""
+    with named_temp_dir(prefix) as path:
+        saved_tempdir, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
+        tempfile.tempdir, os.environ["TMPDIR"] = str(path), str(path)
+        try:
+            yield path
+        finally:
+            tempfile.tempdir = saved_tempdir
+            if saved_env is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = saved_env
 
 
 def remove_stale_temp_dirs(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from common.child_process import die_with_parent, start_time, stat_fields
 from common.errors import TransientError, UserError, stop_request
 from common.paths import PROJECT_ROOT, check_input_file, torch_extensions_dir
-from common.temp_dir import remove_stale_temp_dirs
+from common.temp_dir import named_temp_dir
 from common.textfile import read_user_text
 from training.lost_ranks import LOST_PREFIX
 from training.stop_request import LAUNCHER_DIED
@@ -193,10 +193,9 @@ def run_launcher(
     and its ranks get a temp directory of their own (`TMPDIR`), removed when it ends: torchrun's
     `torchelastic_*` log tree and the folders W&B's modules make at import were left in /tmp by
     every run. Those of launches whose bertflow was killed (kill -9: nothing removed them) go at the
-    next launch, an hour on (`common.temp_dir.remove_stale_temp_dirs`)."""
-    remove_stale_temp_dirs(LAUNCH_TMP)
-    with tempfile.TemporaryDirectory(prefix=f"{LAUNCH_TMP}{os.getpid()}-") as tmp:
-        _run_launcher(cmd, _with_own_tmp(env, tmp), log_line, stop_grace_s)
+    next launch, an hour on (`common.temp_dir.named_temp_dir`)."""
+    with named_temp_dir(LAUNCH_TMP) as tmp:
+        _run_launcher(cmd, _with_own_tmp(env, str(tmp)), log_line, stop_grace_s)
 
 
 LAUNCH_TMP = "bertflow-launch-"  # + the launching bertflow's pid, "-", a random part
