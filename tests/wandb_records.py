@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,23 @@ def run_file(run_dir: Path, newest: bool = False) -> Path:
     return path
 
 
+def ended_run_records(run_dir: Path, newest: bool = False, timeout_s: float = 30.0) -> list:
+    """The records of the W&B run under `run_dir/wandb_files` once its file holds the run's end
+    (its exit record), or as they are after `timeout_s`. wandb-core may still be writing the file
+    when `run.finish()` has returned: a test that read it at once found the scorecard run without
+    the summary keys that the same file held a moment later (stop 61's `make test`)."""
+    path = run_file(run_dir, newest)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def run_info(run_dir: Path, newest: bool = False) -> dict[str, str]:
     """project, entity, group, name and job_type of the W&B run under `run_dir/wandb_files`."""
-    run = next(r.run for r in records(run_file(run_dir, newest)) if r.WhichOneof("record_type") == "run")
+    run = next(r.run for r in ended_run_records(run_dir, newest) if r.WhichOneof("record_type") == "run")
     return {
         "project": run.project,
         "entity": run.entity,
@@ -70,7 +85,7 @@ def history(run_dir: Path, newest: bool = False) -> list[dict[str, Any]]:
     """The history rows of the W&B run under `run_dir/wandb_files`, in order: one per step, with
     what every `log` call of that step wrote merged, plus W&B's own `_step`, `_runtime` and
     `_timestamp`. wandb 0.31 writes each value as JSON (`value_json`); a nested key is joined by dots."""
-    rows = [r.history for r in records(run_file(run_dir, newest)) if r.WhichOneof("record_type") == "history"]
+    rows = [r.history for r in ended_run_records(run_dir, newest) if r.WhichOneof("record_type") == "history"]
     return [
         {item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in row.item}
         for row in rows
@@ -97,7 +112,7 @@ def logged_table(run_dir: Path, key: str) -> dict[str, Any]:
 def summary(run_dir: Path, newest: bool = False) -> dict[str, Any]:
     """The summary of the W&B run under `run_dir/wandb_files`: its summary records merged, in order."""
     merged: dict[str, Any] = {}
-    for r in records(run_file(run_dir, newest)):
+    for r in ended_run_records(run_dir, newest):
         if r.WhichOneof("record_type") == "summary":
             merged.update(
                 {u.key or ".".join(u.nested_key): json.loads(u.value_json) for u in r.summary.update}
@@ -107,8 +122,8 @@ def summary(run_dir: Path, newest: bool = False) -> dict[str, Any]:
 
 def exit_code(run_dir: Path, newest: bool = False) -> int | None:
     """The exit code the W&B run under `run_dir/wandb_files` ended with (0: finished, else failed),
-    or None where it has no exit record (it never ended: W&B lost its end)."""
+    or None where it has no exit record 30 s on (it never ended: W&B lost its end)."""
     codes = [
-        r.exit.exit_code for r in records(run_file(run_dir, newest)) if r.WhichOneof("record_type") == "exit"
+        r.exit.exit_code for r in ended_run_records(run_dir, newest) if r.WhichOneof("record_type") == "exit"
     ]
     return codes[-1] if codes else None
