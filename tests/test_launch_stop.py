@@ -151,9 +151,10 @@ def start_torchrun(tmp_path: Path, saved: Path, save_s: float, torchrun_grace_s:
         "--nproc_per_node=1",
         f"--master_port={launch.free_port()}",
     ]
-    return start_group(
-        [*cmd, str(script), str(saved), str(save_s)], env=launch.child_env(1, False, torchrun_grace_s)
-    )
+    # its own temp directory: torchrun leaves its `torchelastic_*` log tree there (bertflow's launch
+    # gives it one, test_a_launch_leaves_nothing_in_the_temp_directory; this is torchrun alone)
+    env = {**launch.child_env(1, False, torchrun_grace_s), "TMPDIR": str(tmp_path)}
+    return start_group([*cmd, str(script), str(saved), str(save_s)], env=env)
 
 
 def test_a_second_interrupt_kills_the_ranks_at_once(tmp_path: Path) -> None:
