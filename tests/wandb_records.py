@@ -54,7 +54,9 @@ def run_file(run_dir: Path, newest: bool = False) -> Path:
     return path
 
 
-def ended_run_records(run_dir: Path, newest: bool = False, timeout_s: float = 30.0) -> list:
+def ended_run_records(
+    run_dir: Path, newest: bool = False, timeout_s: float = 30.0
+) -> list[wandb_internal_pb2.Record]:
     """The records of the W&B run under `run_dir/wandb_files` once its file holds the run's end
     (its exit record), or as they are after `timeout_s`. wandb-core may still be writing the file
     when `run.finish()` has returned: a test that read it at once found the scorecard run without

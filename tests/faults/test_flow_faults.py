@@ -39,19 +39,6 @@ def _cmd(config: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "pipelines.cli", "run", str(config), *extra]
 
 
-def _run(config: Path, tmp_path: Path, *extra: str) -> str:
-    proc = subprocess.run(
-        _cmd(config, *extra),
-        env=_env(tmp_path),
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc.stdout + proc.stderr  # the stage table, then Prefect's log lines
-
-
 def _statuses(stdout: str) -> dict[str, str]:
     """The stage table `bertflow run` prints at the end: `  stage  status  seconds s  dir`."""
     out = {}
