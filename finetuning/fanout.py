@@ -28,11 +28,13 @@ import dataclasses
 import multiprocessing as mp
 import os
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from common.child_process import survive_a_lost_reader, watch_parent
 from common.console import warning_line
 from common.errors import UserError
 from common.fingerprint import KEY_LENGTH, content_digest, digest, model_dir_content, model_dir_stamp
+from common.temp_dir import named_temp_dir
 from common.tracking import WandbTarget
 from finetuning.checkpoints import (
     checkpoint_label,
@@ -324,11 +327,17 @@ def _unit_inputs(
     }
 
 
+UNITS_TMP = "bertflow-finetune-"  # + the bertflow's pid, "-", a random part (common.temp_dir)
+
+
 class UnitPool:
     """Worker processes for fine-tuning units (`worker_count`: `cfg.concurrency` on CPU,
     `cfg.units_per_gpu` per GPU on a GPU machine, never more than jobs), each with `unit_threads`
     torch threads; worker i pinned to GPU i mod the GPUs. The workers start with the first unit that
-    trains: a finished unit's result is read here, so a run whose units are all done starts none."""
+    trains: a finished unit's result is read here, so a run whose units are all done starts none.
+    Their temp directory is a folder of the pool's, removed when it closes or stops: W&B makes two
+    folders there at import that only a normal exit removes, and a stop's terminated workers (Ctrl-C)
+    or a killed one left them in /tmp."""
 
     def __init__(
         self,
@@ -352,9 +361,11 @@ class UnitPool:
             max_workers=self.workers,
             mp_context=ctx,
             initializer=_init_worker,
-            initargs=(os.getpid(), threads, devices),
+            initargs=(os.getpid(), threads, devices, self._worker_temp_dir()),
         )
         self._pool: ProcessPoolExecutor | None = None
+        self._temp = ExitStack()
+        self._temp_dir: str | None = None
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -384,6 +395,11 @@ class UnitPool:
                         print(f"finetune: {warning_line(WORKER_LOST)}", file=sys.stderr, flush=True)
         return failed_result(job, WORKER_DIED)
 
+    def _worker_temp_dir(self) -> str:
+        if self._temp_dir is None:
+            self._temp_dir = str(self._temp.enter_context(named_temp_dir(UNITS_TMP)))
+        return self._temp_dir
+
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
@@ -393,6 +409,7 @@ class UnitPool:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        self._temp.close()
 
     def stop(self) -> None:
         """Stop now (Ctrl-C, SIGTERM): the units in flight are ended with their workers
@@ -404,6 +421,7 @@ class UnitPool:
             for worker in list((pool._processes or {}).values()):  # no public way before Python 3.14
                 worker.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
+        self._temp.close()
 
     def __enter__(self) -> UnitPool:
         return self
@@ -465,7 +483,8 @@ def run(
     return results
 
 
-def _init_worker(parent: int, threads: int, devices: Any) -> None:
+def _init_worker(parent: int, threads: int, devices: Any, temp_dir: str) -> None:
+    tempfile.tempdir, os.environ["TMPDIR"] = temp_dir, temp_dir  # the pool's (UnitPool)
     watch_parent(parent, lambda: os._exit(1))  # a killed command leaves no worker training on
     survive_a_lost_reader()  # the command's output, inherited: `bertflow run | tee`, tee gone
     import torch

@@ -109,10 +109,16 @@ def test_a_worker_killed_takes_no_other_unit_with_it(tmp_path, minilm_dir):
     """kill -9 of one fine-tuning worker (the OOM killer's way) while two train: a dead worker breaks
     the whole process pool, so every unit in flight or still queued failed with it ('4 of 4 units
     failed' in a flow). Now the units it took down run again in a fresh pool, once, and all finish."""
-    out = tmp_path / "out"
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    tmp.mkdir()
     cmd = [*_command(minilm_dir, out), "--workers", "2"]  # the last --workers wins
     proc = subprocess.Popen(
-        cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        env={**_env(), "TMPDIR": str(tmp)},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.monotonic() + 300
     while not all(
@@ -128,6 +134,8 @@ def test_a_worker_killed_takes_no_other_unit_with_it(tmp_path, minilm_dir):
     assert "a fine-tuning worker process died (out of memory or killed)" in said
     for unit in UNITS:
         assert (_unit_dir(out, unit) / "_COMPLETE.json").is_file()
+    # the workers' temp folder (W&B's two, made at import) went with their pool, the killed one's too
+    assert not list(tmp.iterdir()), list(tmp.iterdir())
 
 
 def test_ctrl_c_stops_the_units_in_flight_with_their_workers(tmp_path, minilm_dir):
@@ -135,10 +143,11 @@ def test_ctrl_c_stops_the_units_in_flight_with_their_workers(tmp_path, minilm_di
     to finish (a Cancel from Prefect during a flow's fine-tuning: the units ran to their end, after a
     'worker process died' warning, in new workers). Now they stop with their workers: the unit is not
     finished (a rerun trains it), no worker is left."""
-    out = tmp_path / "out"
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen(
         _command(minilm_dir, out),
-        env=_env(),
+        env={**_env(), "TMPDIR": str(tmp)},
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -161,6 +170,9 @@ def test_ctrl_c_stops_the_units_in_flight_with_their_workers(tmp_path, minilm_di
         "bertflow finetune: interrupted."
     ), said[-3000:]
     assert workers and not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    # the stopped workers' temp folders (W&B's two each, which only a normal exit removes) went too:
+    # they were left in /tmp
+    assert not list(tmp.iterdir()), list(tmp.iterdir())
 
 
 def test_a_worker_writes_on_after_the_reader_of_the_commands_output_is_gone(tmp_path):
@@ -170,7 +182,8 @@ def test_a_worker_writes_on_after_the_reader_of_the_commands_output_is_gone(tmp_
     fan-out's pool runs it, then a write after the reader left."""
     finished = tmp_path / "finished"
     code = (
-        "import os, sys; from finetuning.fanout import _init_worker; _init_worker(os.getppid(), 1, None); "
+        "import os, sys; from finetuning.fanout import _init_worker; "
+        f"_init_worker(os.getppid(), 1, None, {str(tmp_path)!r}); "
         "sys.stdin.read(); print('w' * 65536, flush=True); print('t', file=sys.stderr, flush=True); "
         f"open({str(finished)!r}, 'w').write('yes')"
     )
