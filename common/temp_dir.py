@@ -1,7 +1,8 @@
 """Temp directories of our own, for processes and libraries that leave folders in the temp
 directory: Beam's local job service and job server make theirs with `tempfile.mkdtemp()` and leave
 them on the DirectRunner's path (a `beam-temp*`, two `tmp*` and a `beam-requirements-cache` folder
-in /tmp per preprocess job); torchrun leaves its `torchelastic_*` tree (`training.launch`). Each is
+in /tmp per preprocess job); torchrun leaves its `torchelastic_*` tree (`training.launch`); W&B's
+two folders made at import stay where a process is terminated (`finetuning.fanout.UnitPool`). Each is
 named PREFIX + the owning bertflow's pid + "-" + a random part, so that a later run can remove those
 a killed bertflow left (`remove_stale_temp_dirs`)."""
 
@@ -22,7 +23,8 @@ from common.child_process import is_alive
 def named_temp_dir(prefix: str) -> Iterator[Path]:
     """A new folder in the temp directory, named `prefix` + this process's pid + "-" + a random
     part, removed with what is in it at the end; those a killed bertflow left go first
-    (`remove_stale_temp_dirs`). For a child process's TMPDIR (the pretraining launch's)."""
+    (`remove_stale_temp_dirs`). For a child process's TMPDIR (the pretraining launch's, the
+    fine-tuning workers')."""
     remove_stale_temp_dirs(prefix)
     path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
     try:
