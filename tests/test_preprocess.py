@@ -68,6 +68,9 @@ def config(corpus: Path, workers: int) -> PreprocessConfig:
     )
 
 
+TMP = "tmp"  # under the `runs` fixture's root
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_dir, minilm_dir):
     """Two jobs, with 1 and 2 Beam workers, in a temp directory of their own (`TMP`, left as the
@@ -76,16 +79,13 @@ def runs(tmp_path_factory, data_dir, minilm_dir):
     corpus = make_corpus(root, data_dir)
     out = {}
     with pytest.MonkeyPatch.context() as patch:
-        (root / "tmp").mkdir()
-        patch.setenv("TMPDIR", str(root / "tmp"))  # Beam's worker processes
-        patch.setattr(tempfile, "tempdir", str(root / "tmp"))
+        (root / TMP).mkdir()
+        patch.setenv("TMPDIR", str(root / TMP))  # Beam's worker processes
+        patch.setattr(tempfile, "tempdir", str(root / TMP))
         for workers in (1, 2):
             stats = run_preprocess_stage(config(corpus, workers), minilm_dir, root / f"out{workers}")
             out[workers] = (root / f"out{workers}", stats)
     return corpus, out
-
-
-TMP = "tmp"  # under the `runs` fixture's root
 
 
 @pytest.mark.slow
