@@ -60,3 +60,21 @@ def exclusive_dir(directory: str | os.PathLike, what: str, inside: bool = False)
         yield
     finally:
         fh.close()
+
+
+def remove_orphan_locks(parent: Path) -> list[Path]:
+    """Delete the lock files in `parent` of outputs that do not exist (`.NAME.lock` without `NAME`:
+    a run refused or killed after it took the lock and before it made its output) and that no
+    process holds; each is deleted while this process holds it. Returns those deleted."""
+    removed = []
+    for lock_path in sorted(parent.glob(".*.lock")):
+        if (parent / lock_path.name[1 : -len(".lock")]).exists():
+            continue
+        try:
+            with open(lock_path, "a+") as fh:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock_path.unlink()
+        except (BlockingIOError, FileNotFoundError):
+            continue  # held by a live run, or gone already
+        removed.append(lock_path)
+    return removed

@@ -325,6 +325,8 @@ def clean(
         targets = [*targets, *_everything(root)]
     plan = removal_plan(root, targets, incomplete, config)
     if not plan and everything:
+        if yes:
+            _remove_empty_layout(root)
         return f"nothing to delete: {root} holds no flow run and no stage output."
     if not plan:  # a named run or stage output is always in the plan: only --incomplete finds none
         return (
@@ -363,10 +365,14 @@ def _everything(root: Path) -> list[str]:
 
 def _remove_empty_layout(root: Path) -> None:
     """The folders of the run directory's layout that cleaning left empty, and `root` if it is then
-    empty (a user's own file keeps its folder)."""
+    empty (a user's own file keeps its folder). The stage locks of outputs never made go first
+    (`remove_orphan_locks`): they alone kept a stage's folder."""
+    from common.dir_lock import remove_orphan_locks
     from pipelines.stage_keys import STAGES
 
     for d in [root.joinpath(*UNITS), *(root / s for s in STAGES), root / LATEST, root / FLOW_RECORDS, root]:
+        if d.is_dir() and not d.is_symlink():
+            remove_orphan_locks(d)
         try:
             d.rmdir()
         except OSError:  # not empty, or absent

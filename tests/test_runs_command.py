@@ -665,6 +665,25 @@ def test_clean_all_deletes_every_run_and_output_but_never_one_being_written(
     assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]  # the user's file, and nothing else
 
 
+def test_clean_all_deletes_the_locks_of_outputs_never_made_unless_held(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stage refused or killed after it took its lock and before it made its output leaves
+    `.KEY.lock` beside no `KEY`: `clean --all` kept that lock, and with it the stage's folder. It
+    now deletes such locks, but never one a live process holds (a stage about to make its output)."""
+    for stage in ("pretrain", "finetune"):
+        (root / stage / ".never-made.lock").write_text("12345\n")
+    with exclusive_dir(root / "preprocess" / "about-to-be-made", "preprocess"):
+        assert cli(["runs", "clean", "--all", "--yes", "--run-dir", str(root)]) == 0
+        assert "freed" in capsys.readouterr().out
+        assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == [
+            "preprocess",
+            "preprocess/.about-to-be-made.lock",
+        ]
+    assert cli(["runs", "clean", "--all", "--yes", "--run-dir", str(root)]) == 0
+    assert not root.exists()
+
+
 def test_a_writer_whose_pid_another_process_took_reads_as_interrupted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
