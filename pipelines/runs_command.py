@@ -193,15 +193,22 @@ def list_runs(root: Path, config: str | None = None) -> str:
         return f"{root}: no flow runs yet (`{flow_run_cli(root, config)}` writes {root}/flow_runs/)."
     rows = [
         [r.name, r.data.get("started_utc", "?"), r.status, _run_time(r, runs), _cached(r),
-         result_text(r), _report(r)]
+         result_text(r), _report(r), _arguments(r)]
         for r in runs
     ]  # fmt: skip
-    header = ["flow run", "started (UTC)", "status", "time", "stages", "result", "report"]
+    header = ["flow run", "started (UTC)", "status", "time", "stages", "result", "report", "command"]
     return (
         f"{root}\n"
         + _table(header, rows)
         + f"\n\nnewest outputs: {root / LATEST}/ (`{runs_cli(root, 'show')}` for one run)"
     )
+
+
+def _arguments(run: FlowRunRecord) -> str:
+    """What tells runs of one config apart: the run's command after `bertflow run` (its config, each
+    `--set`, `--only`, `--force`), as it was given; "—" in a record from before commands were kept."""
+    command = run.data.get("command")
+    return command.removeprefix("bertflow run ") if command else "—"
 
 
 def show_run(root: Path, name: str | None, config: str | None = None) -> str:

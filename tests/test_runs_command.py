@@ -77,6 +77,24 @@ def test_list_and_show(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "interrupted" in out and "second-run, first-run" in out  # the shared tokenizer
 
 
+def test_the_list_tells_runs_of_one_config_apart_by_their_command(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Runs of one config with other `--set` items (a user's sweep) were rows the list could not tell
+    apart; each row now ends with the command after `bertflow run`, as given ("—" in a record from
+    before commands were kept)."""
+    tok = root / "tokenizer" / "t1"
+    for name, started, settings in (("lr-low", "2026-01-03", "1e-4"), ("lr-high", "2026-01-04", "1e-3")):
+        record = _record(root, name, f"{started} 10:00:00", {"tokenizer": tok})
+        command = f"bertflow run configs/default.yaml --set pretrain.lr={settings} 'finetune.tasks=[sst2]'"
+        record.write_text(json.dumps({**json.loads(record.read_text()), "command": command}))
+    assert cli(["runs", "--run-dir", str(root)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
+    assert rows["lr-low"].endswith("configs/default.yaml --set pretrain.lr=1e-4 'finetune.tasks=[sst2]'")
+    assert rows["lr-high"].endswith("configs/default.yaml --set pretrain.lr=1e-3 'finetune.tasks=[sst2]'")
+    assert rows["first-run"].endswith("—")
+
+
 def test_clean_a_run_keeps_what_another_run_uses(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with exclusive_dir(root / "pretrain" / "p1", "pretraining"):  # leaves its lock file beside p1
         pass
