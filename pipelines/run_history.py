@@ -68,6 +68,14 @@ class FlowRunRecord:
         planned = self.data.get("planned", []) if self.status == "running" else []
         return list(dict.fromkeys(self.local(d) for d in [*stages, *self.data.get("units", []), *planned]))
 
+    def ended_in(self) -> list[Path]:
+        """The stage output this run was writing as it ended, killed or stopped (its record's row
+        still `running`): not among `out_dirs`, but the output its command resumes."""
+        if self.status == "running":
+            return []
+        rows = self.data.get("stages", [])
+        return [self.local(r["out_dir"]) for r in rows if r.get("status") == "running" and "out_dir" in r]
+
     def output(self, stage: str) -> Path | None:
         """This run's output of `stage` (`local`), None when it had none."""
         entries = self.data.get("stages", [])

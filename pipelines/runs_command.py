@@ -27,6 +27,7 @@ from pipelines.run_history import (
     LATEST,
     UNITS,
     FlowRunRecord,
+    StageOutput,
     default_run_root,
     dir_size,
     find_run,
@@ -299,18 +300,30 @@ def _units_cells(run: FlowRunRecord, units_dir: Path) -> list[str]:
 
 
 def list_stages(root: Path) -> str:
-    outputs = stage_outputs(root)
+    runs = flow_runs(root)
+    outputs = stage_outputs(root, runs)
     if not outputs:
         return f"{root}: no stage outputs."
     rows = [
         [o.stage, o.path.name, o.state, byte_size(o.size), time.strftime("%Y-%m-%d %H:%M", time.gmtime(o.modified)),
-         ", ".join(o.used_by) or "—"]
+         ", ".join(o.used_by) or _ended_in(o, runs)]
         for o in outputs
     ]  # fmt: skip
     total = sum(o.size for o in outputs)
     return _table(["stage", "output", "state", "size", "modified (UTC)", "used by flow runs"], rows) + (
         f"\n\n{len(outputs)} outputs, {byte_size(total)} in {root}"
     )
+
+
+def _ended_in(output: StageOutput, runs: list[FlowRunRecord]) -> str:
+    """For an output no flow run uses: "—", and for an unfinished one, the runs killed or stopped
+    while writing it, whose command finishes it (a pretraining: resumes it)."""
+    if output.state == "complete":
+        return "—"
+    ended = [r.name for r in runs if output.path.resolve() in {d.resolve() for d in r.ended_in()}]
+    if not ended:
+        return "—"
+    return f"— ({', '.join(ended)} ended while writing it; rerunning its command finishes it)"
 
 
 def clean(

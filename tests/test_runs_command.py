@@ -284,9 +284,12 @@ def test_cleaning_a_finished_run_keeps_what_it_only_planned(
     assert (planned_only / MARKER_NAME).is_file()
 
 
-def test_cleaning_a_killed_run_keeps_the_output_it_was_writing(root: Path) -> None:
+def test_cleaning_a_killed_run_keeps_the_output_it_was_writing(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A killed flow run's record holds the stage it was in as running (for `runs show`); cleaning
-    that record must not take the interrupted output with it: a rerun resumes from its checkpoints."""
+    that record must not take the interrupted output with it: a rerun resumes from its checkpoints.
+    `runs stages` names that run beside the output (it said "used by —", as of an orphan)."""
     from pipelines.flow_records import stage_record, write_record
 
     interrupted = _stage(root, "pretrain", "p4", complete=False)
@@ -296,6 +299,13 @@ def test_cleaning_a_killed_run_keeps_the_output_it_was_writing(root: Path) -> No
         stage_record("pretrain", interrupted, "running", 0, 0),
     ]
     write_record(root, "killed-run", "g", rows, 1767434400.0, status="failed")
+    assert cli(["runs", "stages", "--run-dir", str(root)]) == 0
+    listed = {
+        line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("pre")
+    }
+    assert listed["p4"].endswith("— (killed-run ended while writing it; rerunning its command finishes it)")
+    assert listed["s9"].endswith("—")  # interrupted too, but no flow run recorded writing it
+    assert listed["s4"].endswith("killed-run")
     assert cli(["runs", "clean", "killed-run", "--run-dir", str(root), "--yes"]) == 0
     assert not own.exists() and (interrupted / "payload.bin").is_file()
 
