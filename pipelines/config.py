@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import types
 import typing
@@ -149,6 +150,20 @@ class PipelineConfig(Section):
 
     def resolved_data_root(self) -> Path:
         return data_root(self.data_root)
+
+    def phase_error(self, index: int, err: UserError) -> UserError:
+        """`err`, raised checking phase `index` of `phase_config`, said of that phase: `phase NAME: `
+        first, and each setting the phase itself changes named as its own (`phases.NAME.pretrain.KEY`,
+        as its validation errors and `--set` name it: the main section's key is not the one to fix
+        there). The main phase's (`index == len(phases)`) as it is."""
+        if index == len(self.phases):
+            return err
+        phase, text = self.phases[index], str(err)
+        for section in ("preprocess", "pretrain"):
+            for key in getattr(phase, section):
+                own = f"phases.{phase.name}.{section}.{key}"
+                text = re.sub(rf"(?<![\w.]){section}\.{re.escape(key)}\b", own, text)
+        return UserError(f"phase {phase.name}: {text}")
 
     def phase_config(self, index: int) -> PipelineConfig:
         """Pretraining phase `index` (0 = the first of `phases`; `len(phases)` = the main one) as a

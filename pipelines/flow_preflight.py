@@ -67,8 +67,7 @@ def check_flow_preprocess(cfg: PipelineConfig) -> None:
     from pipelines.stage_keys import is_complete, stage_dir
     from pipelines.stage_preprocess import check_preprocess_settings
 
-    prefixes = [f"phase {ph.name}: " for ph in cfg.phases] + [""]
-    for index, prefix in enumerate(prefixes):
+    for index in range(len(cfg.phases) + 1):  # the phases in order, then the main run
         phase = cfg.phase_config(index)
         if is_complete(stage_dir(phase, "preprocess")):
             continue
@@ -76,7 +75,7 @@ def check_flow_preprocess(cfg: PipelineConfig) -> None:
             check_preprocess_settings(phase.preprocess)
             check_corpus_is_text(phase.preprocess.input, cfg.data_root, "preprocess.input")
         except UserError as err:
-            raise UserError(f"{prefix}{err}") from None
+            raise cfg.phase_error(index, err) from None
 
 
 def check_corpus_is_text(patterns: list[str], data_root: str | None, key: str) -> None:

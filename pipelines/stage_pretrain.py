@@ -352,8 +352,7 @@ def check_pretrain_layouts(cfg: PipelineConfig) -> None:
 
     gpus = visible_gpus()
     on_gpu, bf16_ok = _device_caps() if gpus else (False, False)  # no torch import on a CPU machine
-    prefixes = [f"phase {ph.name}: " for ph in cfg.phases] + [""]  # the phases in order, then the main run
-    for index, prefix in enumerate(prefixes):
+    for index in range(len(cfg.phases) + 1):  # the phases in order, then the main run
         phase = cfg.phase_config(index)
         try:
             p = resolve_ranks(phase.pretrain, gpus)
@@ -361,7 +360,7 @@ def check_pretrain_layouts(cfg: PipelineConfig) -> None:
             build_ds_config(p, world_size(p), on_gpu, bf16_ok)
             check_positions(phase)
         except UserError as err:
-            raise UserError(f"{prefix}{err}") from None
+            raise cfg.phase_error(index, err) from None
 
 
 CPU_TFLOPS = 0.12  # what 2 cores sustain on the default's tiny model (its metrics' tflops, fp32)

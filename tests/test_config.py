@@ -464,19 +464,36 @@ def test_bertflow_run_refuses_missing_inputs_before_prefect_and_records_no_flow_
 
 
 @pytest.mark.parametrize(
-    "setting,said",
+    "setting,said,fix",
     [
-        ("pretrain.optimizer=muon", "pretrain.optimizer muon needs ZeRO stage 0; this run's is 2"),
-        ("phases.seq32.pretrain.optimizer=muon", "phase seq32: pretrain.optimizer muon needs ZeRO stage 0"),
+        (
+            "pretrain.optimizer=muon",
+            "pretrain.optimizer muon needs ZeRO stage 0; this run's is 2",
+            "pretrain",
+        ),
+        (
+            "phases.seq32.pretrain.optimizer=muon",
+            "phase seq32: phases.seq32.pretrain.optimizer muon needs ZeRO stage 0; this run's is 2 (from "
+            "infra/deepspeed/zero2.json)",
+            "pretrain",  # the phase inherits the main section's ZeRO stage: that is the key to set
+        ),
+        (
+            "phases.seq32.pretrain.optimizer=muon phases.seq32.pretrain.zero_stage=1",
+            "phase seq32: phases.seq32.pretrain.optimizer muon needs ZeRO stage 0; this run's is 1 (from "
+            "phases.seq32.pretrain.zero_stage)",
+            "phases.seq32.pretrain",  # the phase's own: the main section's would not change it
+        ),
     ],
 )
 def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
-    tmp_path: Path, setting: str, said: str
+    tmp_path: Path, setting: str, said: str, fix: str
 ) -> None:
     """The ZeRO stage of every phase is resolved up front (2 ranks, the template's ZeRO 2): a flow
-    does not tokenize and preprocess first and fail at pretraining."""
+    does not tokenize and preprocess first and fail at pretraining. A phase's refusal names the
+    settings the phase changes as the phase's: it said `pretrain.zero_stage` for a phase's own, so
+    the fix it gave, followed, changed nothing."""
     refused = _cpu_hour_refusal(tmp_path / "runs", setting)
-    assert said in refused and "Fix: set pretrain.zero_stage: 0" in refused
+    assert said in refused and f"Fix: set {fix}.zero_stage: 0" in refused
 
 
 @pytest.mark.parametrize(
@@ -504,7 +521,8 @@ def test_muon_at_a_zero_stage_it_cannot_use_is_refused_before_any_stage(
         ("preprocess.runner=FooRunner", "preprocess.runner 'FooRunner' is not a Beam runner"),
         (
             "phases.seq32.preprocess.max_predictions_per_seq=40",
-            "phase seq32: preprocess.max_predictions_per_seq=40 exceeds the 29 maskable tokens of max_seq_length=32. "
+            "phase seq32: phases.seq32.preprocess.max_predictions_per_seq=40 exceeds the 29 maskable tokens of "
+            "max_seq_length=32. "
             "Fix: set it to at most 29; about max_seq_length × masked_lm_prob positions are masked (5 here;",
         ),
         ("tokenizer.vocab=NO_MASK/vocab.txt", "the vocabulary lacks the special token [MASK]."),
@@ -687,7 +705,9 @@ def test_a_corpus_of_no_text_is_refused_by_the_flow_preflight(tmp_path: Path, ke
     check(tmp_path / "empty.txt")  # no file of text, none skipped either: the stages say it is empty
     if key == "preprocess.input":  # a phase's own corpus, named with its phase
         phase = f"phases=[{{name: a, preprocess: {{input: [{binary}]}}}}]"
-        with pytest.raises(UserError, match=rf"^phase a: preprocess.input: {binary} is a binary file"):
+        with pytest.raises(
+            UserError, match=rf"^phase a: phases.a.preprocess.input: {binary} is a binary file"
+        ):
             check_flow(load_config(None, [f"run_dir={tmp_path / 'runs'}", phase]), list(STAGES))
     assert not (tmp_path / "runs").exists()
 
