@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator
 from pydantic_core import PydanticCustomError
@@ -79,7 +80,8 @@ class FinetuneConfig(Section):
         ge=1,
         description="torch threads per unit on CPU (null: 1, so a unit's numbers depend on neither the "
         "machine nor the concurrency; more are faster for a few large units but change the float sums, "
-        "so a set value is in the unit key); on a GPU machine null shares the cores among the workers",
+        "so a set value other than 1 is in the unit key); on a GPU machine null shares the cores among the "
+        "workers",
     )
     group_by_length: bool = Field(True, description="batch examples of similar length together")
     save_models: Literal["none", "best", "all"] = Field(
@@ -89,6 +91,12 @@ class FinetuneConfig(Section):
         "checkpoint's and task's best lr (one per seed; the others' are removed once all are done); a "
         "finished unit without its model trains again",
     )
+
+    def settings_without(self, left_out: Iterable[str]) -> dict[str, Any]:
+        """As `Section.settings_without`, and `threads: 1` left out as null is: on CPU null runs one
+        thread, the same float sums; on a GPU the threads only feed it. So `--threads 1` written out
+        finds the units of the default, where it trained them all again."""
+        return super().settings_without([*left_out, *(["threads"] if self.threads == 1 else [])])
 
     @field_validator("tasks", "baselines", "lrs", "seeds")
     @classmethod

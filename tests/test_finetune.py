@@ -164,7 +164,8 @@ def test_a_units_threads_follow_neither_the_concurrency_nor_the_machine_and_a_se
     """torch's float sums on CPU depend on its thread count: under one key, a unit's STS-B Pearson
     was 23.3809 at concurrency 2 (one thread each) and 23.3797 at concurrency 1 or in a plan of one
     unit (both cores). On CPU a unit now runs on one thread whatever the concurrency, the number of
-    units and the cores; `finetune.threads`, once set, is in the key."""
+    units and the cores; `finetune.threads`, once set, is in the key, but for 1, which null runs on
+    CPU (written out, it trained every unit again)."""
     base = FinetuneConfig(tasks=["sst2"], **TINY)
     by_concurrency = {c: base.model_copy(update={"concurrency": c}) for c in (1, 2, 8)}
     assert {unit_threads(cfg, w, 0) for cfg in by_concurrency.values() for w in (1, 2, 8)} == {1}
@@ -176,6 +177,7 @@ def test_a_units_threads_follow_neither_the_concurrency_nor_the_machine_and_a_se
 
     assert {key(cfg) for cfg in by_concurrency.values()} == {key(base)}
     assert key(base.model_copy(update={"threads": 2})) != key(base)
+    assert key(base.model_copy(update={"threads": 1})) == key(base)  # what null runs on CPU: the same units
     # a plan of one unit with concurrency 1 (a single worker) runs it on one thread, as a sweep does
     alone = by_concurrency[1]
     [result] = fanout_run(alone, plan(alone, ["random:tiny"], tmp_path / "ft", tokenizer_dir=minilm_dir))

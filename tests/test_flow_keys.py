@@ -137,6 +137,7 @@ def test_a_setting_added_later_is_in_a_key_only_once_it_is_set() -> None:
     assert "threads" not in stage_key_inputs(base)["finetune"]["config"]
     threads = stage_keys(load_config(None, ["finetune.threads=2"]))
     assert _changed(stage_keys(base), threads) == DOWNSTREAM["finetune"]
+    assert stage_keys(load_config(None, ["finetune.threads=1"])) == stage_keys(base)  # null's count on CPU
 
 
 def test_corpus_content_is_part_of_the_key_and_its_mtime_is_not(tmp_path: Path) -> None:
