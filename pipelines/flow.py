@@ -33,7 +33,7 @@ from pipelines.flow_tasks import (
     verify_task,
 )
 from pipelines.prefect_killed_runs import cancel_a_stop_before_its_record, crash_killed_runs
-from pipelines.prefect_logging import drop_user_error_tracebacks
+from pipelines.prefect_logging import install_log_filters
 from pipelines.report_builder import EMBEDDED_NAME
 from pipelines.stage_keys import complete, phase_names, phase_stage
 from pipelines.stage_plan import flow_inputs
@@ -41,7 +41,7 @@ from pipelines.stage_pretrain import cpu_run_note
 
 FLOW_NAME = "bert-pipeline"
 # before the flow function runs: a stop as a flow run starts is said as a stop too
-drop_user_error_tracebacks()
+install_log_filters()
 
 
 @flow(name=FLOW_NAME, log_prints=True, on_crashed=[cancel_a_stop_before_its_record])
@@ -54,7 +54,7 @@ def bert_pipeline(
 ) -> dict[str, Any]:
     """Run the pipeline for one YAML config (+ `section.key=value` overrides)."""
     drop_import_chatter()  # a deployment's worker calls this function without the CLI
-    drop_user_error_tracebacks()
+    install_log_filters()
     cfg = load_config(config, overrides)
     flow_run_id = str(runtime_flow_run.id) if runtime_flow_run.id else None
     run = FlowRun(cfg, str(runtime_flow_run.name or "local"), only, from_stage, force, flow_run_id)

@@ -10,7 +10,13 @@ is, at INFO, and its "Finished in state Crashed(...)" at INFO too (`bertflow run
 Cancelled and says so, `pipelines.prefect_killed_runs`). A deployment's flow run stopped by a Cancel in
 Prefect ends with the engine's "Finished in state Running()": the worker that sent the SIGTERM sets the
 final state (Cancelled) once the process is gone, so the engine logs the state it last held; said as
-what it is (`WORKER_SETS_STATE`)."""
+what it is (`WORKER_SETS_STATE`).
+
+When the temporary API server stops at the end of a flow (or dies and is started again while it
+runs), websockets may log "keepalive ping failed" at ERROR with the ConnectionClosedError's
+traceback: a ping sent in the moment between the server's end and the connection's own cleanup,
+which should have cancelled it (websockets 16, `Connection.keepalive`). The connection is gone for
+a reason bertflow knows and says; that line is kept, at DEBUG, without the traceback."""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import logging
 from common.errors import TransientError, UserError
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+WEBSOCKETS_CLIENT = "websockets.client"  # Prefect's events and logs websockets to its API
 EXPLAINED = (UserError, TransientError)  # what `pipelines.cli` prints as one paragraph
 # Prefect's Crashed message for a KeyboardInterrupt (Ctrl-C; bertflow's Terminated) and for its own
 # TerminationSignal (SIGTERM while its flow engine runs): prefect.states.exception_to_crashed_state
@@ -60,6 +67,22 @@ class _StopNotCrash(logging.Filter):
         return True
 
 
+class _ClosedConnectionPing(logging.Filter):
+    """websockets' "keepalive ping failed" on a connection already closed, at DEBUG without its
+    traceback (so not shown unless that logger logs DEBUG); any other websockets error as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from websockets.exceptions import ConnectionClosed
+
+        closed = bool(record.exc_info and isinstance(record.exc_info[1], ConnectionClosed))
+        if not (closed and record.msg == "keepalive ping failed"):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info, record.exc_text = None, None
+        # Prefect's console handler has no level of its own: the logger's decides, as for a DEBUG call
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 def _user_error_names() -> list[str]:
     """UserError, TransientError and their subclasses (PretrainingStopped, ...) by name, as Prefect's
     state messages print them."""
@@ -71,10 +94,12 @@ def _user_error_names() -> list[str]:
     return names
 
 
-def drop_user_error_tracebacks() -> None:
-    """Install the filters on Prefect's task and flow run loggers (idempotent)."""
-    for name in RUN_LOGGERS:
+def install_log_filters() -> None:
+    """Install the filters on Prefect's task and flow run loggers and on websockets' client logger
+    (idempotent)."""
+    loggers = {name: (_StopNotCrash, _UserErrorWithoutTraceback) for name in RUN_LOGGERS}
+    for name, kinds in {**loggers, WEBSOCKETS_CLIENT: (_ClosedConnectionPing,)}.items():
         logger = logging.getLogger(name)
-        for kind in (_StopNotCrash, _UserErrorWithoutTraceback):
+        for kind in kinds:
             if not any(isinstance(f, kind) for f in logger.filters):
                 logger.addFilter(kind())

@@ -296,6 +296,42 @@ def test_a_fine_tuning_unit_stopped_with_its_flow_run_is_no_error() -> None:
     assert _StopNotCrash().filter(failed) and failed.levelno == logging.ERROR
 
 
+def test_a_keepalive_ping_on_a_closed_api_connection_is_no_error_and_has_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The kill -9 test's rerun ended, its flow done, with websockets' "keepalive ping failed" at
+    ERROR and a ConnectionClosedError traceback, printed as the temporary API server stopped (a
+    ping sent between the server's end and the connection's cleanup). Said at DEBUG without the
+    traceback; another websockets error keeps both."""
+    import logging
+    import sys
+
+    from websockets.exceptions import ConnectionClosedError, InvalidURI
+
+    from pipelines.prefect_logging import WEBSOCKETS_CLIENT, install_log_filters
+
+    install_log_filters()
+    install_log_filters()  # idempotent
+    logger = logging.getLogger(WEBSOCKETS_CLIENT)
+    assert len(logger.filters) == len({type(f) for f in logger.filters})
+    for error in (ConnectionClosedError(None, None), InvalidURI("ws://x", "no host")):
+        try:
+            raise error
+        except Exception:
+            with caplog.at_level(logging.DEBUG, logger=WEBSOCKETS_CLIENT):
+                logging.LoggerAdapter(logger, {}).error("keepalive ping failed", exc_info=sys.exc_info())
+    closed, other = caplog.records[-2:]
+    assert closed.levelno == logging.DEBUG and closed.exc_info is None
+    assert other.levelno == logging.ERROR and isinstance(other.exc_info[1], InvalidURI)
+    try:
+        raise ConnectionClosedError(None, None)
+    except ConnectionClosedError:
+        with caplog.at_level(logging.WARNING, logger=WEBSOCKETS_CLIENT):  # as Prefect configures it
+            caplog.clear()
+            logger.error("keepalive ping failed", exc_info=True)
+    assert caplog.records == []  # Prefect's console handler, of no level, would print a DEBUG record
+
+
 def test_a_deployment_run_cancelled_in_prefect_does_not_say_it_finished_running() -> None:
     """A Cancel in Prefect (the UI, `prefect flow-run cancel`) of a deployment's flow run: its log
     ended "Flow run was cancelled." then "Finished in state Running()", Prefect's engine logging the
