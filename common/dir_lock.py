@@ -62,11 +62,10 @@ def exclusive_dir(directory: str | os.PathLike, what: str, inside: bool = False)
         fh.close()
 
 
-def remove_orphan_locks(parent: Path) -> list[Path]:
+def remove_orphan_locks(parent: Path) -> None:
     """Delete the lock files in `parent` of outputs that do not exist (`.NAME.lock` without `NAME`:
     a run refused or killed after it took the lock and before it made its output) and that no
-    process holds; each is deleted while this process holds it. Returns those deleted."""
-    removed = []
+    process holds; each is deleted while this process holds it."""
     for lock_path in sorted(parent.glob(".*.lock")):
         if (parent / lock_path.name[1 : -len(".lock")]).exists():
             continue
@@ -75,6 +74,4 @@ def remove_orphan_locks(parent: Path) -> list[Path]:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 lock_path.unlink()
         except (BlockingIOError, FileNotFoundError):
-            continue  # held by a live run, or gone already
-        removed.append(lock_path)
-    return removed
+            pass  # held by a live run, or gone already

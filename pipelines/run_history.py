@@ -69,8 +69,8 @@ class FlowRunRecord:
         return list(dict.fromkeys(self.local(d) for d in [*stages, *self.data.get("units", []), *planned]))
 
     def ended_in(self) -> list[Path]:
-        """The stage output this run was writing as it ended, killed or stopped (its record's row
-        still `running`): not among `out_dirs`, but the output its command resumes."""
+        """The stage outputs (one, the stage it was in) this run was writing as it ended, killed or
+        stopped (its record's rows still `running`): not among `out_dirs`, but what its command resumes."""
         if self.status == "running":
             return []
         rows = self.data.get("stages", [])
